@@ -1,0 +1,116 @@
+//! `ncclMemAlloc` / `ncclMemFree` for host memory.
+//!
+//! Allocations are page-aligned anonymous mappings recorded in a registry, so
+//! that `ncclMemFree` rejects pointers it did not hand out instead of
+//! corrupting the heap, and so that transports can later recognise buffers
+//! they may map or register. Device memory comes with the GPU work (issue 7).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use hetccl_abi::ncclResult_t;
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::check;
+use super::guard::guard;
+use crate::error::{Error, Result};
+use crate::export;
+
+/// The largest single allocation accepted (1 TiB): bigger is surely garbage.
+const MAX_ALLOC: usize = 1 << 40;
+
+/// Live allocations: address -> mapped length.
+static ALLOCS: Lazy<Mutex<HashMap<usize, usize>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Allocates `size` bytes of zeroed, page-aligned host memory.
+pub fn alloc_host(size: usize) -> Result<*mut c_void> {
+    if size == 0 || size > MAX_ALLOC {
+        return Err(Error::arg(format!("size {size} is not in (0, {MAX_ALLOC}]")));
+    }
+    // SAFETY: an anonymous private mapping with no address hint.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::last_os(&format!("mmap of {size} bytes")));
+    }
+    ALLOCS.lock().insert(p as usize, size);
+    tracing::debug!(target: "hetccl::ALLOC", "ncclMemAlloc {size} bytes at {p:p}");
+    Ok(p)
+}
+
+/// Frees memory from [`alloc_host`]. Unknown pointers are an error.
+pub fn free_host(p: *mut c_void) -> Result<()> {
+    let size = ALLOCS
+        .lock()
+        .remove(&(p as usize))
+        .ok_or_else(|| Error::arg(format!("{p:p} was not allocated by ncclMemAlloc")))?;
+    // SAFETY: `p`/`size` are exactly a mapping made by `alloc_host`, removed
+    // from the registry above so it cannot be unmapped twice.
+    if unsafe { libc::munmap(p, size) } != 0 {
+        return Err(Error::last_os("munmap"));
+    }
+    Ok(())
+}
+
+/// The size of the live allocation starting at `p`, if any.
+pub fn allocation_size(p: *const c_void) -> Option<usize> {
+    ALLOCS.lock().get(&(p as usize)).copied()
+}
+
+export! {
+    /// Allocates `size` bytes for use as communication buffers. Host memory
+    /// for now (see the module docs).
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+        guard("ncclMemAlloc", || {
+            check::non_null(ptr, "ptr")?;
+            let p = alloc_host(size)?;
+            // SAFETY: checked non-NULL; the caller passes a writable pointer slot.
+            unsafe { *ptr = p };
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// Frees memory from `ncclMemAlloc`. NULL is a no-op, as with `free`.
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+        guard("ncclMemFree", || {
+            if ptr.is_null() {
+                return Ok(());
+            }
+            free_host(ptr)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_free_and_misuse() {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        assert_eq!(unsafe { ncclMemAlloc(&mut p, 10_000) }, 0);
+        assert!(!p.is_null());
+        assert_eq!(p as usize % 4096, 0);
+        assert_eq!(allocation_size(p), Some(10_000));
+        // SAFETY: 10_000 writable bytes were just allocated.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 7, 10_000) };
+        assert_eq!(unsafe { ncclMemAlloc(&mut p, 0) }, 4);
+        assert_eq!(unsafe { ncclMemAlloc(std::ptr::null_mut(), 8) }, 4);
+        assert_eq!(unsafe { ncclMemFree(p) }, 0);
+        assert_eq!(unsafe { ncclMemFree(p) }, 4, "double free is refused");
+        let mut x = 0u64;
+        assert_eq!(unsafe { ncclMemFree(&mut x as *mut u64 as *mut c_void) }, 4);
+        assert_eq!(unsafe { ncclMemFree(std::ptr::null_mut()) }, 0);
+    }
+}

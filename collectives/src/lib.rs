@@ -1,0 +1,13 @@
+//! The hetccl engine and its C API.
+//!
+//! Module map (see `docs/architecture.md`):
+//! - [`config`], [`obs`]: re-exported from `hetccl-core` (shared with the net plugin);
+//! - [`error`]: the engine's error type and its `ncclResult_t` mapping;
+//! - [`api`]: every exported `nccl*`/`pnccl*` function, each behind the FFI guard.
+
+pub mod api;
+pub mod error;
+
+pub use hetccl_core::{config, obs};
+
+pub use error::{Error, Result};

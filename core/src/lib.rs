@@ -1,0 +1,4 @@
+//! Shared foundations of hetccl: [`config`] and [`obs`].
+
+pub mod config;
+pub mod obs;
