@@ -104,7 +104,10 @@ impl DataType {
 impl TryFrom<i32> for DataType {
     type Error = i32;
     fn try_from(v: i32) -> Result<Self, i32> {
-        Self::ALL.get(usize::try_from(v).map_err(|_| v)?).copied().ok_or(v)
+        Self::ALL
+            .get(usize::try_from(v).map_err(|_| v)?)
+            .copied()
+            .ok_or(v)
     }
 }
 

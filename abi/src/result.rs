@@ -56,9 +56,13 @@ impl NcclResult {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Success => "no error",
-            Self::UnhandledCudaError => "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+            Self::UnhandledCudaError => {
+                "unhandled cuda error (run with NCCL_DEBUG=INFO for details)"
+            }
             Self::SystemError => "unhandled system error (run with NCCL_DEBUG=INFO for details)",
-            Self::InternalError => "internal error - please report this issue to the hetccl developers",
+            Self::InternalError => {
+                "internal error - please report this issue to the hetccl developers"
+            }
             Self::InvalidArgument => "invalid argument (run with NCCL_DEBUG=WARN for details)",
             Self::InvalidUsage => "invalid usage (run with NCCL_DEBUG=WARN for details)",
             Self::RemoteError => "remote process exited or there was a network error",
@@ -71,7 +75,10 @@ impl NcclResult {
 impl TryFrom<i32> for NcclResult {
     type Error = i32;
     fn try_from(v: i32) -> Result<Self, i32> {
-        Self::ALL.get(usize::try_from(v).map_err(|_| v)?).copied().ok_or(v)
+        Self::ALL
+            .get(usize::try_from(v).map_err(|_| v)?)
+            .copied()
+            .ok_or(v)
     }
 }
 

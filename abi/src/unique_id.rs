@@ -14,7 +14,9 @@ pub struct ncclUniqueId {
 
 impl Default for ncclUniqueId {
     fn default() -> Self {
-        Self { internal: [0; NCCL_UNIQUE_ID_BYTES] }
+        Self {
+            internal: [0; NCCL_UNIQUE_ID_BYTES],
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! - [`api`]: every exported `nccl*`/`pnccl*` function, each behind the FFI guard.
 
 pub mod api;
+pub mod comm;
 pub mod error;
 
 pub use hetccl_core::{config, obs};

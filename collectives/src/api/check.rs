@@ -48,7 +48,9 @@ pub fn bytes_times(count: usize, nranks: usize, dt: DataType, what: &str) -> Res
 /// Fails unless `0 <= rank < nranks`.
 pub fn rank_in(rank: i32, nranks: i32, what: &str) -> Result<usize> {
     if rank < 0 || rank >= nranks {
-        Err(Error::arg(format!("{what} {rank} is out of range [0, {nranks})")))
+        Err(Error::arg(format!(
+            "{what} {rank} is out of range [0, {nranks})"
+        )))
     } else {
         Ok(rank as usize)
     }
@@ -57,7 +59,9 @@ pub fn rank_in(rank: i32, nranks: i32, what: &str) -> Result<usize> {
 /// Fails if a buffer of `bytes` > 0 is NULL.
 pub fn buffer<T>(p: *const T, bytes: usize, what: &str) -> Result<()> {
     if bytes > 0 && p.is_null() {
-        Err(Error::arg(format!("{what} is NULL but {bytes} bytes are to be accessed")))
+        Err(Error::arg(format!(
+            "{what} is NULL but {bytes} bytes are to be accessed"
+        )))
     } else {
         Ok(())
     }

@@ -126,7 +126,10 @@ mod tests {
         let r = guard("ncclTest", || Err(Error::arg("count overflows")));
         assert_eq!(r, NcclResult::InvalidArgument.raw());
         let msg = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) };
-        assert_eq!(msg.to_str().unwrap(), "ncclTest: invalid argument: count overflows");
+        assert_eq!(
+            msg.to_str().unwrap(),
+            "ncclTest: invalid argument: count overflows"
+        );
         assert_eq!(guard("ncclTest", || Ok(())), 0);
         assert_eq!(guard("ncclTest", || Err(Error::InProgress)), 7);
     }

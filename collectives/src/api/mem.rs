@@ -26,7 +26,9 @@ static ALLOCS: Lazy<Mutex<HashMap<usize, usize>>> = Lazy::new(|| Mutex::new(Hash
 /// Allocates `size` bytes of zeroed, page-aligned host memory.
 pub fn alloc_host(size: usize) -> Result<*mut c_void> {
     if size == 0 || size > MAX_ALLOC {
-        return Err(Error::arg(format!("size {size} is not in (0, {MAX_ALLOC}]")));
+        return Err(Error::arg(format!(
+            "size {size} is not in (0, {MAX_ALLOC}]"
+        )));
     }
     // SAFETY: an anonymous private mapping with no address hint.
     let p = unsafe {

@@ -14,8 +14,18 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod check;
+pub mod coll;
+pub mod coll_args;
+pub mod comm_init;
+pub mod comm_life;
+pub mod config_read;
+pub mod device;
+pub mod engine_gate;
+pub mod group;
 pub mod guard;
 pub mod mem;
+pub mod redop;
+pub mod register;
 pub mod version;
 
 /// Declares an exported C function `$name` and its profiling twin `$pname`.

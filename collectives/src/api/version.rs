@@ -41,7 +41,9 @@ fn error_cstr(result: ncclResult_t) -> &'static CStr {
         Ok(NcclResult::InternalError) => {
             c"internal error - please report this issue to the hetccl developers"
         }
-        Ok(NcclResult::InvalidArgument) => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
+        Ok(NcclResult::InvalidArgument) => {
+            c"invalid argument (run with NCCL_DEBUG=WARN for details)"
+        }
         Ok(NcclResult::InvalidUsage) => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
         Ok(NcclResult::RemoteError) => c"remote process exited or there was a network error",
         Ok(NcclResult::InProgress) => c"NCCL operation in progress",

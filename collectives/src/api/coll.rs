@@ -1,0 +1,193 @@
+//! The collective entry points and their `*Config` variants.
+//!
+//! Each validates its arguments into [`CollArgs`] and hands them to
+//! [`submit`]. In-place layouts follow NCCL: allgather in-place sends from
+//! `recvbuff + rank*sendcount`, reducescatter and scatter in-place receive at
+//! `sendbuff + rank*recvcount`.
+
+use std::ffi::c_void;
+
+use hetccl_abi::{
+    cudaStream_t, ncclCollConfig_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t,
+};
+
+use super::coll_args::{validate, CollArgs, CollKind};
+use super::config_read::read_coll_config;
+use super::engine_gate::unavailable;
+use super::guard::guard;
+use crate::error::Result;
+use crate::export;
+
+/// Runs (or, inside a group, queues) one validated operation.
+pub fn submit(args: CollArgs) -> Result<()> {
+    Err(unavailable(&format!(
+        "{:?} on {} ranks",
+        args.kind, args.comm.nranks
+    )))
+}
+
+/// Validates and submits; shared by every entry point in this file.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run(
+    name: &'static str,
+    kind: CollKind,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: ncclDataType_t,
+    op: ncclRedOp_t,
+    root: i32,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    guard(name, || {
+        // SAFETY: the caller passes NULL or a valid ncclCollConfig_t.
+        let _cfg = unsafe { read_coll_config(config)? };
+        submit(validate(
+            kind, send, recv, count, dtype, op, root, comm, stream,
+        )?)
+    })
+}
+
+export! {
+    /// Reduces `count` elements across ranks; every rank gets the result.
+    fn ncclAllReduce / pncclAllReduce(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclAllReduce", CollKind::AllReduce, send, recv, count, dtype, op, 0, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// [`ncclAllReduce`] with a per-call config.
+    fn ncclAllReduceConfig / pncclAllReduceConfig(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
+        config: *const ncclCollConfig_t) -> ncclResult_t {
+        unsafe { run("ncclAllReduceConfig", CollKind::AllReduce, send, recv, count, dtype, op, 0, comm, stream, config) }
+    }
+}
+export! {
+    /// Copies `count` elements from the root's `send` to every rank's `recv`.
+    fn ncclBroadcast / pncclBroadcast(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclBroadcast", CollKind::Broadcast, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// [`ncclBroadcast`] with a per-call config.
+    fn ncclBroadcastConfig / pncclBroadcastConfig(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
+        config: *const ncclCollConfig_t) -> ncclResult_t {
+        unsafe { run("ncclBroadcastConfig", CollKind::Broadcast, send, recv, count, dtype, 0, root, comm, stream, config) }
+    }
+}
+export! {
+    /// In-place broadcast (the legacy API).
+    fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, dtype: ncclDataType_t, root: i32,
+        comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclBcast", CollKind::Broadcast, buff, buff, count, dtype, 0, root, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// Reduces `count` elements across ranks into the root's `recv`.
+    fn ncclReduce / pncclReduce(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, op: ncclRedOp_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclReduce", CollKind::Reduce, send, recv, count, dtype, op, root, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// [`ncclReduce`] with a per-call config.
+    fn ncclReduceConfig / pncclReduceConfig(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, op: ncclRedOp_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
+        config: *const ncclCollConfig_t) -> ncclResult_t {
+        unsafe { run("ncclReduceConfig", CollKind::Reduce, send, recv, count, dtype, op, root, comm, stream, config) }
+    }
+}
+export! {
+    /// Gathers `sendcount` elements from every rank into every rank's `recv`.
+    fn ncclAllGather / pncclAllGather(send: *const c_void, recv: *mut c_void, sendcount: usize,
+        dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclAllGather", CollKind::AllGather, send, recv, sendcount, dtype, 0, 0, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// [`ncclAllGather`] with a per-call config.
+    fn ncclAllGatherConfig / pncclAllGatherConfig(send: *const c_void, recv: *mut c_void, sendcount: usize,
+        dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
+        config: *const ncclCollConfig_t) -> ncclResult_t {
+        unsafe { run("ncclAllGatherConfig", CollKind::AllGather, send, recv, sendcount, dtype, 0, 0, comm, stream, config) }
+    }
+}
+export! {
+    /// Reduces, then scatters `recvcount` elements to each rank.
+    fn ncclReduceScatter / pncclReduceScatter(send: *const c_void, recv: *mut c_void, recvcount: usize,
+        dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclReduceScatter", CollKind::ReduceScatter, send, recv, recvcount, dtype, op, 0, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// [`ncclReduceScatter`] with a per-call config.
+    fn ncclReduceScatterConfig / pncclReduceScatterConfig(send: *const c_void, recv: *mut c_void, recvcount: usize,
+        dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
+        config: *const ncclCollConfig_t) -> ncclResult_t {
+        unsafe { run("ncclReduceScatterConfig", CollKind::ReduceScatter, send, recv, recvcount, dtype, op, 0, comm, stream, config) }
+    }
+}
+export! {
+    /// Sends `count` elements to each peer and receives `count` from each.
+    fn ncclAlltoAll / pncclAlltoAll(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclAlltoAll", CollKind::AlltoAll, send, recv, count, dtype, 0, 0, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// [`ncclAlltoAll`] with a per-call config.
+    fn ncclAlltoAllConfig / pncclAlltoAllConfig(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
+        config: *const ncclCollConfig_t) -> ncclResult_t {
+        unsafe { run("ncclAlltoAllConfig", CollKind::AlltoAll, send, recv, count, dtype, 0, 0, comm, stream, config) }
+    }
+}
+export! {
+    /// Gathers `count` elements from every rank into the root's `recv`.
+    fn ncclGather / pncclGather(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclGather", CollKind::Gather, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// [`ncclGather`] with a per-call config.
+    fn ncclGatherConfig / pncclGatherConfig(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
+        config: *const ncclCollConfig_t) -> ncclResult_t {
+        unsafe { run("ncclGatherConfig", CollKind::Gather, send, recv, count, dtype, 0, root, comm, stream, config) }
+    }
+}
+export! {
+    /// Scatters `count` elements per rank from the root's `send`.
+    fn ncclScatter / pncclScatter(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclScatter", CollKind::Scatter, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// [`ncclScatter`] with a per-call config.
+    fn ncclScatterConfig / pncclScatterConfig(send: *const c_void, recv: *mut c_void, count: usize,
+        dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
+        config: *const ncclCollConfig_t) -> ncclResult_t {
+        unsafe { run("ncclScatterConfig", CollKind::Scatter, send, recv, count, dtype, 0, root, comm, stream, config) }
+    }
+}
+export! {
+    /// Sends `count` elements to `peer` (matched by the peer's `ncclRecv`).
+    fn ncclSend / pncclSend(send: *const c_void, count: usize, dtype: ncclDataType_t, peer: i32,
+        comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclSend", CollKind::Send, send, std::ptr::null_mut(), count, dtype, 0, peer, comm, stream, std::ptr::null()) }
+    }
+}
+export! {
+    /// Receives `count` elements from `peer`.
+    fn ncclRecv / pncclRecv(recv: *mut c_void, count: usize, dtype: ncclDataType_t, peer: i32,
+        comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        unsafe { run("ncclRecv", CollKind::Recv, std::ptr::null(), recv, count, dtype, 0, peer, comm, stream, std::ptr::null()) }
+    }
+}

@@ -1,0 +1,148 @@
+//! Communicator queries and lifecycle: count, rank, device, async error,
+//! finalize, destroy, abort, revoke, suspend/resume, memory statistics.
+
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+
+use hetccl_abi::{ncclComm_t, ncclResult_t, CommMemStat};
+
+use super::check;
+use super::guard::guard;
+use crate::comm::handle;
+use crate::error::{Error, Result};
+use crate::export;
+
+/// `NCCL_SUSPEND_MEM`, the only suspend flag.
+const NCCL_SUSPEND_MEM: c_int = 0x01;
+
+/// Writes `v` through `out` after checking it.
+fn write_out<T>(out: *mut T, v: T, what: &str) -> Result<()> {
+    check::non_null(out, what)?;
+    // SAFETY: checked non-NULL; the caller passes a writable location.
+    unsafe { out.write(v) };
+    Ok(())
+}
+
+export! {
+    /// Writes the number of ranks.
+    fn ncclCommCount / pncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+        guard("ncclCommCount", || write_out(count, handle::lookup(comm)?.nranks as c_int, "count"))
+    }
+}
+
+export! {
+    /// Writes this rank's index.
+    fn ncclCommUserRank / pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+        guard("ncclCommUserRank", || write_out(rank, handle::lookup(comm)?.rank as c_int, "rank"))
+    }
+}
+
+export! {
+    /// Writes the CUDA device of the communicator, -1 for a host-only rank.
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+        guard("ncclCommCuDevice", || write_out(device, handle::lookup(comm)?.cuda_device, "device"))
+    }
+}
+
+export! {
+    /// Writes the communicator's asynchronous error state (`ncclInProgress`
+    /// while a nonblocking operation runs).
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut ncclResult_t) -> ncclResult_t {
+        guard("ncclCommGetAsyncError", || {
+            let c = handle::lookup(comm)?;
+            write_out(async_error, c.async_error.load(Ordering::Acquire), "asyncError")
+        })
+    }
+}
+
+export! {
+    /// Completes the communicator's outstanding operations.
+    fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+        guard("ncclCommFinalize", || handle::lookup(comm).map(drop))
+    }
+}
+
+export! {
+    /// Frees the communicator. NULL is accepted, as NCCL does.
+    fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+        guard("ncclCommDestroy", || {
+            if comm.is_null() {
+                return Ok(());
+            }
+            handle::unregister(comm).map(drop)
+        })
+    }
+}
+
+export! {
+    /// Stops the communicator's operations and frees it. NULL is accepted.
+    fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+        guard("ncclCommAbort", || {
+            if comm.is_null() {
+                return Ok(());
+            }
+            let c = handle::unregister(comm)?;
+            c.revoked.store(true, Ordering::Release);
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// Stops the communicator's operations; it can then only be destroyed.
+    fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
+        guard("ncclCommRevoke", || {
+            let c = handle::lookup(comm)?;
+            if flags != 0 {
+                return Err(Error::arg(format!("revokeFlags must be 0, not {flags:#x}")));
+            }
+            c.revoked.store(true, Ordering::Release);
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// Suspends the communicator. Host communicators hold no releasable
+    /// device memory, so this only blocks new operations until resumed.
+    fn ncclCommSuspend / pncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
+        guard("ncclCommSuspend", || {
+            let c = handle::lookup(comm)?;
+            if flags & !NCCL_SUSPEND_MEM != 0 {
+                return Err(Error::arg(format!("unknown suspend flags {flags:#x}")));
+            }
+            c.suspended.store(true, Ordering::Release);
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// Resumes a suspended communicator.
+    fn ncclCommResume / pncclCommResume(comm: ncclComm_t) -> ncclResult_t {
+        guard("ncclCommResume", || {
+            let c = handle::lookup(comm)?;
+            if !c.suspended.swap(false, Ordering::AcqRel) {
+                return Err(Error::usage("the communicator is not suspended"));
+            }
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// Writes a GPU-memory statistic; host communicators allocate none, so
+    /// every statistic is 0.
+    fn ncclCommMemStats / pncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u64) -> ncclResult_t {
+        guard("ncclCommMemStats", || {
+            let c = handle::lookup(comm)?;
+            let stat = CommMemStat::try_from(stat)
+                .map_err(|v| Error::arg(format!("invalid ncclCommMemStat_t {v}")))?;
+            let v = match stat {
+                CommMemStat::GpuMemSuspended => u64::from(c.suspended.load(Ordering::Acquire)),
+                _ => 0,
+            };
+            write_out(value, v, "value")
+        })
+    }
+}

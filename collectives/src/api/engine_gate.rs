@@ -1,0 +1,26 @@
+//! Where the C API hands validated work to the engine.
+//!
+//! The host-memory engine (bootstrap, transports, executor) is the subject of
+//! the engine issue and is not in this build yet. Until it lands, every entry
+//! point that needs it validates its arguments fully and then returns
+//! `ncclInvalidUsage` through [`unavailable`], with a message for
+//! `ncclGetLastError`. `docs/api-status.md` lists these entry points.
+
+use crate::error::Error;
+
+/// The error for an entry point whose engine support is not built yet.
+pub fn unavailable(what: &str) -> Error {
+    Error::usage(format!(
+        "{what} is not implemented yet in this hetccl build (see docs/api-status.md)"
+    ))
+}
+
+/// The error for a device-only API (windows, signals, device comms) that the
+/// host engine cannot serve; the GPU work adds them or forwards them to
+/// NVIDIA's NCCL through HETCCL_NCCL_FALLBACK.
+pub fn device_only(what: &str) -> Error {
+    Error::usage(format!(
+        "{what} is a device-side API that this hetccl build does not serve \
+         (no CUDA support and no HETCCL_NCCL_FALLBACK; see docs/api-status.md)"
+    ))
+}

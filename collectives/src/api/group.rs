@@ -1,0 +1,117 @@
+//! `ncclGroupStart` / `ncclGroupEnd` / `ncclGroupSimulateEnd`.
+//!
+//! Groups nest per thread, as in NCCL. Operations issued inside a group are
+//! queued and launched together by the outermost `ncclGroupEnd`.
+
+use std::cell::Cell;
+
+use hetccl_abi::{ncclResult_t, ncclSimInfo_t, NCCL_SIM_INFO_MAGIC};
+
+use super::check;
+use super::guard::guard;
+use crate::error::{Error, Result};
+use crate::export;
+
+/// The deepest nesting accepted: deeper is surely a missing `ncclGroupEnd`.
+const MAX_DEPTH: u32 = 1 << 16;
+
+thread_local! {
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The current group nesting depth of this thread.
+pub fn depth() -> u32 {
+    DEPTH.with(Cell::get)
+}
+
+fn start() -> Result<()> {
+    DEPTH.with(|d| {
+        if d.get() >= MAX_DEPTH {
+            return Err(Error::usage(format!(
+                "groups nested deeper than {MAX_DEPTH}"
+            )));
+        }
+        d.set(d.get() + 1);
+        Ok(())
+    })
+}
+
+/// Leaves one level; returns true when the outermost group closed.
+fn end() -> Result<bool> {
+    DEPTH.with(|d| match d.get() {
+        0 => Err(Error::usage(
+            "ncclGroupEnd without a matching ncclGroupStart",
+        )),
+        n => {
+            d.set(n - 1);
+            Ok(n == 1)
+        }
+    })
+}
+
+export! {
+    /// Opens a group: later calls on this thread are queued until the
+    /// matching [`ncclGroupEnd`].
+    fn ncclGroupStart / pncclGroupStart() -> ncclResult_t {
+        guard("ncclGroupStart", start)
+    }
+}
+
+export! {
+    /// Closes a group; the outermost close launches what was queued.
+    fn ncclGroupEnd / pncclGroupEnd() -> ncclResult_t {
+        guard("ncclGroupEnd", || end().map(drop))
+    }
+}
+
+export! {
+    /// Closes a group without running it and writes the cost model's
+    /// estimate of its time (microseconds) into `sim_info`.
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> ncclResult_t {
+        guard("ncclGroupSimulateEnd", || {
+            check::non_null(sim_info, "simInfo")?;
+            // SAFETY: checked non-NULL; the header fields are read unaligned-safe.
+            let (size, magic) = unsafe { ((*sim_info).size, (*sim_info).magic) };
+            if magic != NCCL_SIM_INFO_MAGIC {
+                return Err(Error::arg(format!(
+                    "simInfo has bad magic {magic:#x}; initialise it with NCCL_SIM_INFO_INITIALIZER"
+                )));
+            }
+            if size < std::mem::size_of::<ncclSimInfo_t>() || size > 4096 {
+                return Err(Error::arg(format!("simInfo has implausible size {size}")));
+            }
+            end()?;
+            // No operation can be queued in this build (the engine gate refuses
+            // them), so the estimate of the group is 0 us.
+            // SAFETY: checked non-NULL and size.
+            unsafe { (*sim_info).estimatedTime = 0.0 };
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nesting() {
+        assert_eq!(unsafe { ncclGroupEnd() }, 5, "end without start");
+        assert_eq!(unsafe { ncclGroupStart() }, 0);
+        assert_eq!(unsafe { ncclGroupStart() }, 0);
+        assert_eq!(depth(), 2);
+        assert_eq!(unsafe { ncclGroupEnd() }, 0);
+        let mut si = ncclSimInfo_t {
+            size: 24,
+            magic: NCCL_SIM_INFO_MAGIC,
+            version: 23203,
+            estimatedTime: -1.0,
+        };
+        assert_eq!(unsafe { ncclGroupSimulateEnd(&mut si) }, 0);
+        assert_eq!(si.estimatedTime, 0.0);
+        assert_eq!(depth(), 0);
+        si.magic = 0;
+        assert_eq!(unsafe { ncclGroupSimulateEnd(&mut si) }, 4);
+        assert_eq!(unsafe { ncclGroupSimulateEnd(std::ptr::null_mut()) }, 4);
+    }
+}

@@ -1,0 +1,111 @@
+//! The registry that maps C `ncclComm_t` handles to live [`Comm`]s.
+//!
+//! A handle is a pointer to a small heap cell holding a magic number and a
+//! comm id. Destroying the comm removes the id from the registry and marks the
+//! cell dead, but the 16-byte cell itself is never freed, so a stale handle
+//! can never alias a newer comm: using a comm after `ncclCommDestroy`, or
+//! destroying it twice, is reliably reported as `ncclInvalidArgument`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use hetccl_abi::ncclComm_t;
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::Comm;
+use crate::error::{Error, Result};
+
+const LIVE: u64 = 0x6865_7463_636c_434d; // "hetcclCM"
+const DEAD: u64 = 0x6465_6164_636f_6d6d; // "deadcomm"
+
+/// The cell a handle points to.
+#[repr(C)]
+struct Cell {
+    magic: AtomicU64,
+    id: u64,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static LIVE_COMMS: Lazy<Mutex<HashMap<u64, Arc<Comm>>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+/// Addresses of every cell ever handed out, so that a pointer we never made is
+/// rejected without being dereferenced.
+static CELLS: Lazy<Mutex<HashMap<usize, u64>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Registers `comm` and returns its new C handle.
+pub fn register(comm: Arc<Comm>) -> ncclComm_t {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let cell = Box::into_raw(Box::new(Cell {
+        magic: AtomicU64::new(LIVE),
+        id,
+    }));
+    CELLS.lock().insert(cell as usize, id);
+    LIVE_COMMS.lock().insert(id, comm);
+    cell.cast()
+}
+
+fn cell_id(handle: ncclComm_t) -> Result<u64> {
+    if handle.is_null() {
+        return Err(Error::arg("comm is NULL"));
+    }
+    let id = CELLS
+        .lock()
+        .get(&(handle as usize))
+        .copied()
+        .ok_or_else(|| Error::arg(format!("comm {handle:p} is not a communicator handle")))?;
+    Ok(id)
+}
+
+/// The live comm behind `handle`.
+pub fn lookup(handle: ncclComm_t) -> Result<Arc<Comm>> {
+    let id = cell_id(handle)?;
+    LIVE_COMMS
+        .lock()
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| Error::arg(format!("comm {handle:p} was already destroyed")))
+}
+
+/// Removes the comm behind `handle` from the registry and returns it.
+pub fn unregister(handle: ncclComm_t) -> Result<Arc<Comm>> {
+    let id = cell_id(handle)?;
+    let comm = LIVE_COMMS
+        .lock()
+        .remove(&id)
+        .ok_or_else(|| Error::arg(format!("comm {handle:p} was already destroyed")))?;
+    // SAFETY: `handle` is in CELLS, so it points to a Cell made by `register`,
+    // which is never freed.
+    unsafe {
+        (*(handle as *const Cell))
+            .magic
+            .store(DEAD, Ordering::Release)
+    };
+    Ok(comm)
+}
+
+/// The number of live communicators in this process.
+pub fn live_count() -> usize {
+    LIVE_COMMS.lock().len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifecycle_and_stale_handles() {
+        let h = register(Arc::new(Comm::new(4, 1)));
+        assert_eq!(lookup(h).unwrap().rank, 1);
+        assert!(unregister(h).is_ok());
+        let e = lookup(h).unwrap_err().to_string();
+        assert!(e.contains("already destroyed"), "{e}");
+        assert!(unregister(h).is_err(), "double destroy is refused");
+        let mut x = 0u64;
+        assert!(lookup(&mut x as *mut u64 as ncclComm_t).is_err());
+        assert!(lookup(std::ptr::null_mut()).is_err());
+        let h2 = register(Arc::new(Comm::new(1, 0)));
+        assert_ne!(h, h2, "a new comm never reuses a stale handle");
+        unregister(h2).unwrap();
+    }
+}

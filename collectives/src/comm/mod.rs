@@ -1,0 +1,67 @@
+//! Communicators: the object behind `ncclComm_t`, its C handle registry, and
+//! its per-comm tables.
+//!
+//! The engine (bootstrap, transports, executor) attaches to [`Comm`]; the
+//! C API only ever reaches a comm through [`handle::lookup`], which rejects
+//! NULL, never-created and destroyed handles alike.
+
+pub mod handle;
+pub mod redop_table;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+use parking_lot::Mutex;
+
+use self::redop_table::RedOpTable;
+use crate::error::{Error, Result};
+
+/// One rank's communicator.
+#[derive(Debug)]
+pub struct Comm {
+    /// Number of ranks.
+    pub nranks: usize,
+    /// This rank.
+    pub rank: usize,
+    /// CUDA device, or -1 on host-only ranks.
+    pub cuda_device: i32,
+    /// PreMulSum ops created on this comm.
+    pub redops: Mutex<RedOpTable>,
+    /// What `ncclCommGetAsyncError` reports (`ncclResult_t`).
+    pub async_error: AtomicI32,
+    /// Set by `ncclCommRevoke`/`ncclCommAbort`: no new operations.
+    pub revoked: AtomicBool,
+    /// Set by `ncclCommSuspend`, cleared by `ncclCommResume`.
+    pub suspended: AtomicBool,
+    /// Buffers registered with `ncclCommRegister`: handle token -> (address, bytes).
+    pub registrations: Mutex<HashMap<usize, (usize, usize)>>,
+}
+
+impl Comm {
+    /// A communicator description with no transports attached yet.
+    pub fn new(nranks: usize, rank: usize) -> Self {
+        Self {
+            nranks,
+            rank,
+            cuda_device: -1,
+            redops: Mutex::new(RedOpTable::default()),
+            async_error: AtomicI32::new(0),
+            revoked: AtomicBool::new(false),
+            suspended: AtomicBool::new(false),
+            registrations: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Fails unless the comm accepts new operations.
+    pub fn check_usable(&self) -> Result<()> {
+        if self.revoked.load(Ordering::Acquire) {
+            return Err(Error::usage("the communicator was revoked or aborted"));
+        }
+        if self.suspended.load(Ordering::Acquire) {
+            return Err(Error::usage(
+                "the communicator is suspended (call ncclCommResume)",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls this).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HETCCL_REQUIRE_NETNS=${HETCCL_REQUIRE_NETNS:-1}
+export CARGO_TERM_COLOR=never
+bash scripts/setup.sh
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== header check"
+bash scripts/check-header.sh
+echo "== cargo test"
+cargo build -p hetccl
+cargo test --workspace --no-fail-fast
