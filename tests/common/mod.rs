@@ -108,18 +108,26 @@ pub fn profile_dir() -> PathBuf {
 /// The `libhetccl.so` of this build.
 ///
 /// `cargo test` builds it: the root crate's lib is `crate-type = ["cdylib",
-/// "rlib"]`, and building the rlib that the integration tests link compiles
-/// the cdylib in the same rustc invocation and copies it to the profile dir.
-/// So the file is exactly as fresh as this test binary. (Calling `cargo build`
-/// from here would block on the build-dir lock the running `cargo test` holds.)
+/// "rlib"]`, so compiling the rlib that the integration tests link emits the
+/// cdylib in the same rustc invocation, as `<profile>/deps/libhetccl.so`.
+/// That file is exactly as fresh as this test binary, so it is preferred.
+/// (`cargo test` does not copy it up to `<profile>/libhetccl.so`; only
+/// `cargo build` does, and that copy may be stale.) Calling `cargo build`
+/// from here is no option: it would block on the build-dir lock that the
+/// running `cargo test` holds.
 pub fn hetccl_so() -> PathBuf {
-    let so = profile_dir().join("libhetccl.so");
-    assert!(
-        so.is_file(),
-        "{} is missing; build it with `cargo build -p hetccl` (same profile)",
-        so.display()
-    );
-    so
+    let dir = profile_dir();
+    let candidates = [dir.join("deps/libhetccl.so"), dir.join("libhetccl.so")];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "none of {candidates:?} exists; build it with `cargo build -p hetccl` (same profile)"
+            )
+        })
+        .canonicalize()
+        .expect("canonicalize libhetccl.so path")
 }
 
 /// Options for [`compile_c`].
