@@ -1,0 +1,222 @@
+//! The typed configuration, read once from the `NCCL_*` / `HETCCL_*`
+//! environment.
+//!
+//! - [`get`] returns the process-wide [`Config`], parsed on first use.
+//! - [`Config::from_vars`] is the pure parser behind it, for tests.
+//! - [`log_once`] prints the effective configuration at INFO (`hetccl::ENV`).
+//!
+//! Every variable is listed once in the table in `vars.rs`, which drives both
+//! parsing and the "unknown `HETCCL_*` variable" warning. docs/configuration.md
+//! describes each one.
+
+mod debug;
+mod display;
+mod net;
+mod parse;
+mod suggest;
+mod vars;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
+
+use once_cell::sync::Lazy;
+
+pub use debug::{DebugLevel, SubsysMask};
+pub use net::{split_host_port, AddrFamily, IfaceFilter};
+
+/// The tracing target configuration messages are logged under.
+pub const ENV_TARGET: &str = "hetccl::ENV";
+
+/// Every setting hetccl reads from the environment, typed and defaulted.
+///
+/// Build one with [`Config::default`] or [`Config::from_vars`]; the process-wide
+/// instance is [`get`]. Empty variables count as unset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// `NCCL_DEBUG`: the log level. Default [`DebugLevel::None`] (nothing is
+    /// printed, as in NCCL).
+    pub debug: DebugLevel,
+    /// `NCCL_DEBUG_SUBSYS`: the subsystems INFO and TRACE lines are shown for.
+    /// Default `INIT,BOOTSTRAP,ENV`.
+    pub debug_subsys: SubsysMask,
+    /// `NCCL_DEBUG_FILE`: where logs go instead of stdout, raw (`%h` and `%p`
+    /// are expanded by `obs`). Default unset.
+    pub debug_file: Option<String>,
+    /// `HETCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`: the raw interface
+    /// filter; see [`Config::socket_iface_filter`]. Default unset (the net
+    /// code picks interfaces).
+    pub socket_ifname: Option<String>,
+    /// `NCCL_SOCKET_FAMILY`: force IPv4 or IPv6. Default unset (either).
+    pub socket_family: Option<AddrFamily>,
+    /// `NCCL_COMM_ID`: a fixed bootstrap root address, `host:port` or
+    /// `[v6]:port` (validated with [`split_host_port`]). Default unset.
+    pub comm_id: Option<String>,
+    /// `NCCL_NSOCKS_PERTHREAD`: sockets per helper thread; `None` means auto
+    /// (`-2` in the environment also means auto).
+    pub nsocks_perthread: Option<i32>,
+    /// `NCCL_SOCKET_NTHREADS`: helper threads per connection; `None` means
+    /// auto (`-2` in the environment also means auto).
+    pub socket_nthreads: Option<i32>,
+    /// `NCCL_SOCKET_INLINE`: messages up to this size travel inline with their
+    /// header. Default 128 bytes.
+    pub socket_inline: usize,
+    /// `NCCL_SOCKET_MIN_TASKSIZE`: the smallest piece a message is split into
+    /// across sockets. Default 65536 bytes.
+    pub socket_min_task_size: usize,
+    /// `HETCCL_TIMEOUT_S`: the bound on every wait in hetccl, in seconds.
+    /// Default 300.
+    pub timeout_s: f64,
+    /// `HETCCL_HANG_REPORT_S`: an operation pending this long gets a hang
+    /// report, in seconds; 0 disables reports. Default 60.
+    pub hang_report_s: f64,
+    /// `HETCCL_HOST_ID`: overrides the host identity (host hash), so that tests
+    /// can pretend processes run on different nodes. Default unset.
+    pub host_id: Option<String>,
+    /// `NCCL_ALGO`: algorithm override, raw. Default unset.
+    pub algo: Option<String>,
+    /// `NCCL_PROTO`: protocol override, raw. Default unset.
+    pub proto: Option<String>,
+    /// `NCCL_BUFFSIZE`: bytes per pipeline buffer. Default 4 MiB.
+    pub buffsize: usize,
+    /// `NCCL_MIN_NCHANNELS`: the fewest channels to use. Default unset.
+    pub min_nchannels: Option<u32>,
+    /// `NCCL_MAX_NCHANNELS`: the most channels to use. Default unset.
+    pub max_nchannels: Option<u32>,
+    /// `HETCCL_TRACE_FILE`: write a Chrome-trace timeline here. Default unset.
+    pub trace_file: Option<String>,
+    /// `HETCCL_NCCL_FALLBACK`: the real NCCL library to fall back to. Default
+    /// unset.
+    pub nccl_fallback: Option<String>,
+    /// `NCCL_SHM_DISABLE`: disable the shared-memory transport. Default false.
+    pub shm_disable: bool,
+    /// `NCCL_P2P_DISABLE`: disable the peer-to-peer (GPU IPC) transport.
+    /// Default false.
+    pub p2p_disable: bool,
+    /// `NCCL_NET`: the network plugin/transport to use, by name. Default unset.
+    pub net: Option<String>,
+    /// `NCCL_IB_DISABLE`: disable InfiniBand/verbs. Default false.
+    pub ib_disable: bool,
+    /// `HETCCL_SPIN_US`: how long a wait spins before it blocks, in
+    /// microseconds. Default 50.
+    pub spin_us: u32,
+    /// Bit `i` set: entry `i` of the variable table came from the environment.
+    from_env: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            debug: DebugLevel::None,
+            debug_subsys: SubsysMask::DEFAULT,
+            debug_file: None,
+            socket_ifname: None,
+            socket_family: None,
+            comm_id: None,
+            nsocks_perthread: None,
+            socket_nthreads: None,
+            socket_inline: 128,
+            socket_min_task_size: 65536,
+            timeout_s: 300.0,
+            hang_report_s: 60.0,
+            host_id: None,
+            algo: None,
+            proto: None,
+            buffsize: 4 << 20,
+            min_nchannels: None,
+            max_nchannels: None,
+            trace_file: None,
+            nccl_fallback: None,
+            shm_disable: false,
+            p2p_disable: false,
+            net: None,
+            ib_disable: false,
+            spin_us: 50,
+            from_env: 0,
+        }
+    }
+}
+
+impl Config {
+    /// Builds a configuration from `(name, value)` pairs, without touching the
+    /// process environment. Returns it with the warnings to report: unknown
+    /// `HETCCL_*` names and unparseable values (which keep their default).
+    /// When a name appears twice, the last value wins.
+    pub fn from_vars<I: IntoIterator<Item = (String, String)>>(vars: I) -> (Config, Vec<String>) {
+        vars::build(vars)
+    }
+
+    /// The parsed form of [`Config::socket_ifname`], if set.
+    pub fn socket_iface_filter(&self) -> Option<IfaceFilter> {
+        self.socket_ifname.as_deref().map(IfaceFilter::parse)
+    }
+
+    /// True when the variable `name` was read from the environment (and its
+    /// value was valid).
+    pub fn is_set(&self, name: &str) -> bool {
+        vars::index_of(name).is_some_and(|i| self.from_env & (1u64 << i) != 0)
+    }
+
+    /// The names of every variable hetccl reads, in table order.
+    pub fn known_names() -> impl Iterator<Item = &'static str> {
+        vars::VARS.iter().map(|v| v.name)
+    }
+}
+
+/// The process-wide configuration and its warnings, parsed on first use.
+static LOADED: Lazy<(Config, Vec<String>)> = Lazy::new(|| {
+    // `std::env::vars()` panics on non-UTF-8 entries; skip those instead.
+    let vars = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    std::panic::catch_unwind(|| Config::from_vars(vars.collect::<Vec<_>>())).unwrap_or_else(|_| {
+        (
+            Config::default(),
+            vec!["internal error while reading the environment; using defaults".to_string()],
+        )
+    })
+});
+
+static WARNED: Once = Once::new();
+static LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// The process-wide configuration, read from the environment the first time.
+///
+/// The first call also sets up logging ([`crate::obs::ensure_init`]) so that
+/// the parse warnings reach the log, at WARN under `hetccl::ENV`.
+pub fn get() -> &'static Config {
+    let cfg = &LOADED.0;
+    if !WARNED.is_completed() {
+        crate::obs::ensure_init();
+        emit_warnings_once();
+    }
+    cfg
+}
+
+/// The cached configuration without any logging side effect (for `obs`,
+/// which must not re-enter its own initialisation).
+pub(crate) fn loaded() -> &'static Config {
+    &LOADED.0
+}
+
+/// Logs the parse warnings of the process-wide configuration, once.
+pub(crate) fn emit_warnings_once() {
+    WARNED.call_once(|| {
+        for w in &LOADED.1 {
+            tracing::warn!(target: ENV_TARGET, "{w}");
+        }
+    });
+}
+
+/// Prints the effective configuration at INFO under `hetccl::ENV`, one line
+/// per variable, the first time it is called; later calls do nothing.
+pub fn log_once() {
+    if LOGGED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let cfg = get();
+    for line in cfg.to_string().lines() {
+        tracing::info!(target: ENV_TARGET, "{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests;

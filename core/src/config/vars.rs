@@ -1,0 +1,325 @@
+//! The one table of variables hetccl reads, and the parse driver over it.
+//!
+//! Order matters: entries are applied in table order, so when two names set
+//! the same field (`NCCL_SOCKET_IFNAME`, then `HETCCL_SOCKET_IFNAME`) the later
+//! one wins. Display also follows this order.
+
+use super::debug::{DebugLevel, SubsysMask};
+use super::net::{split_host_port, AddrFamily};
+use super::{parse, suggest, Config};
+
+/// What applying a value produced: `Ok(None)` applied cleanly, `Ok(Some(w))`
+/// applied with a warning, `Err(expected)` rejected (the default stays).
+pub(crate) type Applied = Result<Option<String>, String>;
+
+/// One environment variable.
+pub(crate) struct Var {
+    /// The variable name.
+    pub name: &'static str,
+    /// The `Config` field it sets; names that share a field are aliases.
+    pub field: &'static str,
+    /// Parses a non-empty value into the config.
+    pub apply: fn(&mut Config, &str) -> Applied,
+    /// Renders the field's current value; `None` when unset.
+    pub show: fn(&Config) -> Option<String>,
+}
+
+fn ok<T>(r: Result<T, String>, set: impl FnOnce(T)) -> Applied {
+    r.map(|v| {
+        set(v);
+        None
+    })
+}
+
+/// `-2` or unset means auto; otherwise at least 1.
+fn auto_count(s: &str) -> Result<Option<i32>, String> {
+    match parse::int(s) {
+        Ok(-2) => Ok(None),
+        Ok(v) if v >= 1 && v <= i64::from(i32::MAX) => Ok(Some(v as i32)),
+        _ => Err("a positive integer, or -2 for auto".to_string()),
+    }
+}
+
+fn show_auto(v: Option<i32>) -> Option<String> {
+    Some(v.map_or_else(|| "auto".to_string(), |n| n.to_string()))
+}
+
+fn channels(s: &str) -> Result<u32, String> {
+    parse::int_in(s, 1, i64::from(u32::MAX)).map(|v| v as u32)
+}
+
+/// The table. At most 64 entries (`Config::from_env` is a bitmask).
+pub(crate) const VARS: &[Var] = &[
+    Var {
+        name: "NCCL_DEBUG",
+        field: "debug",
+        apply: |c, v| {
+            let level =
+                DebugLevel::parse(v).ok_or("one of NONE, VERSION, WARN, INFO, ABORT, TRACE")?;
+            c.debug = level;
+            Ok(None)
+        },
+        show: |c| Some(c.debug.to_string()),
+    },
+    Var {
+        name: "NCCL_DEBUG_SUBSYS",
+        field: "debug_subsys",
+        apply: |c, v| {
+            let (mask, unknown) = SubsysMask::parse(v);
+            c.debug_subsys = mask;
+            Ok((!unknown.is_empty())
+                .then(|| format!("unknown subsystem(s) {} ignored", unknown.join(","))))
+        },
+        show: |c| Some(c.debug_subsys.to_string()),
+    },
+    Var {
+        name: "NCCL_DEBUG_FILE",
+        field: "debug_file",
+        apply: |c, v| ok(parse::text(v), |t| c.debug_file = Some(t)),
+        show: |c| c.debug_file.clone(),
+    },
+    Var {
+        name: "NCCL_SOCKET_IFNAME",
+        field: "socket_ifname",
+        apply: |c, v| ok(parse::text(v), |t| c.socket_ifname = Some(t)),
+        show: |c| c.socket_ifname.clone(),
+    },
+    Var {
+        name: "HETCCL_SOCKET_IFNAME",
+        field: "socket_ifname",
+        apply: |c, v| ok(parse::text(v), |t| c.socket_ifname = Some(t)),
+        show: |c| c.socket_ifname.clone(),
+    },
+    Var {
+        name: "NCCL_SOCKET_FAMILY",
+        field: "socket_family",
+        apply: |c, v| {
+            c.socket_family = Some(AddrFamily::parse(v).ok_or("AF_INET or AF_INET6")?);
+            Ok(None)
+        },
+        show: |c| c.socket_family.map(|f| f.to_string()),
+    },
+    Var {
+        name: "NCCL_COMM_ID",
+        field: "comm_id",
+        apply: |c, v| {
+            split_host_port(v).ok_or("host:port or [ipv6]:port")?;
+            c.comm_id = Some(v.trim().to_string());
+            Ok(None)
+        },
+        show: |c| c.comm_id.clone(),
+    },
+    Var {
+        name: "NCCL_NSOCKS_PERTHREAD",
+        field: "nsocks_perthread",
+        apply: |c, v| ok(auto_count(v), |n| c.nsocks_perthread = n),
+        show: |c| show_auto(c.nsocks_perthread),
+    },
+    Var {
+        name: "NCCL_SOCKET_NTHREADS",
+        field: "socket_nthreads",
+        apply: |c, v| ok(auto_count(v), |n| c.socket_nthreads = n),
+        show: |c| show_auto(c.socket_nthreads),
+    },
+    Var {
+        name: "NCCL_SOCKET_INLINE",
+        field: "socket_inline",
+        apply: |c, v| ok(parse::size(v), |n| c.socket_inline = n),
+        show: |c| Some(c.socket_inline.to_string()),
+    },
+    Var {
+        name: "NCCL_SOCKET_MIN_TASKSIZE",
+        field: "socket_min_task_size",
+        apply: |c, v| ok(parse::size_nonzero(v), |n| c.socket_min_task_size = n),
+        show: |c| Some(c.socket_min_task_size.to_string()),
+    },
+    Var {
+        name: "HETCCL_TIMEOUT_S",
+        field: "timeout_s",
+        apply: |c, v| ok(parse::seconds(v, 0.001), |s| c.timeout_s = s),
+        show: |c| Some(c.timeout_s.to_string()),
+    },
+    Var {
+        name: "HETCCL_HANG_REPORT_S",
+        field: "hang_report_s",
+        apply: |c, v| ok(parse::seconds(v, 0.0), |s| c.hang_report_s = s),
+        show: |c| Some(c.hang_report_s.to_string()),
+    },
+    Var {
+        name: "HETCCL_HOST_ID",
+        field: "host_id",
+        apply: |c, v| ok(parse::text(v), |t| c.host_id = Some(t)),
+        show: |c| c.host_id.clone(),
+    },
+    Var {
+        name: "NCCL_ALGO",
+        field: "algo",
+        apply: |c, v| ok(parse::text(v), |t| c.algo = Some(t)),
+        show: |c| c.algo.clone(),
+    },
+    Var {
+        name: "NCCL_PROTO",
+        field: "proto",
+        apply: |c, v| ok(parse::text(v), |t| c.proto = Some(t)),
+        show: |c| c.proto.clone(),
+    },
+    Var {
+        name: "NCCL_BUFFSIZE",
+        field: "buffsize",
+        apply: |c, v| ok(parse::size_nonzero(v), |n| c.buffsize = n),
+        show: |c| Some(c.buffsize.to_string()),
+    },
+    Var {
+        name: "NCCL_MIN_NCHANNELS",
+        field: "min_nchannels",
+        apply: |c, v| ok(channels(v), |n| c.min_nchannels = Some(n)),
+        show: |c| c.min_nchannels.map(|n| n.to_string()),
+    },
+    Var {
+        name: "NCCL_MAX_NCHANNELS",
+        field: "max_nchannels",
+        apply: |c, v| ok(channels(v), |n| c.max_nchannels = Some(n)),
+        show: |c| c.max_nchannels.map(|n| n.to_string()),
+    },
+    Var {
+        name: "HETCCL_TRACE_FILE",
+        field: "trace_file",
+        apply: |c, v| ok(parse::text(v), |t| c.trace_file = Some(t)),
+        show: |c| c.trace_file.clone(),
+    },
+    Var {
+        name: "HETCCL_NCCL_FALLBACK",
+        field: "nccl_fallback",
+        apply: |c, v| ok(parse::text(v), |t| c.nccl_fallback = Some(t)),
+        show: |c| c.nccl_fallback.clone(),
+    },
+    Var {
+        name: "NCCL_SHM_DISABLE",
+        field: "shm_disable",
+        apply: |c, v| ok(parse::boolean(v), |b| c.shm_disable = b),
+        show: |c| Some(u8::from(c.shm_disable).to_string()),
+    },
+    Var {
+        name: "NCCL_P2P_DISABLE",
+        field: "p2p_disable",
+        apply: |c, v| ok(parse::boolean(v), |b| c.p2p_disable = b),
+        show: |c| Some(u8::from(c.p2p_disable).to_string()),
+    },
+    Var {
+        name: "NCCL_NET",
+        field: "net",
+        apply: |c, v| ok(parse::text(v), |t| c.net = Some(t)),
+        show: |c| c.net.clone(),
+    },
+    Var {
+        name: "NCCL_IB_DISABLE",
+        field: "ib_disable",
+        apply: |c, v| ok(parse::boolean(v), |b| c.ib_disable = b),
+        show: |c| Some(u8::from(c.ib_disable).to_string()),
+    },
+    Var {
+        name: "HETCCL_SPIN_US",
+        field: "spin_us",
+        apply: |c, v| {
+            let us = parse::int_in(v, 0, i64::from(u32::MAX))?;
+            c.spin_us = us as u32;
+            Ok(None)
+        },
+        show: |c| Some(c.spin_us.to_string()),
+    },
+];
+
+/// The table index of `name`, if hetccl reads it.
+pub(crate) fn index_of(name: &str) -> Option<usize> {
+    VARS.iter().position(|v| v.name == name)
+}
+
+/// The parse driver behind [`Config::from_vars`].
+pub(crate) fn build<I: IntoIterator<Item = (String, String)>>(vars: I) -> (Config, Vec<String>) {
+    let mut values: Vec<Option<String>> = vec![None; VARS.len()];
+    let mut unknown: Vec<String> = Vec::new();
+    for (name, value) in vars {
+        if let Some(i) = index_of(&name) {
+            values[i] = Some(value);
+        } else if name.starts_with("HETCCL_") && !unknown.contains(&name) {
+            unknown.push(name);
+        }
+    }
+
+    let mut cfg = Config::default();
+    let mut warnings = Vec::new();
+    for (i, (var, value)) in VARS.iter().zip(&values).enumerate() {
+        let Some(value) = value.as_deref().filter(|v| !v.is_empty()) else {
+            continue;
+        };
+        match (var.apply)(&mut cfg, value) {
+            Ok(note) => {
+                cfg.from_env |= 1u64 << i;
+                if let Some(note) = note {
+                    warnings.push(format!("{}={value}: {note}", var.name));
+                }
+            }
+            Err(expected) => {
+                let default = (var.show)(&Config::default()).unwrap_or_else(|| "unset".to_string());
+                warnings.push(format!(
+                    "invalid value {value:?} for {}: expected {expected}; using default ({default})",
+                    var.name
+                ));
+            }
+        }
+    }
+
+    if let (Some(lo), Some(hi)) = (cfg.min_nchannels, cfg.max_nchannels) {
+        if lo > hi {
+            warnings.push(format!(
+                "NCCL_MIN_NCHANNELS={lo} is above NCCL_MAX_NCHANNELS={hi}; the maximum wins"
+            ));
+        }
+    }
+
+    unknown.sort();
+    for name in unknown {
+        let hint = suggest::closest(&name, VARS.iter().map(|v| v.name))
+            .map(|s| format!("; did you mean {s}?"))
+            .unwrap_or_default();
+        warnings.push(format!("unknown variable {name}{hint}"));
+    }
+    (cfg, warnings)
+}
+
+const _: () = assert!(VARS.len() <= 64, "Config::from_env is a u64 bitmask");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_prefixed() {
+        for (i, v) in VARS.iter().enumerate() {
+            assert!(
+                v.name.starts_with("NCCL_") || v.name.starts_with("HETCCL_"),
+                "{}",
+                v.name
+            );
+            assert_eq!(index_of(v.name), Some(i), "duplicate {}", v.name);
+        }
+    }
+
+    #[test]
+    fn aliases_are_adjacent_and_share_show() {
+        let d = Config::default();
+        for w in VARS.windows(2) {
+            if w[0].field == w[1].field {
+                assert_eq!((w[0].show)(&d), (w[1].show)(&d));
+            }
+        }
+        // A field never reappears after a different field in between.
+        let mut seen: Vec<&str> = Vec::new();
+        for v in VARS {
+            if seen.last() != Some(&v.field) {
+                assert!(!seen.contains(&v.field), "{} is split", v.field);
+                seen.push(v.field);
+            }
+        }
+    }
+}
