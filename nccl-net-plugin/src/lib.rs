@@ -1,3 +1,20 @@
 //! hetccl's network transports and the NCCL net-plugin adapters.
 //!
-//! Filled in by the net-plugin work (issue 4).
+//! - [`tcp`]: the TCP transport as a Rust API over host buffers ([`tcp::TcpNet`],
+//!   [`tcp::TcpSendComm`], [`tcp::TcpRecvComm`]); the engine reuses it for
+//!   inter-node traffic.
+//! - [`transport`]: the traits a transport implements.
+//! - [`plugin`]: the one internal API behind the C tables, and one adapter
+//!   file per `ncclNetPlugin_vN` (v6 to v12), all exported from `libhetccl.so`.
+//! - [`wire`]: everything that crosses the network, with bounded decoders.
+//! - [`iface`]: device discovery (`NCCL_SOCKET_IFNAME`, `/sys/class/net`).
+
+pub mod error;
+pub mod iface;
+pub mod plugin;
+mod sock;
+pub mod tcp;
+pub mod transport;
+pub mod wire;
+
+pub use error::{NetError, Result};

@@ -1,0 +1,57 @@
+//! The transport's error type and its `ncclResult_t` mapping.
+
+use hetccl_abi::NcclResult;
+
+/// Why a network operation failed. Every variant carries a message for the log.
+///
+/// Errors are `Clone` so that a comm that failed once can keep returning the
+/// same error from every later call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetError {
+    /// A bad argument from the caller (NULL pointer, out-of-range value).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A call that is not allowed in this state, or a message larger than the
+    /// posted receive.
+    #[error("invalid usage: {0}")]
+    InvalidUsage(String),
+    /// A bug or an unexpected state inside the plugin.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// A failed system call.
+    #[error("system error: {0}")]
+    System(String),
+    /// The peer closed the connection, died, or broke the protocol.
+    #[error("remote error: {0}")]
+    Remote(String),
+    /// No progress within the configured timeout.
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+impl NetError {
+    /// The `ncclResult_t` NCCL gets for this error.
+    pub fn code(&self) -> NcclResult {
+        match self {
+            Self::InvalidArgument(_) => NcclResult::InvalidArgument,
+            Self::InvalidUsage(_) => NcclResult::InvalidUsage,
+            Self::Internal(_) => NcclResult::InternalError,
+            Self::System(_) => NcclResult::SystemError,
+            Self::Remote(_) => NcclResult::RemoteError,
+            Self::Timeout(_) => NcclResult::Timeout,
+        }
+    }
+
+    /// A system error from an `io::Error`, with what was being done.
+    pub fn io(what: &str, e: &std::io::Error) -> Self {
+        Self::System(format!("{what}: {e}"))
+    }
+
+    /// A protocol violation by the peer.
+    pub fn proto(what: impl Into<String>) -> Self {
+        Self::Remote(format!("protocol violation: {}", what.into()))
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = NetError> = std::result::Result<T, E>;

@@ -1,0 +1,299 @@
+//! The objects handed to C as opaque pointers, each a `Box` with a magic
+//! number checked on the way back in and cleared when it is freed.
+
+use std::collections::HashSet;
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::{NetError, Result};
+use crate::tcp::{RecvRequest, SendRequest, TcpListenComm, TcpNet, TcpRecvComm, TcpSendComm};
+
+const CTX_MAGIC: u64 = 0x4843_4e45_5443_5458; // "HCNETCTX"
+const LISTEN_MAGIC: u64 = 0x4843_4e45_544c_5354;
+const SEND_MAGIC: u64 = 0x4843_4e45_5453_4e44;
+const RECV_MAGIC: u64 = 0x4843_4e45_5452_4356;
+const MR_MAGIC: u64 = 0x4843_4e45_544d_5248;
+const REQ_MAGIC: u64 = 0x4843_4e45_5452_4551;
+
+/// Checks that `p` is non-NULL and starts with `magic`.
+unsafe fn check<'a, T>(p: *mut c_void, magic: u64, what: &str) -> Result<&'a T> {
+    if p.is_null() {
+        return Err(NetError::InvalidArgument(format!("{what} is NULL")));
+    }
+    // SAFETY: every object of this module starts with its u64 magic; the
+    // caller passes a pointer this module handed out.
+    if unsafe { (p as *const u64).read() } != magic {
+        return Err(NetError::InvalidArgument(format!(
+            "{what} {p:?} is not a live {what}"
+        )));
+    }
+    // SAFETY: the magic matched.
+    Ok(unsafe { &*(p as *const T) })
+}
+
+/// Clears the magic and frees the box.
+unsafe fn free<T>(p: *mut c_void) -> Box<T> {
+    // SAFETY: the caller checked the magic; the first field is the u64 magic.
+    unsafe {
+        (p as *mut u64).write(0);
+        Box::from_raw(p.cast::<T>())
+    }
+}
+
+/// A plugin context (v11/v12 get one per communicator).
+#[repr(C)]
+pub(super) struct Ctx {
+    magic: u64,
+    pub(super) net: Arc<TcpNet>,
+}
+
+impl Ctx {
+    pub(super) fn new(net: Arc<TcpNet>) -> Box<Self> {
+        Box::new(Self {
+            magic: CTX_MAGIC,
+            net,
+        })
+    }
+    pub(super) unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<&'a Self> {
+        // SAFETY: forwarded contract.
+        unsafe { check(p, CTX_MAGIC, "context") }
+    }
+    pub(super) unsafe fn take(p: *mut c_void) -> Result<Box<Self>> {
+        // SAFETY: checked first.
+        unsafe {
+            Self::from_ptr(p)?;
+            Ok(free(p))
+        }
+    }
+}
+
+/// A listen comm.
+#[repr(C)]
+pub(super) struct ListenObj {
+    magic: u64,
+    pub(super) listen: Mutex<TcpListenComm>,
+    pub(super) net: Arc<TcpNet>,
+}
+
+impl ListenObj {
+    pub(super) fn boxed(l: TcpListenComm, net: Arc<TcpNet>) -> *mut c_void {
+        Box::into_raw(Box::new(Self {
+            magic: LISTEN_MAGIC,
+            listen: Mutex::new(l),
+            net,
+        }))
+        .cast()
+    }
+    pub(super) unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<&'a Self> {
+        // SAFETY: forwarded contract.
+        unsafe { check(p, LISTEN_MAGIC, "listenComm") }
+    }
+    pub(super) unsafe fn close(p: *mut c_void) -> Result<()> {
+        // SAFETY: checked first.
+        unsafe {
+            Self::from_ptr(p)?;
+            drop(free::<Self>(p));
+        }
+        Ok(())
+    }
+}
+
+/// Frees the requests still owned by a closing comm.
+fn free_live(live: &Mutex<HashSet<usize>>) {
+    for p in live.lock().drain() {
+        // SAFETY: only live request pointers of this comm are in the set.
+        drop(unsafe { free::<ReqObj>(p as *mut c_void) });
+    }
+}
+
+/// A send comm.
+#[repr(C)]
+pub(super) struct SendObj {
+    magic: u64,
+    pub(super) comm: TcpSendComm,
+    live: Mutex<HashSet<usize>>,
+}
+
+impl SendObj {
+    pub(super) fn boxed(comm: TcpSendComm) -> *mut c_void {
+        Box::into_raw(Box::new(Self {
+            magic: SEND_MAGIC,
+            comm,
+            live: Mutex::default(),
+        }))
+        .cast()
+    }
+    pub(super) unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<&'a Self> {
+        // SAFETY: forwarded contract.
+        unsafe { check(p, SEND_MAGIC, "sendComm") }
+    }
+    pub(super) unsafe fn close(p: *mut c_void) -> Result<()> {
+        // SAFETY: checked first.
+        let obj = unsafe {
+            Self::from_ptr(p)?;
+            free::<Self>(p)
+        };
+        free_live(&obj.live);
+        obj.comm.close();
+        Ok(())
+    }
+}
+
+/// A receive comm.
+#[repr(C)]
+pub(super) struct RecvObj {
+    magic: u64,
+    pub(super) comm: TcpRecvComm,
+    live: Mutex<HashSet<usize>>,
+}
+
+impl RecvObj {
+    pub(super) fn boxed(comm: TcpRecvComm) -> *mut c_void {
+        Box::into_raw(Box::new(Self {
+            magic: RECV_MAGIC,
+            comm,
+            live: Mutex::default(),
+        }))
+        .cast()
+    }
+    pub(super) unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<&'a Self> {
+        // SAFETY: forwarded contract.
+        unsafe { check(p, RECV_MAGIC, "recvComm") }
+    }
+    pub(super) unsafe fn close(p: *mut c_void) -> Result<()> {
+        // SAFETY: checked first.
+        let obj = unsafe {
+            Self::from_ptr(p)?;
+            free::<Self>(p)
+        };
+        free_live(&obj.live);
+        obj.comm.close();
+        Ok(())
+    }
+}
+
+/// Checks that `comm` is a live send or receive comm.
+pub(super) fn check_comm(comm: *mut c_void) -> Result<()> {
+    // SAFETY: read only after the NULL check; a comm pointer starts with its magic.
+    unsafe {
+        if SendObj::from_ptr(comm).is_ok() || RecvObj::from_ptr(comm).is_ok() {
+            return Ok(());
+        }
+        SendObj::from_ptr(comm).map(|_| ())
+    }
+}
+
+/// A memory registration (host memory needs none; this records the range).
+#[repr(C)]
+pub(super) struct MrObj {
+    magic: u64,
+    addr: usize,
+    size: usize,
+}
+
+impl MrObj {
+    pub(super) fn boxed(addr: usize, size: usize) -> *mut c_void {
+        Box::into_raw(Box::new(Self {
+            magic: MR_MAGIC,
+            addr,
+            size,
+        }))
+        .cast()
+    }
+    pub(super) unsafe fn free(p: *mut c_void) -> Result<()> {
+        // SAFETY: checked first.
+        unsafe {
+            let mr: &Self = check(p, MR_MAGIC, "mhandle")?;
+            tracing::trace!(target: "hetccl::NET", "deregMr {:#x}+{}", mr.addr, mr.size);
+            drop(free::<Self>(p));
+        }
+        Ok(())
+    }
+}
+
+enum ReqKind {
+    Send(*const SendObj, SendRequest),
+    Recv(*const RecvObj, RecvRequest),
+}
+
+/// A request handed to NCCL; freed when `test` reports it done (or failed),
+/// or when its comm closes.
+#[repr(C)]
+pub(super) struct ReqObj {
+    magic: u64,
+    kind: ReqKind,
+}
+
+impl ReqObj {
+    pub(super) fn send(comm: &SendObj, r: SendRequest) -> *mut c_void {
+        let p: *mut c_void = Box::into_raw(Box::new(Self {
+            magic: REQ_MAGIC,
+            kind: ReqKind::Send(comm, r),
+        }))
+        .cast();
+        comm.live.lock().insert(p as usize);
+        p
+    }
+    pub(super) fn recv(comm: &RecvObj, r: RecvRequest) -> *mut c_void {
+        let p: *mut c_void = Box::into_raw(Box::new(Self {
+            magic: REQ_MAGIC,
+            kind: ReqKind::Recv(comm, r),
+        }))
+        .cast();
+        comm.live.lock().insert(p as usize);
+        p
+    }
+}
+
+fn to_int(s: usize) -> Result<c_int> {
+    c_int::try_from(s)
+        .map_err(|_| NetError::Internal(format!("size {s} does not fit test()'s int")))
+}
+
+/// Tests a request; see [`super::test`].
+pub(super) unsafe fn test_request(
+    p: *mut c_void,
+    done: *mut c_int,
+    sizes: *mut c_int,
+) -> Result<()> {
+    // SAFETY: forwarded contract.
+    let req: &ReqObj = unsafe { check(p, REQ_MAGIC, "request")? };
+    let (live, outcome): (&Mutex<HashSet<usize>>, Result<Option<Vec<usize>>>) = match req.kind {
+        ReqKind::Send(c, r) => {
+            // SAFETY: a request's comm outlives it (close frees the requests first).
+            let c = unsafe { &*c };
+            (&c.live, c.comm.test(r).map(|o| o.map(|s| vec![s])))
+        }
+        ReqKind::Recv(c, r) => {
+            // SAFETY: as above.
+            let c = unsafe { &*c };
+            (&c.live, c.comm.test(r))
+        }
+    };
+    let finished = !matches!(outcome, Ok(None));
+    let result = match outcome {
+        Ok(Some(v)) => {
+            let ints = v.into_iter().map(to_int).collect::<Result<Vec<_>>>();
+            ints.map(|ints| {
+                if !sizes.is_null() {
+                    for (i, s) in ints.iter().enumerate() {
+                        // SAFETY: NCCL's sizes array holds an entry per buffer.
+                        unsafe { *sizes.add(i) = *s };
+                    }
+                }
+                // SAFETY: non-NULL (checked by the caller).
+                unsafe { *done = 1 };
+            })
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    if finished {
+        live.lock().remove(&(p as usize));
+        // SAFETY: checked above; the request is finished and NCCL drops it.
+        drop(unsafe { free::<ReqObj>(p) });
+    }
+    result
+}

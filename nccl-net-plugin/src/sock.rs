@@ -1,0 +1,128 @@
+//! Small socket helpers over `std::net` and `libc`: non-blocking connect,
+//! readiness checks, and I/O calls that report "would block" as `None`.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd};
+
+use crate::error::{NetError, Result};
+
+/// Starts a non-blocking connect to `addr`. The returned stream is
+/// non-blocking and may still be connecting; see [`connect_done`].
+pub fn start_connect(addr: &SocketAddr) -> Result<TcpStream> {
+    let (family, storage, len) = to_sockaddr(addr);
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(NetError::io("socket", &std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is a fresh socket we own; the stream closes it on drop.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    // SAFETY: `storage` holds a valid sockaddr of `len` bytes.
+    let rc = unsafe { libc::connect(fd, &storage as *const _ as *const libc::sockaddr, len) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(NetError::io(&format!("connect to {addr}"), &e));
+        }
+    }
+    stream
+        .set_nodelay(true)
+        .map_err(|e| NetError::io("TCP_NODELAY", &e))?;
+    Ok(stream)
+}
+
+/// Whether a connect started by [`start_connect`] has finished: `Ok(true)`
+/// when connected, `Ok(false)` while in progress.
+pub fn connect_done(s: &TcpStream) -> Result<bool> {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let rc = unsafe { libc::poll(&mut p, 1, 0) };
+    if rc < 0 {
+        return Err(NetError::io("poll", &std::io::Error::last_os_error()));
+    }
+    if rc == 0 {
+        return Ok(false);
+    }
+    if let Some(e) = s.take_error().map_err(|e| NetError::io("SO_ERROR", &e))? {
+        return Err(NetError::io("connect", &e));
+    }
+    Ok(p.revents & libc::POLLOUT != 0)
+}
+
+fn to_sockaddr(addr: &SocketAddr) -> (i32, libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large enough and aligned for sockaddr_in.
+            let sin = unsafe { &mut *(&mut st as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            (
+                libc::AF_INET,
+                st,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe { &mut *(&mut st as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_scope_id = a.scope_id();
+            (
+                libc::AF_INET6,
+                st,
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        }
+    }
+}
+
+/// Non-blocking write: `Ok(None)` if the socket buffer is full.
+pub fn try_write(s: &mut TcpStream, buf: &[u8]) -> Result<Option<usize>> {
+    loop {
+        match s.write(buf) {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(NetError::Remote(format!("send failed: {e}"))),
+        }
+    }
+}
+
+/// Non-blocking read: `Ok(None)` if nothing is available; end of stream is
+/// an error (the peer closed or died).
+pub fn try_read(s: &mut TcpStream, buf: &mut [u8]) -> Result<Option<usize>> {
+    loop {
+        match s.read(buf) {
+            Ok(0) if !buf.is_empty() => {
+                return Err(NetError::Remote("connection closed by peer".into()))
+            }
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(NetError::Remote(format!("recv failed: {e}"))),
+        }
+    }
+}
+
+/// A random u64 from the OS.
+pub fn random_u64() -> Result<u64> {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b).map_err(|e| NetError::System(format!("getrandom: {e}")))?;
+    Ok(u64::from_le_bytes(b))
+}

@@ -1,0 +1,279 @@
+//! The control socket of a comm: a non-blocking framed channel driven by the
+//! caller's thread.
+//!
+//! Outgoing: a queue of owned byte runs (headers, inline payloads) and
+//! borrowed payloads that are written straight from the caller's buffer.
+//! Incoming: a staging buffer that frame headers and inline payloads are
+//! parsed from, and a "sink" that receives DATA payloads straight into the
+//! destination buffer.
+
+use std::collections::VecDeque;
+use std::net::TcpStream;
+use std::time::Instant;
+
+use crate::error::{NetError, Result};
+use crate::sock::{try_read, try_write};
+use crate::wire::{decode_frame, Frame, FRAME_BYTES};
+
+/// The largest inline payload either side accepts.
+pub(crate) const MAX_INLINE: usize = 64 << 10;
+const STAGING: usize = 2 * MAX_INLINE + FRAME_BYTES;
+/// Owned bytes are merged into one run up to this size.
+const MERGE_LIMIT: usize = 256 << 10;
+
+enum Out {
+    Bytes(Vec<u8>),
+    Borrowed { ptr: usize, len: usize, seq: u64 },
+}
+
+/// Something that arrived on the control socket.
+#[derive(Debug)]
+pub(crate) enum InEvent {
+    /// A frame; for an inline MSG, `payload` holds its bytes. After a DATA
+    /// frame the caller must call [`Ctrl::set_sink`] before reading on.
+    Frame(Frame, Vec<u8>),
+    /// The DATA payload of message `seq` has fully arrived in its sink.
+    DataDone(u64),
+}
+
+struct Sink {
+    ptr: usize,
+    remaining: usize,
+    seq: u64,
+}
+
+/// A comm's control channel.
+pub(crate) struct Ctrl {
+    sock: TcpStream,
+    out: VecDeque<Out>,
+    out_off: usize,
+    out_since: Instant,
+    staging: Box<[u8]>,
+    st_start: usize,
+    st_end: usize,
+    sink: Option<Sink>,
+    sink_since: Instant,
+    need_sink: bool,
+}
+
+impl Ctrl {
+    /// Wraps a connected socket and makes it non-blocking.
+    pub(crate) fn new(sock: TcpStream) -> Result<Self> {
+        sock.set_nonblocking(true)
+            .map_err(|e| NetError::io("O_NONBLOCK", &e))?;
+        sock.set_nodelay(true)
+            .map_err(|e| NetError::io("TCP_NODELAY", &e))?;
+        Ok(Self {
+            sock,
+            out: VecDeque::new(),
+            out_off: 0,
+            out_since: Instant::now(),
+            staging: vec![0u8; STAGING].into_boxed_slice(),
+            st_start: 0,
+            st_end: 0,
+            sink: None,
+            sink_since: Instant::now(),
+            need_sink: false,
+        })
+    }
+
+    fn note_out_start(&mut self) {
+        if self.out.is_empty() {
+            self.out_since = Instant::now();
+        }
+    }
+
+    /// Queues a frame header followed by `payload` (copied).
+    pub(crate) fn push_frame(&mut self, f: &Frame, payload: &[u8]) {
+        let hdr = crate::wire::encode_frame(f);
+        if let Some(Out::Bytes(v)) = self.out.back_mut() {
+            if v.len() + hdr.len() + payload.len() <= MERGE_LIMIT {
+                v.extend_from_slice(&hdr);
+                v.extend_from_slice(payload);
+                return;
+            }
+        }
+        self.note_out_start();
+        let mut v = Vec::with_capacity(hdr.len() + payload.len());
+        v.extend_from_slice(&hdr);
+        v.extend_from_slice(payload);
+        self.out.push_back(Out::Bytes(v));
+    }
+
+    /// Queues `len` bytes at `ptr`, written without a copy. [`Ctrl::flush`]
+    /// reports `seq` once they are all in the kernel.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay readable until then or until the comm closes.
+    pub(crate) unsafe fn push_borrowed(&mut self, ptr: *const u8, len: usize, seq: u64) {
+        self.note_out_start();
+        self.out.push_back(Out::Borrowed {
+            ptr: ptr as usize,
+            len,
+            seq,
+        });
+    }
+
+    /// Writes what the socket takes now; appends the seqs of borrowed
+    /// payloads that completed to `done`.
+    pub(crate) fn flush(&mut self, done: &mut Vec<u64>) -> Result<()> {
+        while let Some(front) = self.out.front() {
+            let (slice, seq): (&[u8], Option<u64>) = match front {
+                Out::Bytes(v) => (&v[self.out_off..], None),
+                // SAFETY: push_borrowed's contract keeps the buffer readable.
+                Out::Borrowed { ptr, len, seq } => (
+                    unsafe {
+                        std::slice::from_raw_parts(
+                            (*ptr as *const u8).add(self.out_off),
+                            len - self.out_off,
+                        )
+                    },
+                    Some(*seq),
+                ),
+            };
+            if slice.is_empty() {
+                self.out.pop_front();
+                self.out_off = 0;
+                done.extend(seq);
+                continue;
+            }
+            let want = slice.len();
+            match try_write(&mut self.sock, slice)? {
+                None => break,
+                Some(n) => {
+                    self.out_since = Instant::now();
+                    if n == want {
+                        self.out.pop_front();
+                        self.out_off = 0;
+                        done.extend(seq);
+                    } else {
+                        self.out_off += n;
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether queued output or an open sink has made no progress for `timeout`.
+    pub(crate) fn stalled(&self, timeout: std::time::Duration) -> bool {
+        (!self.out.is_empty() && self.out_since.elapsed() > timeout)
+            || (self.sink.is_some() && self.sink_since.elapsed() > timeout)
+    }
+
+    /// Whether output is still queued.
+    pub(crate) fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Directs the next `len` incoming bytes (the payload of the DATA frame
+    /// just returned) to `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay writable until the matching `DataDone` or
+    /// until the comm closes.
+    pub(crate) unsafe fn set_sink(&mut self, ptr: *mut u8, len: usize, seq: u64) {
+        self.need_sink = false;
+        self.sink_since = Instant::now();
+        self.sink = Some(Sink {
+            ptr: ptr as usize,
+            remaining: len,
+            seq,
+        });
+    }
+
+    /// Ensures `n` staged bytes; `Ok(false)` if they have not arrived yet.
+    fn fill(&mut self, n: usize) -> Result<bool> {
+        debug_assert!(n <= STAGING);
+        if self.st_start + n > STAGING {
+            self.staging.copy_within(self.st_start..self.st_end, 0);
+            self.st_end -= self.st_start;
+            self.st_start = 0;
+        }
+        while self.st_end - self.st_start < n {
+            match try_read(&mut self.sock, &mut self.staging[self.st_end..])? {
+                None => return Ok(false),
+                Some(k) => self.st_end += k,
+            }
+        }
+        Ok(true)
+    }
+
+    /// Returns the next event, or `None` when nothing more has arrived.
+    pub(crate) fn next_event(&mut self, max_inline: usize) -> Result<Option<InEvent>> {
+        if self.need_sink {
+            return Err(NetError::Internal("DATA frame without a sink".into()));
+        }
+        if let Some(sink) = self.sink.as_mut() {
+            let staged = (self.st_end - self.st_start).min(sink.remaining);
+            if staged > 0 {
+                // SAFETY: set_sink's contract; the ranges do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.staging[self.st_start..].as_ptr(),
+                        sink.ptr as *mut u8,
+                        staged,
+                    )
+                };
+                self.st_start += staged;
+                sink.ptr += staged;
+                sink.remaining -= staged;
+            }
+            while sink.remaining > 0 {
+                // SAFETY: set_sink's contract.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(sink.ptr as *mut u8, sink.remaining) };
+                match try_read(&mut self.sock, dst)? {
+                    None => return Ok(None),
+                    Some(k) => {
+                        self.sink_since = Instant::now();
+                        sink.ptr += k;
+                        sink.remaining -= k;
+                    }
+                }
+            }
+            let seq = sink.seq;
+            self.sink = None;
+            return Ok(Some(InEvent::DataDone(seq)));
+        }
+        if !self.fill(FRAME_BYTES)? {
+            return Ok(None);
+        }
+        let hdr: &[u8; FRAME_BYTES] = self.staging[self.st_start..self.st_start + FRAME_BYTES]
+            .try_into()
+            .expect("frame bytes");
+        let frame = decode_frame(hdr)?;
+        let mut payload = Vec::new();
+        match frame {
+            Frame::Msg {
+                size, inline: true, ..
+            } => {
+                let size = usize::try_from(size).unwrap_or(usize::MAX);
+                if size > max_inline.min(MAX_INLINE) {
+                    return Err(NetError::proto(format!("inline payload of {size} bytes")));
+                }
+                if !self.fill(FRAME_BYTES + size)? {
+                    return Ok(None);
+                }
+                let p = self.st_start + FRAME_BYTES;
+                payload.extend_from_slice(&self.staging[p..p + size]);
+                self.st_start += size;
+            }
+            Frame::Data { len: 0, .. } => return Err(NetError::proto("empty DATA frame")),
+            Frame::Data { .. } => self.need_sink = true,
+            _ => {}
+        }
+        self.st_start += FRAME_BYTES;
+        if self.st_start == self.st_end {
+            self.st_start = 0;
+            self.st_end = 0;
+        }
+        Ok(Some(InEvent::Frame(frame, payload)))
+    }
+
+    /// Shuts the socket down both ways (wakes nothing; the channel is polled).
+    pub(crate) fn shutdown(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}

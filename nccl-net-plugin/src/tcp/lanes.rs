@@ -1,0 +1,321 @@
+//! Data sockets ("lanes") and the helper threads that serve them.
+//!
+//! Large payloads are cut into tasks that go round-robin over the lanes.
+//! Helper thread `t` serves lanes `t, t + nthreads, ...` in task order with
+//! blocking I/O under a short socket timeout, so it notices `stop` and the
+//! comm timeout without ever blocking forever. Both ends enqueue the tasks of
+//! a message in the same order (the order of CTS frames), so each lane's byte
+//! stream lines up.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{NetError, Result};
+
+/// How often a blocked helper wakes up to check `stop` and the timeout.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Completion state of one message's tasks.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    remaining: AtomicUsize,
+    error: Mutex<Option<NetError>>,
+}
+
+impl Progress {
+    /// A message with `tasks` tasks outstanding.
+    pub(crate) fn new(tasks: usize) -> Arc<Self> {
+        Arc::new(Self {
+            remaining: AtomicUsize::new(tasks),
+            error: Mutex::new(None),
+        })
+    }
+
+    /// `Ok(true)` when all tasks are done, or the first task error.
+    pub(crate) fn poll(&self) -> Result<bool> {
+        if let Some(e) = self.error.lock().clone() {
+            return Err(e);
+        }
+        Ok(self.remaining.load(Ordering::Acquire) == 0)
+    }
+
+    fn finish(&self, r: &Result<()>) {
+        if let Err(e) = r {
+            self.error.lock().get_or_insert_with(|| e.clone());
+        }
+        self.remaining.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Whether a lane set sends or receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dir {
+    /// Writes tasks to the sockets.
+    Send,
+    /// Reads tasks from the sockets.
+    Recv,
+}
+
+struct Task {
+    lane: usize,
+    ptr: usize,
+    len: usize,
+    prog: Arc<Progress>,
+}
+
+struct Shared {
+    socks: Vec<TcpStream>,
+    queues: Vec<(Mutex<VecDeque<Task>>, Condvar)>,
+    stop: AtomicBool,
+    failed: Mutex<Option<NetError>>,
+    dir: Dir,
+    timeout: Duration,
+}
+
+struct Core {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The lanes of one comm and their helper threads.
+pub(crate) struct Lanes {
+    core: Arc<Core>,
+    next_lane: AtomicUsize,
+}
+
+/// A weak reference that can stop a comm's helpers (used by the transport's
+/// shutdown, for comms the caller never closed).
+#[derive(Clone)]
+pub(crate) struct LaneWatch(std::sync::Weak<Core>);
+
+impl LaneWatch {
+    /// Stops and joins the helpers if the comm still exists.
+    pub(crate) fn stop(&self) {
+        if let Some(c) = self.0.upgrade() {
+            c.stop();
+        }
+    }
+
+    /// Whether the comm is gone.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+}
+
+impl Lanes {
+    /// Starts `nthreads` helpers (at least 1, at most the lane count) over `socks`.
+    pub(crate) fn start(
+        socks: Vec<TcpStream>,
+        nthreads: usize,
+        dir: Dir,
+        timeout: Duration,
+    ) -> Result<Self> {
+        for s in &socks {
+            s.set_nonblocking(false)
+                .map_err(|e| NetError::io("O_NONBLOCK", &e))?;
+            s.set_nodelay(true)
+                .map_err(|e| NetError::io("TCP_NODELAY", &e))?;
+            s.set_read_timeout(Some(TICK))
+                .map_err(|e| NetError::io("SO_RCVTIMEO", &e))?;
+            s.set_write_timeout(Some(TICK))
+                .map_err(|e| NetError::io("SO_SNDTIMEO", &e))?;
+        }
+        let nthreads = nthreads.clamp(1, socks.len().max(1));
+        let shared = Arc::new(Shared {
+            socks,
+            queues: (0..nthreads)
+                .map(|_| (Mutex::new(VecDeque::new()), Condvar::new()))
+                .collect(),
+            stop: AtomicBool::new(false),
+            failed: Mutex::new(None),
+            dir,
+            timeout,
+        });
+        let mut threads = Vec::with_capacity(nthreads);
+        for t in 0..nthreads {
+            let sh = shared.clone();
+            let name = format!(
+                "hetccl-net-{}{t}",
+                if dir == Dir::Send { "tx" } else { "rx" }
+            );
+            match std::thread::Builder::new()
+                .name(name)
+                .spawn(move || helper(&sh, t))
+            {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    Core {
+                        shared,
+                        threads: Mutex::new(threads),
+                    }
+                    .stop();
+                    return Err(NetError::io("spawning a helper thread", &e));
+                }
+            }
+        }
+        let core = Arc::new(Core {
+            shared,
+            threads: Mutex::new(threads),
+        });
+        Ok(Self {
+            core,
+            next_lane: AtomicUsize::new(0),
+        })
+    }
+
+    /// A handle that can stop these helpers later.
+    pub(crate) fn watch(&self) -> LaneWatch {
+        LaneWatch(Arc::downgrade(&self.core))
+    }
+
+    /// Number of lanes.
+    pub(crate) fn len(&self) -> usize {
+        self.core.shared.socks.len()
+    }
+
+    /// The error that stopped the lanes, if any.
+    pub(crate) fn failure(&self) -> Option<NetError> {
+        self.core.shared.failed.lock().clone()
+    }
+
+    /// Splits `len` bytes at `ptr` into tasks of `task` bytes and queues them.
+    ///
+    /// # Safety
+    /// The buffer must stay valid (readable for Send, writable for Recv)
+    /// until the returned progress completes or the lanes stop.
+    pub(crate) unsafe fn submit(&self, ptr: *mut u8, len: usize, task: usize) -> Arc<Progress> {
+        let task = task.max(1);
+        let ntasks = len.div_ceil(task);
+        let prog = Progress::new(ntasks);
+        let nthreads = self.core.shared.queues.len();
+        let mut off = 0;
+        while off < len {
+            let n = task.min(len - off);
+            let lane = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.len();
+            let t = Task {
+                lane,
+                ptr: ptr as usize + off,
+                len: n,
+                prog: prog.clone(),
+            };
+            let (q, cv) = &self.core.shared.queues[lane % nthreads];
+            q.lock().push_back(t);
+            cv.notify_one();
+            off += n;
+        }
+        prog
+    }
+
+    /// Stops the helpers and joins them. Idempotent.
+    pub(crate) fn stop(&self) {
+        self.core.stop();
+    }
+}
+
+impl Core {
+    fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for s in &self.shared.socks {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        for (q, cv) in &self.shared.queues {
+            let _g = q.lock();
+            cv.notify_all();
+        }
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+        let err = NetError::InvalidUsage("comm closed".into());
+        for (q, _) in &self.shared.queues {
+            for t in q.lock().drain(..) {
+                t.prog.finish(&Err(err.clone()));
+            }
+        }
+    }
+}
+
+impl Drop for Lanes {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn helper(sh: &Shared, t: usize) {
+    let (q, cv) = &sh.queues[t];
+    loop {
+        let task = {
+            let mut g = q.lock();
+            loop {
+                if sh.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(task) = g.pop_front() {
+                    break task;
+                }
+                cv.wait_for(&mut g, TICK);
+            }
+        };
+        let failed = sh.failed.lock().clone();
+        let r = match failed {
+            Some(e) => Err(e),
+            None => run_task(sh, &task),
+        };
+        if let Err(e) = &r {
+            if !sh.stop.load(Ordering::Acquire) {
+                tracing::warn!(target: "hetccl::NET", "data socket {}: {e}", task.lane);
+            }
+            sh.failed.lock().get_or_insert_with(|| e.clone());
+        }
+        task.prog.finish(&r);
+    }
+}
+
+fn run_task(sh: &Shared, task: &Task) -> Result<()> {
+    let mut sock = &sh.socks[task.lane];
+    let mut off = 0;
+    let mut last = Instant::now();
+    while off < task.len {
+        if sh.stop.load(Ordering::Acquire) {
+            return Err(NetError::InvalidUsage("comm closed".into()));
+        }
+        let r = match sh.dir {
+            // SAFETY: submit's contract keeps the buffer valid.
+            Dir::Send => sock.write(unsafe {
+                std::slice::from_raw_parts((task.ptr + off) as *const u8, task.len - off)
+            }),
+            // SAFETY: as above.
+            Dir::Recv => sock.read(unsafe {
+                std::slice::from_raw_parts_mut((task.ptr + off) as *mut u8, task.len - off)
+            }),
+        };
+        match r {
+            Ok(0) => return Err(NetError::Remote("data connection closed by peer".into())),
+            Ok(n) => {
+                off += n;
+                last = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                if last.elapsed() > sh.timeout {
+                    return Err(NetError::Timeout(format!(
+                        "no data progress for {:?}",
+                        sh.timeout
+                    )));
+                }
+            }
+            Err(e) => return Err(NetError::Remote(format!("data socket: {e}"))),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! The receiving end of a TCP comm, and tag matching.
+//!
+//! Matching rule (what NCCL expects): an arriving message takes the first
+//! open entry with its tag in the **oldest** posted receive that has one;
+//! otherwise it waits, in arrival order, in a bounded unexpected queue, and a
+//! newly posted receive takes the oldest waiting message of each entry's tag.
+//! Messages with the same tag therefore complete in order (per-tag FIFO).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::ctrl::{Ctrl, InEvent, MAX_INLINE};
+use super::lanes::{Lanes, Progress};
+use super::{TcpOptions, MAX_RECVS, MAX_REQUESTS};
+use crate::error::{NetError, Result};
+use crate::wire::{DataMode, Frame};
+
+/// Most messages kept unexpected (the sender can have at most MAX_REQUESTS in flight).
+const MAX_UNEXPECTED: usize = 2 * MAX_REQUESTS;
+/// Most inline bytes kept unexpected.
+const MAX_UNEXPECTED_BYTES: usize = 16 << 20;
+
+/// A posted receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RecvRequest(pub(crate) u64);
+
+/// One buffer of a grouped receive.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvBuf {
+    /// Where the message goes.
+    pub ptr: *mut u8,
+    /// Capacity: the largest message accepted.
+    pub cap: usize,
+    /// The tag to match.
+    pub tag: i32,
+}
+
+// SAFETY: a RecvBuf only names memory; irecv's contract makes the caller keep
+// it valid while any thread of the comm may write it.
+unsafe impl Send for RecvBuf {}
+// SAFETY: as above; it is never dereferenced through a shared reference.
+unsafe impl Sync for RecvBuf {}
+
+enum EntrySt {
+    Open,
+    /// Matched; data arriving by lanes (`Some`) or on the control socket (`None`).
+    Matched(usize, Option<Arc<Progress>>),
+    Done(usize),
+    Failed(NetError),
+}
+
+struct Entry {
+    buf: RecvBuf,
+    st: EntrySt,
+}
+
+struct Req {
+    id: u64,
+    entries: Vec<Entry>,
+    optional: bool,
+}
+
+struct Unexpected {
+    seq: u64,
+    tag: i32,
+    size: u64,
+    inline: Option<Vec<u8>>,
+}
+
+/// A payload expected as a DATA frame on the control socket.
+struct CtrlData {
+    seq: u64,
+    ptr: usize,
+    len: usize,
+    req: u64,
+    idx: usize,
+}
+
+struct State {
+    ctrl: Ctrl,
+    expect_seq: u64,
+    reqs: VecDeque<Req>,
+    next_id: u64,
+    unexpected: VecDeque<Unexpected>,
+    unexpected_bytes: usize,
+    ctrl_data: VecDeque<CtrlData>,
+    failed: Option<NetError>,
+}
+
+/// The receiving end of a comm. Thread-safe; every call takes the comm lock.
+pub struct TcpRecvComm {
+    st: Mutex<State>,
+    lanes: Option<Lanes>,
+    opts: TcpOptions,
+}
+
+impl std::fmt::Debug for TcpRecvComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpRecvComm")
+            .field("lanes", &self.lanes.as_ref().map(Lanes::len))
+            .finish()
+    }
+}
+
+impl TcpRecvComm {
+    pub(crate) fn new(ctrl: Ctrl, lanes: Option<Lanes>, opts: TcpOptions) -> Self {
+        let st = State {
+            ctrl,
+            expect_seq: 0,
+            reqs: VecDeque::new(),
+            next_id: 0,
+            unexpected: VecDeque::new(),
+            unexpected_bytes: 0,
+            ctrl_data: VecDeque::new(),
+            failed: None,
+        };
+        Self {
+            st: Mutex::new(st),
+            lanes,
+            opts,
+        }
+    }
+
+    /// Number of data sockets.
+    pub fn nsocks(&self) -> usize {
+        self.lanes.as_ref().map_or(0, Lanes::len)
+    }
+
+    /// Posts a grouped receive of 1..=8 buffers. `optional` (NCCL's 0x1
+    /// hint) lets the request complete once every message is matched, before
+    /// its payload has fully landed. `Ok(None)` means "retry later".
+    ///
+    /// # Safety
+    /// Each buffer must stay writable for `cap` bytes until the request is
+    /// reported done (for `optional`, until the comm is closed).
+    pub unsafe fn irecv(&self, bufs: &[RecvBuf], optional: bool) -> Result<Option<RecvRequest>> {
+        if bufs.is_empty() || bufs.len() > MAX_RECVS {
+            return Err(NetError::InvalidArgument(format!(
+                "irecv of {} buffers (1..={MAX_RECVS})",
+                bufs.len()
+            )));
+        }
+        if bufs.iter().any(|b| b.ptr.is_null() && b.cap > 0) {
+            return Err(NetError::InvalidArgument("irecv into a NULL buffer".into()));
+        }
+        let mut st = self.st.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if st.reqs.len() >= MAX_REQUESTS {
+            return Ok(None);
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        let entries = bufs
+            .iter()
+            .map(|&buf| Entry {
+                buf,
+                st: EntrySt::Open,
+            })
+            .collect();
+        st.reqs.push_back(Req {
+            id,
+            entries,
+            optional,
+        });
+        let ri = st.reqs.len() - 1;
+        for (idx, b) in bufs.iter().enumerate() {
+            let tag = b.tag;
+            if let Some(pos) = st.unexpected.iter().position(|u| u.tag == tag) {
+                let u = st.unexpected.remove(pos).expect("position is valid");
+                st.unexpected_bytes -= u.inline.as_ref().map_or(0, Vec::len);
+                self.match_entry(&mut st, ri, idx, u.seq, u.size, u.inline.as_deref());
+            }
+        }
+        let _ = self.progress(&mut st);
+        Ok(Some(RecvRequest(id)))
+    }
+
+    /// Tests a receive: `Ok(Some(sizes))` once done (the request is then
+    /// gone), `Ok(None)` while in flight.
+    pub fn test(&self, req: RecvRequest) -> Result<Option<Vec<usize>>> {
+        let mut st = self.st.lock();
+        let prog = self.progress(&mut st);
+        let Some(pos) = st.reqs.iter().position(|r| r.id == req.0) else {
+            return Err(NetError::InvalidArgument(format!(
+                "unknown receive request {}",
+                req.0
+            )));
+        };
+        let r = &mut st.reqs[pos];
+        let mut complete = true;
+        let mut error = None;
+        for e in &mut r.entries {
+            if let EntrySt::Matched(size, Some(p)) = &e.st {
+                match p.poll() {
+                    Ok(true) => e.st = EntrySt::Done(*size),
+                    Ok(false) => {}
+                    Err(err) => e.st = EntrySt::Failed(err),
+                }
+            }
+            match &e.st {
+                EntrySt::Done(_) => {}
+                EntrySt::Matched(..) if r.optional => {}
+                EntrySt::Failed(err) => error = error.or(Some(err.clone())),
+                _ => complete = false,
+            }
+        }
+        if let Some(err) = error {
+            st.reqs.remove(pos);
+            return Err(err);
+        }
+        if complete {
+            let r = st.reqs.remove(pos).expect("position is valid");
+            let sizes = r
+                .entries
+                .iter()
+                .map(|e| match e.st {
+                    EntrySt::Done(s) | EntrySt::Matched(s, _) => s,
+                    _ => 0,
+                })
+                .collect();
+            return Ok(Some(sizes));
+        }
+        prog?;
+        Ok(None)
+    }
+
+    /// Matches message `seq` to entry `idx` of request number `ri`.
+    fn match_entry(
+        &self,
+        st: &mut State,
+        ri: usize,
+        idx: usize,
+        seq: u64,
+        size: u64,
+        inline: Option<&[u8]>,
+    ) {
+        let req_id = st.reqs[ri].id;
+        let buf = st.reqs[ri].entries[idx].buf;
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        let new = if size > buf.cap {
+            if inline.is_none() {
+                st.ctrl.push_frame(&Frame::Reject { seq }, &[]);
+            }
+            EntrySt::Failed(NetError::InvalidUsage(format!(
+                "message of {size} bytes (tag {}) is larger than the posted buffer of {} bytes",
+                buf.tag, buf.cap
+            )))
+        } else if let Some(data) = inline {
+            if !data.is_empty() {
+                // SAFETY: irecv's contract: `cap >= size` writable bytes.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr, data.len()) };
+            }
+            EntrySt::Done(size)
+        } else if size == 0 {
+            st.ctrl.push_frame(
+                &Frame::Cts {
+                    seq,
+                    mode: DataMode::Ctrl,
+                },
+                &[],
+            );
+            EntrySt::Done(0)
+        } else if let Some(lanes) = self
+            .lanes
+            .as_ref()
+            .filter(|_| size >= self.opts.min_task_size)
+        {
+            let task = self
+                .opts
+                .min_task_size
+                .max(size.div_ceil(lanes.len()))
+                .max(size.div_ceil(1 << 16));
+            st.ctrl.push_frame(
+                &Frame::Cts {
+                    seq,
+                    mode: DataMode::Lanes(task as u64),
+                },
+                &[],
+            );
+            // SAFETY: irecv's contract keeps the buffer writable.
+            EntrySt::Matched(size, Some(unsafe { lanes.submit(buf.ptr, size, task) }))
+        } else {
+            st.ctrl.push_frame(
+                &Frame::Cts {
+                    seq,
+                    mode: DataMode::Ctrl,
+                },
+                &[],
+            );
+            st.ctrl_data.push_back(CtrlData {
+                seq,
+                ptr: buf.ptr as usize,
+                len: size,
+                req: req_id,
+                idx,
+            });
+            EntrySt::Matched(size, None)
+        };
+        st.reqs[ri].entries[idx].st = new;
+    }
+
+    fn on_msg(
+        &self,
+        st: &mut State,
+        tag: i32,
+        seq: u64,
+        size: u64,
+        inline: Option<Vec<u8>>,
+    ) -> Result<()> {
+        if seq != st.expect_seq {
+            return Err(NetError::proto(format!(
+                "message {seq} where {} was due",
+                st.expect_seq
+            )));
+        }
+        st.expect_seq += 1;
+        let hit = st.reqs.iter().enumerate().find_map(|(ri, r)| {
+            r.entries
+                .iter()
+                .position(|e| matches!(e.st, EntrySt::Open) && e.buf.tag == tag)
+                .map(|i| (ri, i))
+        });
+        if let Some((ri, idx)) = hit {
+            self.match_entry(st, ri, idx, seq, size, inline.as_deref());
+            return Ok(());
+        }
+        let bytes = inline.as_ref().map_or(0, Vec::len);
+        if st.unexpected.len() >= MAX_UNEXPECTED
+            || st.unexpected_bytes + bytes > MAX_UNEXPECTED_BYTES
+        {
+            return Err(NetError::proto("too many unexpected messages"));
+        }
+        st.unexpected_bytes += bytes;
+        st.unexpected.push_back(Unexpected {
+            seq,
+            tag,
+            size,
+            inline,
+        });
+        Ok(())
+    }
+
+    fn progress(&self, st: &mut State) -> Result<()> {
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        match self.progress_inner(st) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::warn!(target: "hetccl::NET", "receive comm failed: {e}");
+                st.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn progress_inner(&self, st: &mut State) -> Result<()> {
+        for _ in 0..256 {
+            let Some(ev) = st.ctrl.next_event(MAX_INLINE)? else {
+                break;
+            };
+            match ev {
+                InEvent::Frame(
+                    Frame::Msg {
+                        tag,
+                        seq,
+                        size,
+                        inline,
+                    },
+                    payload,
+                ) => self.on_msg(st, tag, seq, size, inline.then_some(payload))?,
+                InEvent::Frame(Frame::Data { seq, len }, _) => {
+                    let ok = st
+                        .ctrl_data
+                        .front()
+                        .is_some_and(|d| d.seq == seq && d.len as u64 == len);
+                    if !ok {
+                        return Err(NetError::proto(format!(
+                            "DATA for message {seq} ({len} bytes) out of order"
+                        )));
+                    }
+                    let d = st.ctrl_data.front().expect("checked");
+                    let (ptr, len) = (d.ptr as *mut u8, d.len);
+                    // SAFETY: irecv's contract keeps the matched buffer writable.
+                    unsafe { st.ctrl.set_sink(ptr, len, seq) };
+                }
+                InEvent::DataDone(seq) => {
+                    let d = st.ctrl_data.pop_front().filter(|d| d.seq == seq);
+                    let Some(d) = d else {
+                        return Err(NetError::Internal("DATA bookkeeping".into()));
+                    };
+                    if let Some(r) = st.reqs.iter_mut().find(|r| r.id == d.req) {
+                        r.entries[d.idx].st = EntrySt::Done(d.len);
+                    }
+                }
+                InEvent::Frame(other, _) => {
+                    return Err(NetError::proto(format!(
+                        "unexpected {other:?} on a receive comm"
+                    )))
+                }
+            }
+        }
+        st.ctrl.flush(&mut Vec::new())?;
+        if st.ctrl.stalled(self.opts.timeout) {
+            return Err(NetError::Timeout(format!(
+                "control socket stalled for {:?}",
+                self.opts.timeout
+            )));
+        }
+        if let Some(e) = self.lanes.as_ref().and_then(Lanes::failure) {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Stops the helper threads and closes the sockets. Requests in flight are abandoned.
+    pub fn close(self) {
+        if let Some(l) = &self.lanes {
+            l.stop();
+        }
+        self.st.lock().ctrl.shutdown();
+    }
+}

@@ -1,0 +1,299 @@
+//! The sending end of a TCP comm.
+//!
+//! `isend` queues a MSG frame at once (the payload too when it is at most
+//! `inline_max` bytes). A larger payload waits for the receiver's CTS, which
+//! says whether to stream it on the control socket or in tasks over the data
+//! sockets. All control-socket I/O happens in the caller's thread, inside
+//! `isend` and `test`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::ctrl::{Ctrl, InEvent, MAX_INLINE};
+use super::lanes::{Lanes, Progress};
+use super::{TcpOptions, MAX_REQUESTS};
+use crate::error::{NetError, Result};
+use crate::wire::{DataMode, Frame};
+
+/// A posted send: the message's sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SendRequest(pub(crate) u64);
+
+enum St {
+    /// Copied into the output queue; done once the queue drains.
+    Queued,
+    Done,
+    AwaitCts,
+    Streaming,
+    Lanes(Arc<Progress>),
+    /// The receiver rejected it (larger than the posted buffer).
+    Failed(NetError),
+}
+
+struct Msg {
+    ptr: usize,
+    size: usize,
+    st: St,
+}
+
+struct State {
+    ctrl: Ctrl,
+    next_seq: u64,
+    msgs: HashMap<u64, Msg>,
+    failed: Option<NetError>,
+    done: Vec<u64>,
+}
+
+/// The sending end of a comm. Thread-safe; every call takes the comm lock.
+pub struct TcpSendComm {
+    st: Mutex<State>,
+    lanes: Option<Lanes>,
+    opts: TcpOptions,
+}
+
+impl std::fmt::Debug for TcpSendComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpSendComm")
+            .field("lanes", &self.lanes.as_ref().map(Lanes::len))
+            .finish()
+    }
+}
+
+impl TcpSendComm {
+    pub(crate) fn new(ctrl: Ctrl, lanes: Option<Lanes>, opts: TcpOptions) -> Self {
+        let st = State {
+            ctrl,
+            next_seq: 0,
+            msgs: HashMap::new(),
+            failed: None,
+            done: Vec::new(),
+        };
+        Self {
+            st: Mutex::new(st),
+            lanes,
+            opts,
+        }
+    }
+
+    /// Number of data sockets.
+    pub fn nsocks(&self) -> usize {
+        self.lanes.as_ref().map_or(0, Lanes::len)
+    }
+
+    /// Posts a send of `size` bytes at `ptr` with `tag`. `Ok(None)` means
+    /// "retry later" (too many requests outstanding).
+    ///
+    /// # Safety
+    /// `ptr..ptr+size` must stay readable until `test` reports the request
+    /// done or the comm is closed.
+    pub unsafe fn isend(
+        &self,
+        ptr: *const u8,
+        size: usize,
+        tag: i32,
+    ) -> Result<Option<SendRequest>> {
+        if ptr.is_null() && size > 0 {
+            return Err(NetError::InvalidArgument("isend of a NULL buffer".into()));
+        }
+        let mut st = self.st.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if st.msgs.len() >= MAX_REQUESTS {
+            self.progress(&mut st)?;
+            if st.msgs.len() >= MAX_REQUESTS {
+                return Ok(None);
+            }
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let inline = size <= self.opts.inline_max;
+        let frame = Frame::Msg {
+            tag,
+            seq,
+            size: size as u64,
+            inline,
+        };
+        let state = if inline {
+            // SAFETY: the caller guarantees `size` readable bytes.
+            let payload = if size == 0 {
+                &[][..]
+            } else {
+                unsafe { std::slice::from_raw_parts(ptr, size) }
+            };
+            st.ctrl.push_frame(&frame, payload);
+            St::Queued
+        } else {
+            st.ctrl.push_frame(&frame, &[]);
+            St::AwaitCts
+        };
+        st.msgs.insert(
+            seq,
+            Msg {
+                ptr: ptr as usize,
+                size,
+                st: state,
+            },
+        );
+        self.progress(&mut st)?;
+        Ok(Some(SendRequest(seq)))
+    }
+
+    /// Tests a send: `Ok(Some(size))` once done (the request is then gone),
+    /// `Ok(None)` while in flight.
+    pub fn test(&self, req: SendRequest) -> Result<Option<usize>> {
+        let mut st = self.st.lock();
+        let prog = self.progress(&mut st);
+        let Some(m) = st.msgs.get_mut(&req.0) else {
+            return Err(NetError::InvalidArgument(format!(
+                "unknown send request {}",
+                req.0
+            )));
+        };
+        if let St::Lanes(p) = &m.st {
+            match p.poll() {
+                Ok(true) => m.st = St::Done,
+                Ok(false) => {}
+                Err(e) => {
+                    st.msgs.remove(&req.0);
+                    return Err(e);
+                }
+            }
+        }
+        if let St::Failed(e) = &m.st {
+            let e = e.clone();
+            st.msgs.remove(&req.0);
+            return Err(e);
+        }
+        if matches!(m.st, St::Done) {
+            let size = m.size;
+            st.msgs.remove(&req.0);
+            return Ok(Some(size));
+        }
+        prog?;
+        Ok(None)
+    }
+
+    /// Drives the control socket; marks the comm failed on error.
+    fn progress(&self, st: &mut State) -> Result<()> {
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        match self.progress_inner(st) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::warn!(target: "hetccl::NET", "send comm failed: {e}");
+                st.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn progress_inner(&self, st: &mut State) -> Result<()> {
+        for _ in 0..256 {
+            let Some(ev) = st.ctrl.next_event(MAX_INLINE)? else {
+                break;
+            };
+            match ev {
+                InEvent::Frame(Frame::Cts { seq, mode }, _) => self.on_cts(st, seq, mode)?,
+                InEvent::Frame(Frame::Reject { seq }, _) => {
+                    let m = st
+                        .msgs
+                        .get_mut(&seq)
+                        .filter(|m| matches!(m.st, St::AwaitCts));
+                    let Some(m) = m else {
+                        return Err(NetError::proto(format!("REJECT for message {seq}")));
+                    };
+                    m.st = St::Failed(NetError::InvalidUsage(format!(
+                        "message {seq} of {} bytes is larger than the receiver's posted buffer",
+                        m.size
+                    )));
+                }
+                other => {
+                    return Err(NetError::proto(format!(
+                        "unexpected {other:?} on a send comm"
+                    )))
+                }
+            }
+        }
+        let mut done = std::mem::take(&mut st.done);
+        st.ctrl.flush(&mut done)?;
+        for seq in done.drain(..) {
+            if let Some(m) = st.msgs.get_mut(&seq) {
+                m.st = St::Done;
+            }
+        }
+        st.done = done;
+        if !st.ctrl.has_output() {
+            for m in st.msgs.values_mut() {
+                if matches!(m.st, St::Queued) {
+                    m.st = St::Done;
+                }
+            }
+        }
+        if st.ctrl.stalled(self.opts.timeout) {
+            return Err(NetError::Timeout(format!(
+                "control socket stalled for {:?}",
+                self.opts.timeout
+            )));
+        }
+        if let Some(e) = self.lanes.as_ref().and_then(Lanes::failure) {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn on_cts(&self, st: &mut State, seq: u64, mode: DataMode) -> Result<()> {
+        let Some(m) = st
+            .msgs
+            .get_mut(&seq)
+            .filter(|m| matches!(m.st, St::AwaitCts))
+        else {
+            return Err(NetError::proto(format!(
+                "CTS for message {seq}, which does not await one"
+            )));
+        };
+        let (ptr, size) = (m.ptr, m.size);
+        match mode {
+            _ if size == 0 => m.st = St::Done,
+            DataMode::Ctrl => {
+                m.st = St::Streaming;
+                st.ctrl.push_frame(
+                    &Frame::Data {
+                        seq,
+                        len: size as u64,
+                    },
+                    &[],
+                );
+                // SAFETY: isend's contract keeps the buffer readable.
+                unsafe { st.ctrl.push_borrowed(ptr as *const u8, size, seq) };
+            }
+            DataMode::Lanes(task) => {
+                let Some(lanes) = &self.lanes else {
+                    return Err(NetError::proto(
+                        "CTS asks for data sockets the comm does not have",
+                    ));
+                };
+                let task = usize::try_from(task).unwrap_or(usize::MAX);
+                if size.div_ceil(task) > 1 << 16 {
+                    return Err(NetError::proto(format!(
+                        "CTS task size {task} for {size} bytes"
+                    )));
+                }
+                // SAFETY: isend's contract keeps the buffer readable.
+                m.st = St::Lanes(unsafe { lanes.submit(ptr as *mut u8, size, task) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the helper threads and closes the sockets. Requests in flight are abandoned.
+    pub fn close(self) {
+        if let Some(l) = &self.lanes {
+            l.stop();
+        }
+        self.st.lock().ctrl.shutdown();
+    }
+}

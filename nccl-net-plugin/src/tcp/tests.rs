@@ -1,0 +1,274 @@
+//! Loopback tests of the TCP transport through its Rust API.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::iface::NetDevice;
+
+fn lo_net(nsocks: usize, nthreads: usize) -> TcpNet {
+    let dev = NetDevice {
+        name: "lo".into(),
+        addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        speed_mbps: 10_000,
+        pci_path: None,
+        loopback: true,
+    };
+    let opts = TcpOptions {
+        nsocks,
+        nthreads,
+        timeout: Duration::from_secs(20),
+        ..TcpOptions::default()
+    };
+    TcpNet::new(Arc::new(vec![dev]), opts)
+}
+
+/// Connects a pair in one thread, alternating connect and accept.
+fn pair(net: &TcpNet) -> (TcpSendComm, TcpRecvComm) {
+    let (mut l, h) = net.listen(0).unwrap();
+    let mut handle = h;
+    let (mut s, mut r) = (None, None);
+    let t0 = Instant::now();
+    while s.is_none() || r.is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "connect/accept did not finish"
+        );
+        if s.is_none() {
+            s = net.connect(0, &mut handle).unwrap();
+        }
+        if r.is_none() {
+            r = net.accept(&mut l).unwrap();
+        }
+    }
+    (s.unwrap(), r.unwrap())
+}
+
+fn wait_recv(r: &TcpRecvComm, q: RecvRequest) -> Result<Vec<usize>> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = r.test(q)? {
+            return Ok(v);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "receive did not finish"
+        );
+    }
+}
+
+/// Polls a receive and some sends together until all finish.
+fn drive(
+    s: &TcpSendComm,
+    sqs: &[SendRequest],
+    r: &TcpRecvComm,
+    rq: RecvRequest,
+) -> (Vec<Result<usize>>, Result<Vec<usize>>) {
+    let mut sent: Vec<Option<Result<usize>>> = sqs.iter().map(|_| None).collect();
+    let mut got = None;
+    let t0 = Instant::now();
+    while got.is_none() || sent.iter().any(Option::is_none) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "requests did not finish"
+        );
+        for (i, q) in sqs.iter().enumerate() {
+            if sent[i].is_none() {
+                sent[i] = s.test(*q).transpose();
+            }
+        }
+        if got.is_none() {
+            got = r.test(rq).transpose();
+        }
+    }
+    (sent.into_iter().map(Option::unwrap).collect(), got.unwrap())
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn round_trip(nsocks: usize, nthreads: usize, sizes: &[usize]) {
+    let net = lo_net(nsocks, nthreads);
+    let (s, r) = pair(&net);
+    for (k, &len) in sizes.iter().enumerate() {
+        let src = pattern(len, k as u8);
+        let mut dst = vec![0u8; len + 100];
+        let rq = unsafe {
+            r.irecv(
+                &[RecvBuf {
+                    ptr: dst.as_mut_ptr(),
+                    cap: dst.len(),
+                    tag: 7,
+                }],
+                false,
+            )
+        }
+        .unwrap()
+        .unwrap();
+        let sq = unsafe { s.isend(src.as_ptr(), len, 7) }.unwrap().unwrap();
+        let mut got = None;
+        let mut sent = None;
+        let t0 = Instant::now();
+        while got.is_none() || sent.is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(20));
+            if sent.is_none() {
+                sent = s.test(sq).unwrap();
+            }
+            if got.is_none() {
+                got = r.test(rq).unwrap();
+            }
+        }
+        assert_eq!(sent, Some(len));
+        assert_eq!(got, Some(vec![len]));
+        assert!(dst[..len] == src[..], "payload of {len} bytes differs");
+    }
+    s.close();
+    r.close();
+    net.shutdown();
+}
+
+#[test]
+fn sizes_over_control_socket_only() {
+    round_trip(0, 0, &[0, 1, 8, 128, 129, 4096, 1 << 20, 3 << 20]);
+}
+
+#[test]
+fn sizes_over_lanes() {
+    round_trip(4, 2, &[0, 8, 129, 65535, 65536, 1 << 20, (8 << 20) + 3]);
+}
+
+#[test]
+fn grouped_tags_and_oversize() {
+    let net = lo_net(2, 2);
+    let (s, r) = pair(&net);
+    // Sends with tags 2, 1, 2; one grouped receive with tags [1, 2, 2].
+    let msgs: Vec<Vec<u8>> = vec![pattern(100, 1), pattern(200_000, 2), pattern(300, 3)];
+    let tags = [2, 1, 2];
+    let sqs: Vec<_> = msgs
+        .iter()
+        .zip(tags)
+        .map(|(m, t)| unsafe { s.isend(m.as_ptr(), m.len(), t) }.unwrap().unwrap())
+        .collect();
+    let mut bufs = vec![vec![0u8; 300_000]; 3];
+    let rb: Vec<RecvBuf> = bufs
+        .iter_mut()
+        .zip([1, 2, 2])
+        .map(|(b, tag)| RecvBuf {
+            ptr: b.as_mut_ptr(),
+            cap: b.len(),
+            tag,
+        })
+        .collect();
+    let rq = unsafe { r.irecv(&rb, false) }.unwrap().unwrap();
+    let (sent, got) = drive(&s, &sqs, &r, rq);
+    assert_eq!(got.unwrap(), vec![200_000, 100, 300]);
+    assert!(sent.iter().all(Result::is_ok));
+    assert!(bufs[0][..200_000] == msgs[1][..]);
+    assert!(bufs[1][..100] == msgs[0][..]);
+    assert!(bufs[2][..300] == msgs[2][..]);
+    // Oversize, inline and large: both are errors; the comm stays usable.
+    for len in [100usize, 100_000] {
+        let src = pattern(len, 9);
+        let mut small = vec![0u8; 10];
+        let rq = unsafe {
+            r.irecv(
+                &[RecvBuf {
+                    ptr: small.as_mut_ptr(),
+                    cap: 10,
+                    tag: 0,
+                }],
+                false,
+            )
+        }
+        .unwrap()
+        .unwrap();
+        let sq = unsafe { s.isend(src.as_ptr(), len, 0) }.unwrap().unwrap();
+        let (sent, got) = drive(&s, &[sq], &r, rq);
+        let e = got.unwrap_err();
+        assert!(matches!(e, NetError::InvalidUsage(_)), "{e}");
+        if len > 128 {
+            assert!(matches!(sent[0], Err(NetError::InvalidUsage(_))));
+        } else {
+            assert!(sent[0].is_ok());
+        }
+    }
+    let src = pattern(64, 1);
+    let mut dst = vec![0u8; 64];
+    let rq = unsafe {
+        r.irecv(
+            &[RecvBuf {
+                ptr: dst.as_mut_ptr(),
+                cap: 64,
+                tag: 0,
+            }],
+            false,
+        )
+    }
+    .unwrap()
+    .unwrap();
+    let sq = unsafe { s.isend(src.as_ptr(), 64, 0) }.unwrap().unwrap();
+    let (sent, got) = drive(&s, &[sq], &r, rq);
+    assert_eq!(got.unwrap(), vec![64]);
+    assert_eq!(sent[0], Ok(64));
+    assert_eq!(dst, src);
+}
+
+#[test]
+fn peer_close_fails_pending_requests() {
+    let net = lo_net(2, 1);
+    let (s, r) = pair(&net);
+    let mut dst = vec![0u8; 1 << 20];
+    let rq = unsafe {
+        r.irecv(
+            &[RecvBuf {
+                ptr: dst.as_mut_ptr(),
+                cap: dst.len(),
+                tag: 0,
+            }],
+            false,
+        )
+    }
+    .unwrap()
+    .unwrap();
+    s.close();
+    let e = wait_recv(&r, rq).unwrap_err();
+    assert!(matches!(e, NetError::Remote(_)), "{e}");
+    let again = unsafe {
+        r.irecv(
+            &[RecvBuf {
+                ptr: dst.as_mut_ptr(),
+                cap: 8,
+                tag: 0,
+            }],
+            false,
+        )
+    };
+    assert!(again.is_err(), "a failed comm keeps failing");
+}
+
+#[test]
+fn bad_hello_is_rejected() {
+    use std::io::Write;
+    let net = lo_net(0, 0);
+    let (mut l, h) = net.listen(0).unwrap();
+    let info = crate::wire::decode_handle(&h).unwrap();
+    let mut stray = std::net::TcpStream::connect(info.addr).unwrap();
+    let bad = crate::wire::encode_hello(&crate::wire::Hello {
+        nonce: info.nonce ^ 1,
+        comm_id: 1,
+        role: crate::wire::SockRole::Ctrl,
+        nsocks: 0,
+    });
+    stray.write_all(&bad).unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(300) {
+        assert!(
+            net.accept(&mut l).unwrap().is_none(),
+            "a wrong nonce must not make a comm"
+        );
+    }
+}
