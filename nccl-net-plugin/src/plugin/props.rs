@@ -10,7 +10,7 @@ use hetccl_abi::net::{
 use once_cell::sync::OnceCell;
 
 use crate::error::{NetError, Result};
-use crate::iface::{discover, NetDevice};
+use crate::iface::{discover_with, NetDevice};
 use crate::tcp::MAX_RECVS;
 
 /// Largest message: 1 GiB, so that every size fits `test()`'s `int`.
@@ -60,7 +60,7 @@ fn table() -> &'static Table {
     T.get_or_init(|| {
         let cfg = hetccl_core::config::get();
         let filter = cfg.socket_iface_filter();
-        let devs = discover(filter.as_ref(), cfg.socket_family);
+        let devs = discover_with(filter.as_ref(), cfg.socket_family);
         let cstr = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
         for (i, d) in devs.iter().enumerate() {
             tracing::info!(
