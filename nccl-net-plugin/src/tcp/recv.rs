@@ -129,8 +129,9 @@ impl TcpRecvComm {
     }
 
     /// Posts a grouped receive of 1..=8 buffers. `optional` (NCCL's 0x1
-    /// hint) lets the request complete once every message is matched, before
-    /// its payload has fully landed. `Ok(None)` means "retry later".
+    /// hint) lets the request complete once every message is matched and its
+    /// payload is being written by the helper threads, before it has fully
+    /// landed. `Ok(None)` means "retry later".
     ///
     /// # Safety
     /// Each buffer must stay writable for `cap` bytes until the request is
@@ -203,7 +204,8 @@ impl TcpRecvComm {
             }
             match &e.st {
                 EntrySt::Done(_) => {}
-                EntrySt::Matched(..) if r.optional => {}
+                // Lanes finish on their own; control-socket data needs our polling.
+                EntrySt::Matched(_, Some(_)) if r.optional => {}
                 EntrySt::Failed(err) => error = error.or(Some(err.clone())),
                 _ => complete = false,
             }

@@ -1,0 +1,1 @@
+//! Child processes and network namespaces for the harness.
