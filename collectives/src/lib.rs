@@ -5,9 +5,15 @@
 //! - [`error`]: the engine's error type and its `ncclResult_t` mapping;
 //! - [`api`]: every exported `nccl*`/`pnccl*` function, each behind the FFI guard.
 
+pub mod algo;
 pub mod api;
+pub mod bootstrap;
 pub mod comm;
 pub mod error;
+pub mod exec;
+pub mod reduce;
+pub mod topo;
+pub mod transport;
 
 pub use hetccl_core::{config, obs};
 

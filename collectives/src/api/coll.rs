@@ -1,6 +1,6 @@
 //! The collective entry points and their `*Config` variants.
 //!
-//! Each validates its arguments into [`CollArgs`] and hands them to
+//! Each validates its arguments into `CollArgs` and hands them to
 //! [`submit`]. In-place layouts follow NCCL: allgather in-place sends from
 //! `recvbuff + rank*sendcount`, reducescatter and scatter in-place receive at
 //! `sendbuff + rank*recvcount`.
@@ -11,20 +11,11 @@ use hetccl_abi::{
     cudaStream_t, ncclCollConfig_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t,
 };
 
-use super::coll_args::{validate, CollArgs, CollKind};
+use super::coll_args::{validate, CollKind};
 use super::config_read::read_coll_config;
-use super::engine_gate::unavailable;
 use super::guard::guard;
-use crate::error::Result;
+use super::launch::submit;
 use crate::export;
-
-/// Runs (or, inside a group, queues) one validated operation.
-pub fn submit(args: CollArgs) -> Result<()> {
-    Err(unavailable(&format!(
-        "{:?} on {} ranks",
-        args.kind, args.comm.nranks
-    )))
-}
 
 /// Validates and submits; shared by every entry point in this file.
 #[allow(clippy::too_many_arguments)]

@@ -2,8 +2,8 @@
 //! `ncclCommInitRank[Config]`, `ncclCommInitAll`, `ncclCommInitRankScalable`,
 //! `ncclCommGetUniqueId`, `ncclCommSplit`, `ncclCommShrink`, `ncclCommGrow`.
 //!
-//! Arguments are checked fully; creation itself needs the bootstrap of the
-//! engine and is gated by [`unavailable`] until it lands.
+//! Arguments are checked fully before anything is created. `ncclCommGrow`
+//! is not served yet (see docs/api-status.md).
 
 use std::collections::HashSet;
 use std::ffi::c_int;
@@ -12,13 +12,106 @@ use hetccl_abi::{
     ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId, NCCL_SHRINK_ABORT, NCCL_SPLIT_NOCOLOR,
 };
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use hetccl_abi::NcclResult;
+
 use super::check;
-use super::config_read::read_comm_config;
+use super::config_read::{read_comm_config, CommConfig};
 use super::engine_gate::unavailable;
 use super::guard::guard;
-use crate::comm::handle;
+use super::launch;
+use crate::bootstrap::id::UniqueId;
+use crate::bootstrap::{self, root};
+use crate::comm::{handle, init, split, Comm};
 use crate::error::{Error, Result};
 use crate::export;
+
+/// The id for `NCCL_COMM_ID=host:port`: every rank derives the same id from
+/// the variable, so its secret is only as secret as the variable (set
+/// HETCCL_COMM_SECRET as well to make it unguessable).
+fn fixed_id(spec: &str) -> Result<UniqueId> {
+    use sha2::{Digest, Sha256};
+    let root = std::net::ToSocketAddrs::to_socket_addrs(spec)
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| Error::arg(format!("NCCL_COMM_ID={spec} is not host:port")))?;
+    let mut h = Sha256::new();
+    h.update(b"hetccl-fixed-id");
+    h.update(spec.as_bytes());
+    if let Ok(s) = std::env::var("HETCCL_COMM_SECRET") {
+        h.update(s.as_bytes());
+    }
+    Ok(UniqueId {
+        root,
+        secret: h.finalize().into(),
+    })
+}
+
+/// With NCCL_COMM_ID, rank 0 runs the root at the fixed address.
+fn start_fixed_root(id: &UniqueId, rank: usize) -> Result<()> {
+    if rank != 0 || hetccl_core::config::get().comm_id.is_none() {
+        return Ok(());
+    }
+    let l = std::net::TcpListener::bind(id.root)
+        .map_err(|e| Error::System(format!("NCCL_COMM_ID: bind {}: {e}", id.root)))?;
+    l.set_nonblocking(true)?;
+    root::spawn(l, id.secret, bootstrap::deadline())
+}
+
+fn decode_id(raw: &ncclUniqueId) -> Result<UniqueId> {
+    UniqueId::decode(raw)
+}
+
+/// Creates a communicator and writes its handle to `out`, blocking or not.
+///
+/// # Safety
+/// `out` must be valid for writes until the call (or, in a group, the
+/// group) ends.
+unsafe fn create(
+    out: *mut ncclComm_t,
+    id: UniqueId,
+    nranks: usize,
+    rank: usize,
+    cfg: CommConfig,
+) -> Result<()> {
+    start_fixed_root(&id, rank)?;
+    if !cfg.blocking {
+        // Nonblocking: the handle exists at once; the engine comes later.
+        let comm = Arc::new(Comm::new(nranks, rank));
+        comm.async_error
+            .store(NcclResult::InProgress.raw(), Ordering::Release);
+        let h = handle::register(comm.clone());
+        // SAFETY: per this function's contract.
+        unsafe { *out = h };
+        std::thread::Builder::new()
+            .name("hetccl-init".into())
+            .spawn(move || {
+                let code = match init::init_engine(&comm, &id, cfg) {
+                    Ok(()) => NcclResult::Success.raw(),
+                    Err(e) => {
+                        super::guard::set_last_error(&format!("nonblocking init: {e}"));
+                        e.code().raw()
+                    }
+                };
+                comm.async_error.store(code, Ordering::Release);
+            })
+            .map_err(|e| Error::System(format!("spawn: {e}")))?;
+        return Err(Error::InProgress);
+    }
+    struct Out(*mut ncclComm_t);
+    // SAFETY: the pointer is the caller's, valid until the group ends.
+    unsafe impl Send for Out {}
+    let o = Out(out);
+    launch::submit_init(Box::new(move || {
+        let o = o;
+        let comm = init::init_rank(&id, nranks, rank, cfg)?;
+        // SAFETY: per this function's contract.
+        unsafe { *o.0 = handle::register(comm) };
+        Ok(())
+    }))
+}
 
 /// The most ranks one communicator may have.
 pub const MAX_RANKS: i32 = 1 << 20;
@@ -37,7 +130,13 @@ export! {
     fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut ncclUniqueId) -> ncclResult_t {
         guard("ncclGetUniqueId", || {
             check::non_null(unique_id, "uniqueId")?;
-            Err(unavailable("ncclGetUniqueId (bootstrap)"))
+            let id = match &hetccl_core::config::get().comm_id {
+                Some(spec) => fixed_id(spec)?,
+                None => bootstrap::new_root()?,
+            };
+            // SAFETY: checked non-NULL.
+            unsafe { *unique_id = id.encode() };
+            Ok(())
         })
     }
 }
@@ -46,6 +145,7 @@ unsafe fn init_rank(
     name: &'static str,
     comm: *mut ncclComm_t,
     nranks: c_int,
+    id: &ncclUniqueId,
     rank: c_int,
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
@@ -54,8 +154,10 @@ unsafe fn init_rank(
         check_nranks(nranks)?;
         check::rank_in(rank, nranks, "rank")?;
         // SAFETY: NULL or a caller-provided ncclConfig_t.
-        let _cfg = unsafe { read_comm_config(config)? };
-        Err(unavailable(name))
+        let cfg = unsafe { read_comm_config(config)? };
+        let id = decode_id(id)?;
+        // SAFETY: `comm` is the caller's output slot.
+        unsafe { create(comm, id, nranks as usize, rank as usize, cfg) }
     })
 }
 
@@ -63,8 +165,7 @@ export! {
     /// Creates this rank's communicator of `nranks` ranks named by `comm_id`.
     fn ncclCommInitRank / pncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int,
         comm_id: ncclUniqueId, rank: c_int) -> ncclResult_t {
-        let _ = comm_id;
-        unsafe { init_rank("ncclCommInitRank", comm, nranks, rank, std::ptr::null_mut()) }
+        unsafe { init_rank("ncclCommInitRank", comm, nranks, &comm_id, rank, std::ptr::null_mut()) }
     }
 }
 
@@ -72,8 +173,7 @@ export! {
     /// [`ncclCommInitRank`] with a config (blocking or not, name, ...).
     fn ncclCommInitRankConfig / pncclCommInitRankConfig(comm: *mut ncclComm_t, nranks: c_int,
         comm_id: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t {
-        let _ = comm_id;
-        unsafe { init_rank("ncclCommInitRankConfig", comm, nranks, rank, config) }
+        unsafe { init_rank("ncclCommInitRankConfig", comm, nranks, &comm_id, rank, config) }
     }
 }
 
@@ -84,8 +184,26 @@ export! {
         guard("ncclCommInitAll", || {
             check::non_null(comms, "comms")?;
             check_nranks(ndev)?;
-            let _ = devlist; // NULL means devices 0..ndev
-            Err(unavailable("ncclCommInitAll"))
+            let _ = devlist; // host ranks: the device list only names them
+            let n = ndev as usize;
+            let id = bootstrap::new_root()?;
+            let made: Vec<Result<Arc<Comm>>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..n)
+                    .map(|r| {
+                        let id = id.clone();
+                        s.spawn(move || init::init_rank(&id, n, r, CommConfig::default()))
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into()))))
+                    .collect()
+            });
+            let made = made.into_iter().collect::<Result<Vec<_>>>()?;
+            for (r, c) in made.into_iter().enumerate() {
+                // SAFETY: the caller passes an array of ndev handles.
+                unsafe { *comms.add(r) = handle::register(c) };
+            }
+            Ok(())
         })
     }
 }
@@ -103,8 +221,14 @@ export! {
             }
             check::non_null(comm_ids, "commIds")?;
             // SAFETY: NULL or a caller-provided ncclConfig_t.
-            let _cfg = unsafe { read_comm_config(config)? };
-            Err(unavailable("ncclCommInitRankScalable"))
+            let cfg = unsafe { read_comm_config(config)? };
+            // Every id is checked; the rendezvous goes through the first
+            // one (see docs/api-status.md).
+            // SAFETY: the caller passes n_id ids.
+            let ids = unsafe { std::slice::from_raw_parts(comm_ids, n_id as usize) };
+            let decoded = ids.iter().map(decode_id).collect::<Result<Vec<_>>>()?;
+            // SAFETY: `newcomm` is the caller's output slot.
+            unsafe { create(newcomm, decoded[0].clone(), nranks as usize, myrank as usize, cfg) }
         })
     }
 }
@@ -113,9 +237,12 @@ export! {
     /// Writes the unique id a communicator was created from.
     fn ncclCommGetUniqueId / pncclCommGetUniqueId(comm: ncclComm_t, unique_id: *mut ncclUniqueId) -> ncclResult_t {
         guard("ncclCommGetUniqueId", || {
-            handle::lookup(comm)?;
+            let c = handle::lookup(comm)?;
             check::non_null(unique_id, "uniqueId")?;
-            Err(unavailable("ncclCommGetUniqueId"))
+            let id = c.engine()?.id.encode();
+            // SAFETY: checked non-NULL.
+            unsafe { *unique_id = id };
+            Ok(())
         })
     }
 }
@@ -131,10 +258,12 @@ export! {
             if color < NCCL_SPLIT_NOCOLOR {
                 return Err(Error::arg(format!("color {color} must be >= 0 or NCCL_SPLIT_NOCOLOR")));
             }
-            let _ = key;
             // SAFETY: NULL or a caller-provided ncclConfig_t.
-            let _cfg = unsafe { read_comm_config(config)? };
-            Err(unavailable("ncclCommSplit"))
+            let cfg = unsafe { read_comm_config(config)? };
+            let child = split::split(&c, color, key, cfg)?;
+            // SAFETY: checked non-NULL.
+            unsafe { *newcomm = child.map_or(std::ptr::null_mut(), handle::register) };
+            Ok(())
         })
     }
 }
@@ -153,21 +282,25 @@ export! {
             if exclude_count < 0 || exclude_count >= n {
                 return Err(Error::arg(format!("excludeRanksCount {exclude_count} is not in [0, {n})")));
             }
+            let mut seen = HashSet::new();
             if exclude_count > 0 {
                 check::non_null(exclude, "excludeRanksList")?;
                 // SAFETY: non-NULL, and the caller passes exclude_count ints.
                 let list = unsafe { std::slice::from_raw_parts(exclude, exclude_count as usize) };
-                let mut seen = HashSet::new();
                 for &r in list {
                     check::rank_in(r, n, "excluded rank")?;
-                    if !seen.insert(r) {
+                    if !seen.insert(r as usize) {
                         return Err(Error::arg(format!("rank {r} is excluded twice")));
                     }
                 }
             }
             // SAFETY: NULL or a caller-provided ncclConfig_t.
-            let _cfg = unsafe { read_comm_config(config)? };
-            Err(unavailable("ncclCommShrink"))
+            let cfg = unsafe { read_comm_config(config)? };
+            let excluded: Vec<usize> = seen.into_iter().collect();
+            let child = split::shrink(&c, &excluded, flags & NCCL_SHRINK_ABORT != 0, cfg)?;
+            // SAFETY: checked non-NULL.
+            unsafe { *newcomm = handle::register(child) };
+            Ok(())
         })
     }
 }

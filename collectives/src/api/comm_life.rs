@@ -83,6 +83,15 @@ export! {
             }
             let c = handle::unregister(comm)?;
             c.revoked.store(true, Ordering::Release);
+            if let Some(e) = c.engine.get() {
+                // Operations running on other threads see the flag within
+                // one bounded wait; peers see the closed links.
+                e.aborted.store(true, Ordering::Release);
+                for conn in e.links.peers.iter().flatten().flatten() {
+                    conn.tx.close();
+                    conn.rx.close();
+                }
+            }
             Ok(())
         })
     }

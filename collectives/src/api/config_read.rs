@@ -206,9 +206,11 @@ mod tests {
             unsafe { read_comm_config(std::ptr::null()) }.unwrap(),
             CommConfig::default()
         );
-        let mut cfg = ncclConfig_t::default();
-        cfg.blocking = 0;
-        cfg.commName = c"trainer".as_ptr();
+        let cfg = ncclConfig_t {
+            blocking: 0,
+            commName: c"trainer".as_ptr(),
+            ..Default::default()
+        };
         let c = unsafe { read_comm_config(&cfg) }.unwrap();
         assert!(!c.blocking);
         assert_eq!(c.comm_name.as_deref(), Some("trainer"));
@@ -219,11 +221,13 @@ mod tests {
     fn older_shorter_layout_reads_only_its_fields() {
         // A 2.21-era struct stops after commName (size 56). Fields past it
         // hold garbage here and must not be read.
-        let mut cfg = ncclConfig_t::default();
-        cfg.size = 56;
-        cfg.version = 22105;
-        cfg.blocking = 0;
-        cfg.collnetEnable = 77;
+        let mut cfg = ncclConfig_t {
+            size: 56,
+            version: 22105,
+            blocking: 0,
+            collnetEnable: 77,
+            ..Default::default()
+        };
         let c = unsafe { read_comm_config(&cfg) }.unwrap();
         assert!(!c.blocking);
         // A 2.14-era struct: size 40, ends after netName.
@@ -235,21 +239,22 @@ mod tests {
 
     #[test]
     fn garbage_is_rejected() {
-        let mut cfg = ncclConfig_t::default();
-        cfg.magic = 0x1234;
-        assert!(unsafe { read_comm_config(&cfg) }.is_err());
-        let mut cfg = ncclConfig_t::default();
-        cfg.size = 1 << 30;
-        assert!(unsafe { read_comm_config(&cfg) }.is_err());
-        let mut cfg = ncclConfig_t::default();
-        cfg.size = 57;
-        assert!(unsafe { read_comm_config(&cfg) }.is_err());
-        let mut cfg = ncclConfig_t::default();
-        cfg.version = 7;
-        assert!(unsafe { read_comm_config(&cfg) }.is_err());
-        let mut cfg = ncclConfig_t::default();
-        cfg.blocking = 5;
-        assert!(unsafe { read_comm_config(&cfg) }.is_err());
+        let d = ncclConfig_t::default;
+        for bad in [
+            ncclConfig_t {
+                magic: 0x1234,
+                ..d()
+            },
+            ncclConfig_t {
+                size: 1 << 30,
+                ..d()
+            },
+            ncclConfig_t { size: 57, ..d() },
+            ncclConfig_t { version: 7, ..d() },
+            ncclConfig_t { blocking: 5, ..d() },
+        ] {
+            assert!(unsafe { read_comm_config(&bad) }.is_err());
+        }
         let words = [0xdead_beef_u64; 16];
         assert!(unsafe { read_comm_config(words.as_ptr() as *const ncclConfig_t) }.is_err());
     }

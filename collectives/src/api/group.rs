@@ -9,8 +9,25 @@ use hetccl_abi::{ncclResult_t, ncclSimInfo_t, NCCL_SIM_INFO_MAGIC};
 
 use super::check;
 use super::guard::guard;
+use crate::algo::{estimate_us, CostModel};
+use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::exec::Job;
 use crate::export;
+
+/// The cost model's time for one queued job, in microseconds.
+fn estimate(comm: &Comm, job: &Job) -> f64 {
+    let Ok(e) = comm.engine() else { return 0.0 };
+    let bytes = job.plan.send_bytes.max(job.plan.recv_bytes);
+    estimate_us(
+        job.plan.collective,
+        job.plan.algorithm,
+        bytes,
+        &e.topo,
+        &CostModel::default(),
+    )
+    .unwrap_or(0.0)
+}
 
 /// The deepest nesting accepted: deeper is surely a missing `ncclGroupEnd`.
 const MAX_DEPTH: u32 = 1 << 16;
@@ -60,13 +77,20 @@ export! {
 export! {
     /// Closes a group; the outermost close launches what was queued.
     fn ncclGroupEnd / pncclGroupEnd() -> ncclResult_t {
-        guard("ncclGroupEnd", || end().map(drop))
+        guard("ncclGroupEnd", || {
+            if end()? {
+                super::launch::group_end()
+            } else {
+                Ok(())
+            }
+        })
     }
 }
 
 export! {
     /// Closes a group without running it and writes the cost model's
-    /// estimate of its time (microseconds) into `sim_info`.
+    /// estimate of its time (microseconds) into `sim_info`; the queued
+    /// operations are dropped.
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> ncclResult_t {
         guard("ncclGroupSimulateEnd", || {
             check::non_null(sim_info, "simInfo")?;
@@ -80,11 +104,15 @@ export! {
             if size < std::mem::size_of::<ncclSimInfo_t>() || size > 4096 {
                 return Err(Error::arg(format!("simInfo has implausible size {size}")));
             }
-            end()?;
-            // No operation can be queued in this build (the engine gate refuses
-            // them), so the estimate of the group is 0 us.
+            let outermost = end()?;
+            let est = super::launch::with_queued(|ops| {
+                ops.iter().map(|(c, j)| estimate(c, j)).sum::<f64>()
+            });
+            if outermost {
+                super::launch::group_discard();
+            }
             // SAFETY: checked non-NULL and size.
-            unsafe { (*sim_info).estimatedTime = 0.0 };
+            unsafe { (*sim_info).estimatedTime = est as f32 };
             Ok(())
         })
     }
@@ -108,7 +136,7 @@ mod tests {
             estimatedTime: -1.0,
         };
         assert_eq!(unsafe { ncclGroupSimulateEnd(&mut si) }, 0);
-        assert_eq!(si.estimatedTime, 0.0);
+        assert_eq!(si.estimatedTime, 0.0, "an empty group costs nothing");
         assert_eq!(depth(), 0);
         si.magic = 0;
         assert_eq!(unsafe { ncclGroupSimulateEnd(&mut si) }, 4);

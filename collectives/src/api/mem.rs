@@ -50,7 +50,10 @@ pub fn alloc_host(size: usize) -> Result<*mut c_void> {
 }
 
 /// Frees memory from [`alloc_host`]. Unknown pointers are an error.
-pub fn free_host(p: *mut c_void) -> Result<()> {
+///
+/// # Safety
+/// Nothing may use the memory at `p` afterwards.
+pub unsafe fn free_host(p: *mut c_void) -> Result<()> {
     let size = ALLOCS
         .lock()
         .remove(&(p as usize))
@@ -89,7 +92,8 @@ export! {
             if ptr.is_null() {
                 return Ok(());
             }
-            free_host(ptr)
+            // SAFETY: the caller gives the memory back.
+            unsafe { free_host(ptr) }
         })
     }
 }

@@ -23,6 +23,7 @@ pub mod device;
 pub mod engine_gate;
 pub mod group;
 pub mod guard;
+pub mod launch;
 pub mod mem;
 pub mod redop;
 pub mod register;

@@ -5,8 +5,11 @@
 //! C API only ever reaches a comm through [`handle::lookup`], which rejects
 //! NULL, never-created and destroyed handles alike.
 
+pub mod engine;
 pub mod handle;
+pub mod init;
 pub mod redop_table;
+pub mod split;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -35,6 +38,9 @@ pub struct Comm {
     pub suspended: AtomicBool,
     /// Buffers registered with `ncclCommRegister`: handle token -> (address, bytes).
     pub registrations: Mutex<HashMap<usize, (usize, usize)>>,
+    /// The data-moving part: set once init completes (at once for blocking
+    /// init, later for nonblocking init); never set for unit-test comms.
+    pub engine: once_cell::sync::OnceCell<engine::Engine>,
 }
 
 impl Comm {
@@ -49,7 +55,17 @@ impl Comm {
             revoked: AtomicBool::new(false),
             suspended: AtomicBool::new(false),
             registrations: Mutex::new(HashMap::new()),
+            engine: once_cell::sync::OnceCell::new(),
         }
+    }
+
+    /// The engine, or an error for comms without one.
+    pub fn engine(&self) -> Result<&engine::Engine> {
+        self.engine.get().ok_or_else(|| {
+            Error::usage(
+                "the communicator is not initialised yet (nonblocking init in progress or failed)",
+            )
+        })
     }
 
     /// Fails unless the comm accepts new operations.

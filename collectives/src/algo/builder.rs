@@ -1,0 +1,210 @@
+//! Builds a plan from a sequential program, inferring the dependencies.
+//!
+//! Generators emit steps in an order that would be correct if run one at a
+//! time. For each new step the builder adds a dependency on every earlier
+//! step whose byte ranges conflict with it (read after write, write after
+//! read, write after write). The executor may then run steps in any order
+//! that respects the dependencies (and the per-peer message order), and gets
+//! the same bytes as the sequential program.
+
+use super::plan::{BufId, BufRange, Rank, Step, StepId, StepKind};
+
+#[derive(Debug, Clone, Copy)]
+struct Access {
+    range: BufRange,
+    step: StepId,
+}
+
+/// The accesses that later steps may conflict with, per buffer: reads and
+/// writes apart, since a read-only step need only look at the writes.
+#[derive(Debug, Default)]
+struct Live {
+    reads: [Vec<Access>; 3],
+    writes: [Vec<Access>; 3],
+}
+
+fn slot(b: BufId) -> usize {
+    match b {
+        BufId::Send => 0,
+        BufId::Recv => 1,
+        BufId::Scratch => 2,
+    }
+}
+
+/// Accumulates steps; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Builder {
+    steps: Vec<Step>,
+    live: Live,
+    scratch: usize,
+    /// Element size: chunks are whole elements.
+    pub esize: usize,
+    /// Maximum bytes per message.
+    pub chunk_bytes: usize,
+}
+
+impl Builder {
+    /// An empty plan body.
+    pub fn new(esize: usize, chunk_bytes: usize) -> Self {
+        let esize = esize.max(1);
+        let chunk_bytes = (chunk_bytes / esize).max(1) * esize;
+        Self { steps: Vec::new(), live: Live::default(), scratch: 0, esize, chunk_bytes }
+    }
+
+    /// Reserves `len` scratch bytes (16-byte aligned) and returns them.
+    pub fn scratch(&mut self, len: usize) -> BufRange {
+        let off = self.scratch.div_ceil(16) * 16;
+        self.scratch = off + len;
+        BufRange::new(BufId::Scratch, off, len)
+    }
+
+    /// Appends a step, inferring its dependencies. Zero-length steps are
+    /// dropped (and return `None`).
+    pub fn push(&mut self, kind: StepKind) -> Option<StepId> {
+        let len = kind.message_len().or(kind.writes().map(|w| w.len)).unwrap_or(0);
+        if len == 0 {
+            return None;
+        }
+        let id = self.steps.len() as StepId;
+        let reads = kind.reads();
+        let write = kind.writes();
+        let mut deps: Vec<StepId> = Vec::new();
+        let hits = |list: &[Access], r: &BufRange, deps: &mut Vec<StepId>| {
+            deps.extend(list.iter().filter(|a| a.range.overlaps(r)).map(|a| a.step));
+        };
+        for r in reads.iter().flatten() {
+            hits(&self.live.writes[slot(r.buf)], r, &mut deps);
+        }
+        if let Some(w) = write {
+            hits(&self.live.writes[slot(w.buf)], &w, &mut deps);
+            hits(&self.live.reads[slot(w.buf)], &w, &mut deps);
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        if let Some(w) = write {
+            // A write that covers an earlier access stands in for it: later
+            // conflicting steps depend on this write, which depends on it.
+            let k = slot(w.buf);
+            self.live.reads[k].retain(|a| !w.covers(&a.range));
+            self.live.writes[k].retain(|a| !w.covers(&a.range));
+        }
+        for r in reads.into_iter().flatten() {
+            self.live.reads[slot(r.buf)].push(Access { range: r, step: id });
+        }
+        if let Some(w) = write {
+            self.live.writes[slot(w.buf)].push(Access { range: w, step: id });
+        }
+        self.steps.push(Step { kind, deps });
+        Some(id)
+    }
+
+    /// The `[off, off+len)` pieces of a `len`-byte range, each at most
+    /// `chunk_bytes` long. Empty for `len == 0`.
+    pub fn pieces(&self, len: usize) -> impl Iterator<Item = (usize, usize)> {
+        let cb = self.chunk_bytes;
+        (0..len.div_ceil(cb)).map(move |i| (i * cb, cb.min(len - i * cb)))
+    }
+
+    /// Sends `src` to `peer`, split into chunk-sized messages.
+    pub fn send(&mut self, peer: Rank, chan: u8, src: BufRange) {
+        for (o, l) in self.pieces(src.len).collect::<Vec<_>>() {
+            self.push(StepKind::Send { peer, chan, src: src.sub(o, l) });
+        }
+    }
+
+    /// Receives `dst` from `peer`, split like [`Builder::send`].
+    pub fn recv(&mut self, peer: Rank, chan: u8, dst: BufRange) {
+        for (o, l) in self.pieces(dst.len).collect::<Vec<_>>() {
+            self.push(StepKind::Recv { peer, chan, dst: dst.sub(o, l) });
+        }
+    }
+
+    /// Receives from `peer` and reduces: `dst = local ⊕ msg`, split like
+    /// [`Builder::send`].
+    pub fn recv_reduce(&mut self, peer: Rank, chan: u8, local: BufRange, dst: BufRange) {
+        for (o, l) in self.pieces(dst.len).collect::<Vec<_>>() {
+            self.push(StepKind::RecvReduce { peer, chan, local: local.sub(o, l), dst: dst.sub(o, l) });
+        }
+    }
+
+    /// `dst = src` unless they are the same range.
+    pub fn copy(&mut self, src: BufRange, dst: BufRange) {
+        if src != dst {
+            self.push(StepKind::Copy { src, dst });
+        }
+    }
+
+    /// `dst = a ⊕ b`.
+    pub fn reduce(&mut self, a: BufRange, b: BufRange, dst: BufRange) {
+        self.push(StepKind::Reduce { a, b, dst });
+    }
+
+    /// `buf = post(buf)` when `post` is set.
+    pub fn post(&mut self, post: bool, buf: BufRange) {
+        if post {
+            self.push(StepKind::PostOp { buf });
+        }
+    }
+
+    /// `dst = pre(src)`.
+    pub fn pre(&mut self, src: BufRange, dst: BufRange) {
+        self.push(StepKind::PreOp { src, dst });
+    }
+
+    /// Part `k` of `r` split into `parts` nearly equal runs of whole
+    /// elements (see [`split`]).
+    pub fn part(&self, r: BufRange, parts: usize, k: usize) -> BufRange {
+        let (start, len) = split(r.len / self.esize, parts, k);
+        r.sub(start * self.esize, len * self.esize)
+    }
+
+    /// The steps and the scratch size.
+    pub fn finish(self) -> (Vec<Step>, usize) {
+        (self.steps, self.scratch)
+    }
+}
+
+/// Element `[start, start+len)` of `count` elements split into `parts`
+/// nearly equal parts (the first `count % parts` parts get one more).
+pub(crate) fn split(count: usize, parts: usize, k: usize) -> (usize, usize) {
+    let parts = parts.max(1);
+    let base = count / parts;
+    let extra = count % parts;
+    let start = k * base + k.min(extra);
+    (start, base + usize::from(k < extra))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn infers_raw_war_waw() {
+        let mut b = Builder::new(4, 8);
+        let r = |o, l| BufRange::new(BufId::Recv, o, l);
+        let s0 = b.push(StepKind::Recv { peer: 1, chan: 0, dst: r(0, 8) }).unwrap();
+        let s1 = b.push(StepKind::Send { peer: 1, chan: 0, src: r(4, 4) }).unwrap();
+        let s2 = b.push(StepKind::Send { peer: 2, chan: 0, src: r(8, 4) }).unwrap();
+        let s3 = b.push(StepKind::Recv { peer: 2, chan: 0, dst: r(0, 12) }).unwrap();
+        assert!(b.push(StepKind::Recv { peer: 2, chan: 0, dst: r(0, 0) }).is_none());
+        let (steps, _) = b.finish();
+        assert!(steps[s1 as usize].deps == vec![s0]);
+        assert!(steps[s2 as usize].deps.is_empty());
+        assert_eq!(steps[s3 as usize].deps, vec![s0, s1, s2]);
+    }
+
+    #[test]
+    fn split_covers() {
+        for count in 0..20 {
+            for parts in 1..7 {
+                let mut next = 0;
+                for k in 0..parts {
+                    let (s, l) = split(count, parts, k);
+                    assert_eq!(s, next);
+                    next = s + l;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
+}

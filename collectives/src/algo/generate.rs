@@ -1,0 +1,318 @@
+//! The entry point: arguments, topology, and the dispatch to each
+//! algorithm's generator.
+
+use hetccl_abi::DataType;
+
+use super::builder::Builder;
+use super::plan::{BufId, BufRange, Plan, Rank};
+use super::{direct, halving, hier, ring, tree, Algorithm, Collective};
+use crate::reduce::ReduceOp;
+
+/// The arguments of one collective call, as NCCL takes them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CollArgs {
+    /// The collective.
+    pub collective: Collective,
+    /// NCCL's `count`: elements per rank buffer for AllReduce, Broadcast,
+    /// Reduce, Send and Recv; the send count for AllGather and Gather; the
+    /// receive count for ReduceScatter and Scatter; elements per peer for
+    /// AlltoAll.
+    pub count: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction op (ignored by non-reducing collectives).
+    pub op: ReduceOp,
+    /// Root for rooted collectives; the peer for Send and Recv.
+    pub root: Rank,
+    /// In-place call with NCCL's aliasing: `sendbuff == recvbuff` for
+    /// AllReduce, Broadcast and Reduce; `sendbuff == recvbuff +
+    /// rank*count*size` for AllGather (and Gather at the root);
+    /// `recvbuff == sendbuff + rank*count*size` for ReduceScatter (and
+    /// Scatter at the root). In-place plans address the shared memory
+    /// through one buffer id only, so their hazards are visible.
+    pub in_place: bool,
+}
+
+impl CollArgs {
+    /// Out-of-place arguments with op `Sum` and root 0.
+    pub fn new(collective: Collective, count: usize, dtype: DataType) -> Self {
+        Self { collective, count, dtype, op: ReduceOp::Sum, root: 0, in_place: false }
+    }
+}
+
+/// How data is cut into messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunking {
+    /// Largest message in bytes (rounded down to whole elements, at least
+    /// one element). Pipelined algorithms move each chunk independently.
+    pub chunk_bytes: usize,
+}
+
+impl Default for Chunking {
+    fn default() -> Self {
+        Self { chunk_bytes: 512 * 1024 }
+    }
+}
+
+/// Where ranks live: a node id (and optionally a process id) per rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    node_of: Vec<u32>,
+    process_of: Option<Vec<u32>>,
+}
+
+impl Topology {
+    /// `nranks` ranks on one node, one process each.
+    pub fn flat(nranks: u32) -> Self {
+        Self { node_of: vec![0; nranks as usize], process_of: None }
+    }
+
+    /// The node id of each rank (`node_of[rank]`).
+    pub fn from_nodes(node_of: Vec<u32>) -> Self {
+        Self { node_of, process_of: None }
+    }
+
+    /// Adds a process id per rank (ranks sharing a process share memory
+    /// directly). Ignored unless it has one entry per rank.
+    pub fn with_processes(mut self, process_of: Vec<u32>) -> Self {
+        if process_of.len() == self.node_of.len() {
+            self.process_of = Some(process_of);
+        }
+        self
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> u32 {
+        self.node_of.len() as u32
+    }
+
+    /// The node id of `rank`.
+    pub fn node(&self, rank: Rank) -> u32 {
+        self.node_of.get(rank as usize).copied().unwrap_or(0)
+    }
+
+    /// Whether two ranks share a node.
+    pub fn same_node(&self, a: Rank, b: Rank) -> bool {
+        self.node(a) == self.node(b)
+    }
+
+    /// Whether two ranks share a process (only known with process ids).
+    pub fn same_process(&self, a: Rank, b: Rank) -> bool {
+        match &self.process_of {
+            Some(p) => self.same_node(a, b) && p.get(a as usize) == p.get(b as usize),
+            None => false,
+        }
+    }
+
+    /// The ranks of each node, nodes in ascending id order, ranks ascending.
+    pub fn nodes(&self) -> Vec<Vec<Rank>> {
+        let mut ids: Vec<u32> = self.node_of.clone();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.iter()
+            .map(|id| (0..self.nranks()).filter(|&r| self.node(r) == *id).collect())
+            .collect()
+    }
+}
+
+/// Why no plan could be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The rank is not below the communicator size (or the size is 0).
+    #[error("rank {rank} is invalid for {nranks} ranks")]
+    BadRank {
+        /// The rank.
+        rank: Rank,
+        /// The communicator size.
+        nranks: u32,
+    },
+    /// The root (or peer) is out of range.
+    #[error("root or peer {0} is out of range")]
+    BadRoot(Rank),
+    /// The algorithm does not implement the collective.
+    #[error("{algorithm} does not implement {collective}")]
+    Unsupported {
+        /// The collective.
+        collective: Collective,
+        /// The algorithm.
+        algorithm: Algorithm,
+    },
+    /// The collective has no in-place form.
+    #[error("{0} has no in-place form")]
+    NoInPlace(Collective),
+    /// Byte sizes overflow `usize`.
+    #[error("buffer size overflows")]
+    Overflow,
+}
+
+/// The algorithms that implement `coll`, in the order the selection table
+/// lists them.
+pub fn supported(coll: Collective) -> &'static [Algorithm] {
+    use Algorithm::*;
+    match coll {
+        Collective::AllReduce => &[Ring, Tree, Direct, HalvingDoubling, Hierarchical],
+        Collective::Broadcast | Collective::Reduce => &[Ring, Tree, Direct],
+        Collective::AllGather | Collective::ReduceScatter => &[Ring, Direct],
+        Collective::AlltoAll => &[Pairwise, Direct],
+        Collective::Gather | Collective::Scatter | Collective::Send | Collective::Recv => &[Direct],
+    }
+}
+
+/// A set of ranks taking part in a sub-schedule, and this rank's index.
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    /// Member ranks; index `i` is "group rank" `i`.
+    pub ranks: Vec<Rank>,
+    /// This rank's index in `ranks`.
+    pub me: usize,
+}
+
+impl Group {
+    /// The whole communicator.
+    pub fn all(nranks: u32, rank: Rank) -> Self {
+        Self { ranks: (0..nranks).collect(), me: rank as usize }
+    }
+
+    /// Group size.
+    pub fn n(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The global rank of group index `i` (taken modulo the size).
+    pub fn at(&self, i: usize) -> Rank {
+        self.ranks[i % self.ranks.len()]
+    }
+
+    /// Group index `me + d` modulo the size, for `d` possibly negative.
+    pub fn rel(&self, d: isize) -> usize {
+        let n = self.n() as isize;
+        (((self.me as isize + d) % n + n) % n) as usize
+    }
+}
+
+/// The input and output regions of a call on this rank.
+pub(crate) struct Regions {
+    pub input: BufRange,
+    pub output: BufRange,
+    pub send_bytes: usize,
+    pub recv_bytes: usize,
+}
+
+fn regions(a: &CollArgs, rank: Rank, n: usize) -> Result<Regions, PlanError> {
+    use Collective::*;
+    let b = a.dtype.bytes(a.count).ok_or(PlanError::Overflow)?;
+    let nb = b.checked_mul(n).ok_or(PlanError::Overflow)?;
+    let r = rank as usize;
+    let root = rank == a.root;
+    let s = |off, len| BufRange::new(BufId::Send, off, len);
+    let v = |off, len| BufRange::new(BufId::Recv, off, len);
+    let (input, output) = match (a.collective, a.in_place) {
+        (AllReduce, false) | (Broadcast, false) => (s(0, b), v(0, b)),
+        (AllReduce, true) | (Broadcast, true) => (v(0, b), v(0, b)),
+        (Reduce, false) => (s(0, b), v(0, if root { b } else { 0 })),
+        (Reduce, true) if root => (v(0, b), v(0, b)),
+        (Reduce, true) => (s(0, b), v(0, 0)),
+        (AllGather, false) => (s(0, b), v(0, nb)),
+        (AllGather, true) => (v(r * b, b), v(0, nb)),
+        (ReduceScatter, false) => (s(0, nb), v(0, b)),
+        (ReduceScatter, true) => (s(0, nb), s(r * b, b)),
+        (AlltoAll, false) => (s(0, nb), v(0, nb)),
+        (AlltoAll, true) => return Err(PlanError::NoInPlace(AlltoAll)),
+        (Gather, false) => (s(0, b), v(0, if root { nb } else { 0 })),
+        (Gather, true) if root => (v(r * b, b), v(0, nb)),
+        (Gather, true) => (s(0, b), v(0, 0)),
+        (Scatter, false) => (s(0, if root { nb } else { 0 }), v(0, b)),
+        (Scatter, true) if root => (s(0, nb), s(r * b, b)),
+        (Scatter, true) => (s(0, 0), v(0, b)),
+        (Send, _) => (s(0, b), v(0, 0)),
+        (Recv, _) => (s(0, 0), v(0, b)),
+    };
+    let used = |id: BufId| {
+        [input, output].iter().filter(|x| x.buf == id).map(|x| x.end()).max().unwrap_or(0)
+    };
+    Ok(Regions { input, output, send_bytes: used(BufId::Send), recv_bytes: used(BufId::Recv) })
+}
+
+/// This rank's plan for one call. Pure: the same arguments give the same
+/// plan, and the plans of all ranks match each other (see
+/// `docs/algorithms.md`).
+pub fn generate(
+    args: &CollArgs,
+    algorithm: Algorithm,
+    rank: Rank,
+    topo: &Topology,
+    chunking: &Chunking,
+) -> Result<Plan, PlanError> {
+    let nranks = topo.nranks();
+    if rank >= nranks {
+        return Err(PlanError::BadRank { rank, nranks });
+    }
+    let coll = args.collective;
+    if (coll.rooted() || matches!(coll, Collective::Send | Collective::Recv)) && args.root >= nranks {
+        return Err(PlanError::BadRoot(args.root));
+    }
+    if matches!(coll, Collective::Send | Collective::Recv) && args.root == rank {
+        return Err(PlanError::BadRoot(args.root));
+    }
+    if !supported(coll).contains(&algorithm) {
+        return Err(PlanError::Unsupported { collective: coll, algorithm });
+    }
+    let n = nranks as usize;
+    let reg = regions(args, rank, n)?;
+    let esize = args.dtype.size();
+    let mut b = Builder::new(esize, chunking.chunk_bytes);
+    let op = if coll.reduces() { args.op } else { ReduceOp::Sum };
+    let post = op.has_post_op(args.dtype);
+    let mut input = reg.input;
+    if coll.reduces() && op.has_pre_op(args.dtype) && input.len > 0 {
+        let staged = b.scratch(input.len);
+        b.pre(input, staged);
+        input = staged;
+    }
+    let output = reg.output;
+    let g = Group::all(nranks, rank);
+    let root = args.root;
+    match (coll, algorithm) {
+        (Collective::AllReduce, Algorithm::Ring) => ring::allreduce(&mut b, &g, input, output, 0, post),
+        (Collective::AllReduce, Algorithm::Tree) => tree::allreduce(&mut b, &g, input, output, post),
+        (Collective::AllReduce, Algorithm::Direct) => direct::allreduce(&mut b, &g, input, output, post),
+        (Collective::AllReduce, Algorithm::HalvingDoubling) => {
+            halving::allreduce(&mut b, &g, input, output, post)
+        }
+        (Collective::AllReduce, Algorithm::Hierarchical) => {
+            hier::allreduce(&mut b, topo, rank, input, output, post)
+        }
+        (Collective::AllReduce, Algorithm::Pairwise) => {
+            return Err(PlanError::Unsupported { collective: coll, algorithm })
+        }
+        (Collective::Broadcast, Algorithm::Ring) => ring::broadcast(&mut b, &g, root, input, output),
+        (Collective::Broadcast, Algorithm::Tree) => tree::broadcast(&mut b, &g, root, input, output),
+        (Collective::Broadcast, _) => direct::broadcast(&mut b, &g, root, input, output),
+        (Collective::Reduce, Algorithm::Ring) => ring::reduce(&mut b, &g, root, input, output, post),
+        (Collective::Reduce, Algorithm::Tree) => tree::reduce(&mut b, &g, root, input, output, post),
+        (Collective::Reduce, _) => direct::reduce(&mut b, &g, root, input, output, post),
+        (Collective::AllGather, Algorithm::Ring) => ring::allgather(&mut b, &g, input, output, 0),
+        (Collective::AllGather, _) => direct::allgather(&mut b, &g, input, output),
+        (Collective::ReduceScatter, Algorithm::Ring) => ring::reduce_scatter(&mut b, &g, input, output, post),
+        (Collective::ReduceScatter, _) => direct::reduce_scatter(&mut b, &g, input, output, post),
+        (Collective::AlltoAll, Algorithm::Pairwise) => direct::alltoall(&mut b, &g, input, output, true),
+        (Collective::AlltoAll, _) => direct::alltoall(&mut b, &g, input, output, false),
+        (Collective::Gather, _) => direct::gather(&mut b, &g, root, input, output),
+        (Collective::Scatter, _) => direct::scatter(&mut b, &g, root, input, output),
+        (Collective::Send, _) => b.send(root, 0, input),
+        (Collective::Recv, _) => b.recv(root, 0, output),
+    }
+    let (steps, scratch_bytes) = b.finish();
+    Ok(Plan {
+        collective: coll,
+        algorithm,
+        rank,
+        nranks,
+        dtype: args.dtype,
+        op,
+        send_bytes: reg.send_bytes,
+        recv_bytes: reg.recv_bytes,
+        scratch_bytes,
+        steps,
+    })
+}

@@ -1,0 +1,286 @@
+//! Algorithm selection from an α-β cost model, and the printable table.
+//!
+//! Each pair of ranks is in a [`LinkClass`] (same process, same node, cross
+//! node) with a latency α and an inverse bandwidth β. A message of `m` bytes
+//! costs `o + α + m·β`, where `o` is a per-message software overhead paid
+//! serially by the sender; messages posted together overlap their α. A
+//! local reduction costs γ per byte. Each algorithm's estimate uses the
+//! slowest link class its pattern crosses; the formulas are in
+//! `docs/algorithms.md`. The model is a starting point for the measured
+//! tables of the autotuner.
+
+use super::filter::AlgoFilter;
+use super::generate::{supported, Topology};
+use super::{Algorithm, Collective};
+
+/// Latency and inverse bandwidth of one link class.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkCost {
+    /// Latency in microseconds.
+    pub alpha_us: f64,
+    /// Microseconds per byte (1 / bandwidth).
+    pub beta_us_per_byte: f64,
+}
+
+/// How two ranks are connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LinkClass {
+    /// Same process: plain memory copies.
+    SameProcess,
+    /// Same node, different processes: shared memory.
+    SameNode,
+    /// Different nodes: the network.
+    CrossNode,
+}
+
+/// The α-β model's parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Ranks in one process.
+    pub same_process: LinkCost,
+    /// Ranks on one node.
+    pub same_node: LinkCost,
+    /// Ranks on different nodes.
+    pub cross_node: LinkCost,
+    /// Sender-side overhead per message, microseconds.
+    pub msg_overhead_us: f64,
+    /// Local reduction, microseconds per byte.
+    pub reduce_us_per_byte: f64,
+    /// Bandwidth lost per extra concurrent peer in direct (all-to-all
+    /// style) patterns: their bandwidth term is multiplied by
+    /// `1 + direct_congestion·(peers-1)`.
+    pub direct_congestion: f64,
+}
+
+impl Default for CostModel {
+    /// Defaults for a host-memory cluster: memcpy at ~20 GB/s, shared memory
+    /// at ~10 GB/s with 1 µs latency, TCP over 10 GbE at ~1.2 GB/s with
+    /// 25 µs latency.
+    fn default() -> Self {
+        Self {
+            same_process: LinkCost { alpha_us: 0.2, beta_us_per_byte: 1.0 / 20_000.0 },
+            same_node: LinkCost { alpha_us: 1.0, beta_us_per_byte: 1.0 / 10_000.0 },
+            cross_node: LinkCost { alpha_us: 25.0, beta_us_per_byte: 1.0 / 1_200.0 },
+            msg_overhead_us: 0.5,
+            reduce_us_per_byte: 1.0 / 8_000.0,
+            direct_congestion: 0.1,
+        }
+    }
+}
+
+impl CostModel {
+    /// The cost of a link class.
+    pub fn link(&self, class: LinkClass) -> LinkCost {
+        match class {
+            LinkClass::SameProcess => self.same_process,
+            LinkClass::SameNode => self.same_node,
+            LinkClass::CrossNode => self.cross_node,
+        }
+    }
+
+    /// The class of the link between two ranks.
+    pub fn class(topo: &Topology, a: u32, b: u32) -> LinkClass {
+        if !topo.same_node(a, b) {
+            LinkClass::CrossNode
+        } else if topo.same_process(a, b) {
+            LinkClass::SameProcess
+        } else {
+            LinkClass::SameNode
+        }
+    }
+}
+
+/// The slowest class among all pairs of ranks.
+fn worst(topo: &Topology) -> LinkClass {
+    let n = topo.nranks();
+    let mut w = LinkClass::SameProcess;
+    for a in 0..n {
+        for b in a + 1..n {
+            w = w.max(CostModel::class(topo, a, b));
+        }
+    }
+    w
+}
+
+fn log2_ceil(n: u32) -> f64 {
+    f64::from(u32::BITS - n.max(1).saturating_sub(1).leading_zeros())
+}
+
+/// The model's time in microseconds for `coll` with `algo`, where `bytes` is
+/// NCCL's count times the element size; `None` if the algorithm does not
+/// implement the collective.
+pub fn estimate_us(coll: Collective, algo: Algorithm, bytes: usize, topo: &Topology, m: &CostModel) -> Option<f64> {
+    if !supported(coll).contains(&algo) {
+        return None;
+    }
+    let n = topo.nranks().max(1);
+    if n == 1 {
+        return Some(0.0);
+    }
+    let nf = f64::from(n);
+    let b = bytes as f64;
+    let l = m.link(worst(topo));
+    let (a, beta, o, g) = (l.alpha_us, l.beta_us_per_byte, m.msg_overhead_us, m.reduce_us_per_byte);
+    let cong = 1.0 + m.direct_congestion * (nf - 2.0).max(0.0);
+    let depth = log2_ceil(n + 1) - 1.0;
+    let reduces = coll.reduces();
+    let gam = |x: f64| if reduces { x * g } else { 0.0 };
+    let t = match (coll, algo) {
+        (Collective::AllReduce, Algorithm::Ring) => {
+            2.0 * (nf - 1.0) * (o + a + b / nf * beta) + gam((nf - 1.0) / nf * b)
+        }
+        (Collective::AllReduce, Algorithm::Tree) => 2.0 * depth * (o + a) + 2.0 * b * beta + gam(b),
+        (Collective::AllReduce, Algorithm::Direct) => {
+            (nf - 1.0) * o + a + (nf - 1.0) * b * beta * cong + gam((nf - 1.0) * b)
+        }
+        (Collective::AllReduce, Algorithm::HalvingDoubling) => {
+            let p = 2f64.powf(f64::from(u32::BITS - 1 - n.leading_zeros()));
+            let fold = if p < nf { 2.0 * (o + a + b * beta) + gam(b) } else { 0.0 };
+            2.0 * p.log2() * (o + a) + 2.0 * (p - 1.0) / p * b * beta + gam((p - 1.0) / p * b) + fold
+        }
+        (Collective::AllReduce, Algorithm::Hierarchical) => {
+            let nodes = topo.nodes();
+            let k = nodes.len() as f64;
+            let mm = nodes.iter().map(Vec::len).max().unwrap_or(1) as f64;
+            let ln = m.link(LinkClass::SameNode);
+            let intra = if mm > 1.0 {
+                2.0 * ((mm - 1.0) * o + ln.alpha_us + (mm - 1.0) / mm * b * ln.beta_us_per_byte)
+            } else {
+                0.0
+            };
+            let lx = m.cross_node;
+            let inter = if k > 1.0 {
+                2.0 * (k - 1.0) * (o + lx.alpha_us + b / (mm * k) * lx.beta_us_per_byte)
+            } else {
+                0.0
+            };
+            intra + inter + gam(b)
+        }
+        (Collective::Broadcast | Collective::Reduce, Algorithm::Ring) => {
+            (nf - 1.0) * (o + a) + b * beta + gam(b)
+        }
+        (Collective::Broadcast | Collective::Reduce, Algorithm::Tree) => {
+            depth * (o + a) + 2.0 * b * beta + gam(2.0 * b)
+        }
+        (Collective::Broadcast | Collective::Reduce, Algorithm::Direct) => {
+            (nf - 1.0) * o + a + (nf - 1.0) * b * beta * cong + gam((nf - 1.0) * b)
+        }
+        (Collective::AllGather | Collective::ReduceScatter | Collective::AlltoAll, Algorithm::Ring)
+        | (Collective::AlltoAll, Algorithm::Pairwise) => {
+            (nf - 1.0) * (o + a + b * beta) + gam((nf - 1.0) * b)
+        }
+        (_, Algorithm::Direct) if coll != Collective::Send && coll != Collective::Recv => {
+            (nf - 1.0) * o + a + (nf - 1.0) * b * beta * cong + gam((nf - 1.0) * b)
+        }
+        _ => o + a + b * beta,
+    };
+    Some(t)
+}
+
+/// Why [`select`] found nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("NCCL_ALGO {filter:?} leaves no algorithm for {collective}")]
+pub struct NoAlgorithm {
+    /// The collective.
+    pub collective: Collective,
+    /// The filter's text.
+    pub filter: String,
+}
+
+/// The cheapest algorithm for `coll` of `bytes` (count × element size) that
+/// `filter` allows. Like NCCL 2.24 and later, a filter that leaves nothing
+/// is an error rather than a silent fallback.
+pub fn select(
+    coll: Collective,
+    bytes: usize,
+    topo: &Topology,
+    costs: &CostModel,
+    filter: &AlgoFilter,
+) -> Result<Algorithm, NoAlgorithm> {
+    let mut best: Option<(f64, Algorithm)> = None;
+    for &algo in supported(coll) {
+        if !filter.allows(coll, algo) {
+            continue;
+        }
+        let Some(t) = estimate_us(coll, algo, bytes, topo, costs) else { continue };
+        if best.map_or(true, |(bt, _)| t < bt) {
+            best = Some((t, algo));
+        }
+    }
+    best.map(|(_, a)| a).ok_or_else(|| NoAlgorithm { collective: coll, filter: filter.text().to_string() })
+}
+
+fn human(bytes: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes;
+    let mut u = 0;
+    while v >= 1024 && v % 1024 == 0 && u + 1 < UNITS.len() {
+        v /= 1024;
+        u += 1;
+    }
+    format!("{v} {}", UNITS[u])
+}
+
+/// The selection per size range for each collective, like UCX's protocol
+/// table: sizes 0 and every power of two up to `max_bytes` are evaluated,
+/// and runs with the same choice are merged into one line showing the
+/// range, the algorithm, and the model's estimate at the range's end.
+pub fn selection_table(
+    colls: &[Collective],
+    topo: &Topology,
+    costs: &CostModel,
+    filter: &AlgoFilter,
+    max_bytes: usize,
+) -> String {
+    use std::fmt::Write;
+    let nodes = topo.nodes();
+    let shape: Vec<String> = nodes.iter().map(|l| l.len().to_string()).collect();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# hetccl algorithm selection: {} ranks on {} node(s) [{}], NCCL_ALGO={:?}",
+        topo.nranks(),
+        nodes.len(),
+        shape.join("+"),
+        filter.text()
+    );
+    let _ = writeln!(out, "# {:<14} {:<25} {:<16} {:>14}", "collective", "size range", "algorithm", "est. at end");
+    let mut sizes = vec![0usize];
+    let mut s = 1usize;
+    while s <= max_bytes {
+        sizes.push(s);
+        s = match s.checked_mul(2) {
+            Some(x) => x,
+            None => break,
+        };
+    }
+    for &coll in colls {
+        let mut run: Option<(usize, usize, Result<Algorithm, NoAlgorithm>)> = None;
+        let flush = |out: &mut String, run: &Option<(usize, usize, Result<Algorithm, NoAlgorithm>)>| {
+            if let Some((lo, hi, choice)) = run {
+                let range = format!("{} - {}", human(*lo), human(*hi));
+                match choice {
+                    Ok(a) => {
+                        let t = estimate_us(coll, *a, *hi, topo, costs).unwrap_or(0.0);
+                        let _ = writeln!(out, "  {:<14} {:<25} {:<16} {:>11.1} us", coll.name(), range, a.name(), t);
+                    }
+                    Err(_) => {
+                        let _ = writeln!(out, "  {:<14} {:<25} {:<16} {:>14}", coll.name(), range, "(none)", "-");
+                    }
+                }
+            }
+        };
+        for &size in &sizes {
+            let choice = select(coll, size, topo, costs, filter);
+            match &mut run {
+                Some((_, hi, c)) if *c == choice => *hi = size,
+                _ => {
+                    flush(&mut out, &run);
+                    run = Some((size, size, choice));
+                }
+            }
+        }
+        flush(&mut out, &run);
+    }
+    out
+}

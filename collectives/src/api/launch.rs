@@ -1,0 +1,305 @@
+//! From validated arguments to running plans: plan generation, the group
+//! queue, blocking and nonblocking execution.
+//!
+//! Outside a group, an operation runs at once on the calling thread. Inside
+//! a group, operations (and communicator inits) are queued per thread and the
+//! outermost `ncclGroupEnd` runs them together: the inits in parallel, then
+//! every communicator's operations in one [`drive`] loop, so sends and
+//! receives of one group never deadlock whatever their order. A
+//! communicator in nonblocking mode returns `ncclInProgress` and a helper
+//! thread finishes the work; `ncclCommGetAsyncError` reports when it is done.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hetccl_abi::{NcclResult, RedOp};
+
+use super::coll_args::{CollArgs, CollKind};
+use crate::algo::{self, AlgoFilter, Chunking, Collective, CostModel};
+use crate::comm::redop_table::Scalar as OpScalar;
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::exec::{drive, Batch, Job, OpBuffers};
+use crate::reduce::{ReduceOp, Scalar};
+
+/// A queued operation: its communicator and its job.
+struct Pending {
+    comm: Arc<Comm>,
+    job: Job,
+}
+
+/// Work queued by one thread's open group.
+#[derive(Default)]
+struct GroupQueue {
+    ops: Vec<Pending>,
+    inits: Vec<Box<dyn FnOnce() -> Result<()>>>,
+}
+
+thread_local! {
+    static QUEUE: RefCell<GroupQueue> = RefCell::new(GroupQueue::default());
+}
+
+fn collective(kind: CollKind) -> Collective {
+    match kind {
+        CollKind::AllReduce => Collective::AllReduce,
+        CollKind::Broadcast => Collective::Broadcast,
+        CollKind::Reduce => Collective::Reduce,
+        CollKind::AllGather => Collective::AllGather,
+        CollKind::ReduceScatter => Collective::ReduceScatter,
+        CollKind::AlltoAll => Collective::AlltoAll,
+        CollKind::Gather => Collective::Gather,
+        CollKind::Scatter => Collective::Scatter,
+        CollKind::Send => Collective::Send,
+        CollKind::Recv => Collective::Recv,
+    }
+}
+
+/// Whether the call uses NCCL's in-place layout for its kind.
+fn in_place(a: &CollArgs) -> bool {
+    let (s, r) = (a.send as usize, a.recv as usize);
+    let block = a.count * a.dtype.size();
+    let is_root = a.root == a.comm.rank;
+    match a.kind {
+        CollKind::AllReduce | CollKind::Broadcast => s == r,
+        CollKind::Reduce => is_root && s == r,
+        CollKind::AllGather => s == r + a.comm.rank * block,
+        CollKind::Gather => is_root && s == r + a.comm.rank * block,
+        CollKind::ReduceScatter => r == s + a.comm.rank * block,
+        CollKind::Scatter => is_root && r == s + a.comm.rank * block,
+        CollKind::AlltoAll | CollKind::Send | CollKind::Recv => false,
+    }
+}
+
+fn reduce_op(a: &CollArgs) -> Result<ReduceOp> {
+    let op = match a.op {
+        RedOp::Dynamic(raw) => {
+            let pm = a.comm.redops.lock().get(raw)?;
+            let scalar = match pm.scalar {
+                OpScalar::Immediate(b) => Scalar::from_bytes(a.dtype, &b),
+                OpScalar::Pointer(p) => {
+                    // SAFETY: the caller keeps a device-resident scalar valid
+                    // while operations use it; on host-memory runs it is host
+                    // memory of one element.
+                    let b = unsafe { std::slice::from_raw_parts(p as *const u8, a.dtype.size()) };
+                    Scalar::from_bytes(a.dtype, b)
+                }
+            };
+            ReduceOp::from_redop(a.op, scalar)
+        }
+        op => ReduceOp::from_redop(op, None),
+    };
+    op.ok_or_else(|| Error::arg(format!("reduction op {:?} is not supported", a.op)))
+}
+
+/// Builds the job (plan and buffers) for one validated call.
+pub fn make_job(a: &CollArgs) -> Result<Job> {
+    let engine = a.comm.engine()?;
+    let coll = collective(a.kind);
+    let inp = in_place(a);
+    if a.kind == CollKind::AlltoAll && a.send_bytes > 0 && std::ptr::eq(a.send, a.recv.cast_const())
+    {
+        return Err(Error::arg(
+            "in-place ncclAlltoAll is not supported (as in NCCL)",
+        ));
+    }
+    let op = if a.kind.reduces() {
+        reduce_op(a)?
+    } else {
+        ReduceOp::Sum
+    };
+    let args = algo::CollArgs {
+        collective: coll,
+        count: a.count,
+        dtype: a.dtype,
+        op,
+        root: a.root as u32,
+        in_place: inp,
+    };
+    let bytes = a.count * a.dtype.size();
+    let filter = match hetccl_core::config::get().algo.as_deref() {
+        Some(s) => AlgoFilter::parse(s).map_err(|e| Error::arg(format!("NCCL_ALGO: {e}")))?,
+        None => AlgoFilter::all(),
+    };
+    let algorithm = if matches!(coll, Collective::Send | Collective::Recv) {
+        algo::Algorithm::Direct
+    } else {
+        algo::select(coll, bytes, &engine.topo, &CostModel::default(), &filter)
+            .map_err(|e| Error::usage(e.to_string()))?
+    };
+    let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(target: "hetccl::TUNING",
+        "comm {:016x} seq {seq} rank {}: {coll} count {} {} bytes {bytes} algo={}",
+        engine.comm_hash, a.comm.rank, a.count, a.dtype.name(), algorithm.name());
+    let plan = algo::generate(
+        &args,
+        algorithm,
+        a.comm.rank as u32,
+        &engine.topo,
+        &Chunking::default(),
+    )
+    .map_err(|e| Error::Internal(format!("plan for {coll}: {e}")))?;
+    let scratch = vec![0u8; plan.scratch_bytes];
+    Ok(Job {
+        plan,
+        bufs: OpBuffers {
+            send: a.send as *const u8,
+            recv: a.recv as *mut u8,
+            scratch,
+        },
+        p2p: matches!(coll, Collective::Send | Collective::Recv),
+    })
+}
+
+/// Runs (or queues, inside a group) one validated call.
+pub fn submit(a: CollArgs) -> Result<()> {
+    let job = make_job(&a)?;
+    if super::group::depth() > 0 {
+        QUEUE.with(|q| q.borrow_mut().ops.push(Pending { comm: a.comm, job }));
+        return Ok(());
+    }
+    run(vec![Pending { comm: a.comm, job }])
+}
+
+/// Queues a communicator init until the group ends (or runs it now).
+pub fn submit_init(f: Box<dyn FnOnce() -> Result<()>>) -> Result<()> {
+    if super::group::depth() > 0 {
+        QUEUE.with(|q| q.borrow_mut().inits.push(f));
+        return Ok(());
+    }
+    f()
+}
+
+/// Runs everything the thread's closing group queued.
+pub fn group_end() -> Result<()> {
+    let q = QUEUE.with(|q| std::mem::take(&mut *q.borrow_mut()));
+    run_inits(q.inits)?;
+    if q.ops.is_empty() {
+        return Ok(());
+    }
+    run(q.ops)
+}
+
+/// Drops what the thread's group queued (after a failure, or a simulated end).
+pub fn group_discard() -> usize {
+    QUEUE.with(|q| {
+        let q = std::mem::take(&mut *q.borrow_mut());
+        q.ops.len() + q.inits.len()
+    })
+}
+
+/// The jobs queued by the open group (for `ncclGroupSimulateEnd`).
+pub fn with_queued<R>(f: impl FnOnce(&[(&Comm, &Job)]) -> R) -> R {
+    QUEUE.with(|q| {
+        let q = q.borrow();
+        let v: Vec<(&Comm, &Job)> = q.ops.iter().map(|p| (&*p.comm, &p.job)).collect();
+        f(&v)
+    })
+}
+
+fn run_inits(inits: Vec<Box<dyn FnOnce() -> Result<()>>>) -> Result<()> {
+    if inits.len() <= 1 {
+        return inits.into_iter().try_for_each(|f| f());
+    }
+    // Several ranks initialised by one thread must rendezvous concurrently.
+    struct SendBox(Box<dyn FnOnce() -> Result<()>>);
+    // SAFETY: the closures capture only owned ids, configs and raw output
+    // pointers that the caller keeps valid until ncclGroupEnd returns.
+    unsafe impl Send for SendBox {}
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let hs: Vec<_> = inits
+            .into_iter()
+            .map(|f| {
+                let b = SendBox(f);
+                s.spawn(move || {
+                    let b = b;
+                    (b.0)()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into())))
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+struct SendOps(Vec<Pending>);
+// SAFETY: the raw buffer pointers inside the jobs stay valid until the
+// operation completes, per NCCL's contract, whichever thread completes it.
+unsafe impl Send for SendOps {}
+
+/// Runs queued operations: blocking communicators on this thread, and
+/// nonblocking ones on a helper thread after returning `ncclInProgress`.
+fn run(ops: Vec<Pending>) -> Result<()> {
+    let nonblocking = ops
+        .iter()
+        .any(|p| p.comm.engine().map(|e| !e.config.blocking).unwrap_or(false));
+    if !nonblocking {
+        return execute(ops);
+    }
+    let comms: Vec<Arc<Comm>> = ops.iter().map(|p| p.comm.clone()).collect();
+    for c in &comms {
+        c.async_error
+            .store(NcclResult::InProgress.raw(), Ordering::Release);
+    }
+    let work = SendOps(ops);
+    std::thread::Builder::new()
+        .name("hetccl-async".into())
+        .spawn(move || {
+            let work = work;
+            let r = execute(work.0);
+            let code = match &r {
+                Ok(()) => NcclResult::Success.raw(),
+                Err(e) => e.code().raw(),
+            };
+            if let Err(e) = &r {
+                super::guard::set_last_error(&format!("nonblocking operation: {e}"));
+            }
+            for c in comms {
+                c.async_error.store(code, Ordering::Release);
+            }
+        })
+        .map_err(|e| Error::System(format!("spawn: {e}")))?;
+    Err(Error::InProgress)
+}
+
+fn execute(ops: Vec<Pending>) -> Result<()> {
+    // Group the jobs by communicator, keeping issue order within each.
+    let mut by_comm: Vec<(Arc<Comm>, Vec<Job>)> = Vec::new();
+    for p in ops {
+        match by_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &p.comm)) {
+            Some((_, v)) => v.push(p.job),
+            None => by_comm.push((p.comm, vec![p.job])),
+        }
+    }
+    by_comm.sort_by_key(|(c, _)| Arc::as_ptr(c) as usize);
+    let (comms, jobs): (Vec<Arc<Comm>>, Vec<Vec<Job>>) = by_comm.into_iter().unzip();
+    let engines = comms
+        .iter()
+        .map(|c| c.engine())
+        .collect::<Result<Vec<_>>>()?;
+    let _locks: Vec<_> = engines.iter().map(|e| e.exec_lock.lock()).collect();
+    let mut batches = Vec::with_capacity(comms.len());
+    for (jobs, e) in jobs.into_iter().zip(&engines) {
+        batches.push(Batch::new(&e.links, jobs)?);
+    }
+    let cfg = hetccl_core::config::get();
+    let deadline = crate::bootstrap::deadline();
+    let spin = Duration::from_micros(u64::from(cfg.spin_us));
+    let r = drive(&mut batches, deadline, spin);
+    if let Err(e) = &r {
+        for c in &comms {
+            let code = match e {
+                Error::Timeout(_) | Error::Remote(_) => NcclResult::RemoteError.raw(),
+                other => other.code().raw(),
+            };
+            c.async_error.store(code, Ordering::Release);
+        }
+    }
+    r
+}

@@ -1,0 +1,273 @@
+//! Bootstrap: unique ids, the root rendezvous, authentication, and the
+//! per-communicator out-of-band ring used for small all-gathers and barriers.
+//!
+//! Every connection (to the root, between ranks, and the transports' data
+//! connections) is authenticated with the id's secret ([`auth`]); every wait
+//! ends at a deadline derived from `HETCCL_TIMEOUT_S`; every length read from
+//! the network is bounded ([`frame`]).
+
+pub mod auth;
+pub mod card;
+pub mod frame;
+pub mod id;
+pub mod root;
+pub mod sock;
+
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use self::card::{decode_table, Card, CARD_BYTES};
+use self::id::UniqueId;
+use crate::error::{Error, Result};
+
+/// The default deadline for one bootstrap phase.
+pub fn deadline() -> Instant {
+    let s = hetccl_core::config::get().timeout_s;
+    Instant::now() + Duration::from_secs_f64(if s.is_finite() && s > 0.0 { s } else { 300.0 })
+}
+
+/// Creates a unique id and starts its root on this process.
+pub fn new_root() -> Result<UniqueId> {
+    let l = sock::listen(sock::local_ip())?;
+    let id = UniqueId::generate(l.local_addr()?)?;
+    root::spawn(l, id.secret, deadline())?;
+    tracing::info!(target: "hetccl::BOOTSTRAP", "root listening on {}", id.root);
+    Ok(id)
+}
+
+/// Why a rank connects to another rank's listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The out-of-band ring (from the previous rank).
+    Ring,
+    /// A transport data connection, with a channel index.
+    Data(u32),
+    /// A one-off hand-over of a new unique id (shrink).
+    Handoff,
+}
+
+fn hello(purpose: Purpose, rank: usize) -> Vec<u8> {
+    let mut h = Vec::with_capacity(12);
+    match purpose {
+        Purpose::Ring => h.extend_from_slice(b"RING"),
+        Purpose::Data(c) => {
+            h.extend_from_slice(b"DATA");
+            h.extend_from_slice(&c.to_be_bytes());
+        }
+        Purpose::Handoff => h.extend_from_slice(b"HAND"),
+    }
+    h.extend_from_slice(&(rank as u32).to_be_bytes());
+    h
+}
+
+fn parse_hello(h: &[u8]) -> Result<(Purpose, usize)> {
+    let be = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes"));
+    match (h.len(), h.get(..4)) {
+        (8, Some(b"RING")) => Ok((Purpose::Ring, be(&h[4..8]) as usize)),
+        (8, Some(b"HAND")) => Ok((Purpose::Handoff, be(&h[4..8]) as usize)),
+        (12, Some(b"DATA")) => Ok((Purpose::Data(be(&h[4..8])), be(&h[8..12]) as usize)),
+        _ => Err(Error::Remote("unknown peer hello".into())),
+    }
+}
+
+/// One rank's bootstrap state.
+#[derive(Debug)]
+pub struct Bootstrap {
+    /// This rank.
+    pub rank: usize,
+    /// Every rank's card, by rank.
+    pub cards: Vec<Card>,
+    secret: [u8; 32],
+    listener: TcpListener,
+    next: Option<TcpStream>,
+    prev: Option<TcpStream>,
+}
+
+/// A process-wide random value telling address spaces apart.
+pub fn proc_nonce() -> u64 {
+    static NONCE: once_cell::sync::Lazy<u64> = once_cell::sync::Lazy::new(|| {
+        let mut b = [0u8; 8];
+        let _ = getrandom::getrandom(&mut b);
+        u64::from_ne_bytes(b) ^ u64::from(std::process::id())
+    });
+    *NONCE
+}
+
+impl Bootstrap {
+    /// Joins the communicator named by `id` as `rank` of `nranks`.
+    pub fn join(id: &UniqueId, rank: usize, nranks: usize, host_hash: u64) -> Result<Self> {
+        let dl = deadline();
+        let listener = sock::listen(sock::local_ip())?;
+        let me = Card {
+            rank: rank as u32,
+            nranks: nranks as u32,
+            host_hash,
+            pid: std::process::id(),
+            proc_nonce: proc_nonce(),
+            addr: listener.local_addr()?,
+        };
+        let mut root = sock::connect(id.root, dl)?;
+        let mut h = root::ROOT_TAG.to_vec();
+        h.extend_from_slice(&me.encode());
+        auth::prove(&mut root, &id.secret, &h, dl)?;
+        let table = frame::recv(&mut root, nranks * CARD_BYTES, dl)?;
+        let cards = decode_table(&table, nranks)?;
+        if cards[rank] != me {
+            return Err(Error::Remote(
+                "the root's table does not hold this rank's card".into(),
+            ));
+        }
+        let mut b = Self {
+            rank,
+            cards,
+            secret: id.secret,
+            listener,
+            next: None,
+            prev: None,
+        };
+        if nranks > 1 {
+            b.connect_ring(dl)?;
+        }
+        tracing::info!(target: "hetccl::BOOTSTRAP", "rank {rank}/{nranks} joined");
+        Ok(b)
+    }
+
+    /// The number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.cards.len()
+    }
+
+    fn connect_ring(&mut self, dl: Instant) -> Result<()> {
+        let n = self.nranks();
+        let next = self.cards[(self.rank + 1) % n].addr;
+        let prev_rank = (self.rank + n - 1) % n;
+        let (next_s, prev_s) = std::thread::scope(|sc| {
+            let acc = sc.spawn(|| self.accept_from(Purpose::Ring, prev_rank, dl));
+            let con = self.connect_to(next, Purpose::Ring, dl);
+            let acc = acc
+                .join()
+                .unwrap_or_else(|_| Err(Error::Internal("ring accept panicked".into())));
+            (con, acc)
+        });
+        self.next = Some(next_s?);
+        self.prev = Some(prev_s?);
+        Ok(())
+    }
+
+    /// Opens an authenticated connection to `addr` for `purpose`.
+    pub fn connect_to(
+        &self,
+        addr: std::net::SocketAddr,
+        purpose: Purpose,
+        dl: Instant,
+    ) -> Result<TcpStream> {
+        let mut s = sock::connect(addr, dl)?;
+        auth::prove(&mut s, &self.secret, &hello(purpose, self.rank), dl)?;
+        Ok(s)
+    }
+
+    /// Accepts the authenticated connection that `from` opens for `purpose`;
+    /// connections that fail authentication are logged and dropped.
+    pub fn accept_from(&self, purpose: Purpose, from: usize, dl: Instant) -> Result<TcpStream> {
+        Ok(self.accept_any(dl, |p, r| p == purpose && r == from)?.0)
+    }
+
+    /// Accepts the next authenticated connection whose (purpose, rank)
+    /// satisfies `want`.
+    pub fn accept_any(
+        &self,
+        dl: Instant,
+        want: impl Fn(Purpose, usize) -> bool,
+    ) -> Result<(TcpStream, Purpose, usize)> {
+        loop {
+            let mut s = sock::accept(&self.listener, dl)?;
+            let adl = dl.min(Instant::now() + Duration::from_secs(5));
+            match auth::verify(&mut s, &self.secret, adl).and_then(|h| parse_hello(&h)) {
+                Ok((p, r)) if r < self.nranks() && want(p, r) => return Ok((s, p, r)),
+                Ok((p, r)) => tracing::warn!(target: "hetccl::BOOTSTRAP",
+                    "rank {}: unexpected connection {p:?} from rank {r}; dropped", self.rank),
+                Err(e) => tracing::warn!(target: "hetccl::BOOTSTRAP",
+                    "rank {}: refused a connection from {:?}: {e}", self.rank, s.peer_addr().ok()),
+            }
+        }
+    }
+
+    /// Ring all-gather of one small blob per rank (at most `max` bytes each).
+    pub fn allgather(&mut self, mine: &[u8], max: usize) -> Result<Vec<Vec<u8>>> {
+        let n = self.nranks();
+        let mut out = vec![Vec::new(); n];
+        out[self.rank] = mine.to_vec();
+        if n == 1 {
+            return Ok(out);
+        }
+        let dl = deadline();
+        let (next, prev) = match (self.next.as_mut(), self.prev.as_mut()) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(Error::Internal("bootstrap ring is not connected".into())),
+        };
+        for step in 0..n - 1 {
+            let send_idx = (self.rank + n - step) % n;
+            let recv_idx = (self.rank + n - step - 1) % n;
+            frame::send(next, &out[send_idx], dl)?;
+            out[recv_idx] = frame::recv(prev, max, dl)?;
+        }
+        Ok(out)
+    }
+
+    /// Waits until every rank reaches the barrier.
+    pub fn barrier(&mut self) -> Result<()> {
+        self.allgather(&[], 0).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn four_ranks_join_allgather_and_refuse_strangers() {
+        let id = new_root().unwrap();
+        // A stranger with a wrong secret knocks first; the root must ignore it.
+        let mut bad = id.clone();
+        bad.secret[0] ^= 1;
+        let stranger = std::thread::spawn(move || Bootstrap::join(&bad, 0, 4, 1));
+        std::thread::sleep(Duration::from_millis(50));
+        let hs: Vec<_> = (0..4)
+            .map(|r| {
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    let mut b = Bootstrap::join(&id, r, 4, 7)?;
+                    let all = b.allgather(&[r as u8; 3], 16)?;
+                    b.barrier()?;
+                    Ok::<_, Error>(all)
+                })
+            })
+            .collect();
+        for h in hs {
+            let all = h.join().unwrap().unwrap();
+            for (r, v) in all.iter().enumerate() {
+                assert_eq!(v, &vec![r as u8; 3]);
+            }
+        }
+        // The stranger never got a table (its connection was refused); it
+        // fails rather than joining.
+        assert!(stranger.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn hello_codec() {
+        assert_eq!(
+            parse_hello(&hello(Purpose::Data(3), 5)).unwrap(),
+            (Purpose::Data(3), 5)
+        );
+        assert_eq!(
+            parse_hello(&hello(Purpose::Ring, 0)).unwrap(),
+            (Purpose::Ring, 0)
+        );
+        assert_eq!(
+            parse_hello(&hello(Purpose::Handoff, 2)).unwrap(),
+            (Purpose::Handoff, 2)
+        );
+        assert!(parse_hello(b"XXXX1234").is_err());
+    }
+}

@@ -1,0 +1,81 @@
+//! Socket helpers for the bootstrap: choosing the interface, listening,
+//! accepting and connecting with deadlines.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// The address ranks listen on: the first interface NCCL_SOCKET_IFNAME
+/// semantics select (HETCCL_SOCKET_IFNAME first), else loopback.
+pub fn local_ip() -> IpAddr {
+    let cfg = hetccl_core::config::get();
+    hetccl_net::iface::discover(cfg.socket_ifname.as_deref())
+        .first()
+        .map(|d| d.addr)
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// Binds a listener on `ip`, any port.
+pub fn listen(ip: IpAddr) -> Result<TcpListener> {
+    let l = TcpListener::bind(SocketAddr::new(ip, 0))
+        .map_err(|e| Error::System(format!("bind {ip}: {e}")))?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// Accepts one connection before `deadline`.
+pub fn accept(l: &TcpListener, deadline: Instant) -> Result<TcpStream> {
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::System(format!("accept: {e}"))),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Timeout(
+                "bootstrap: no peer connected in time".into(),
+            ));
+        }
+        let ms = (deadline - now).as_millis().clamp(1, 100) as i32;
+        let mut pfd = libc::pollfd {
+            fd: l.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+    }
+}
+
+/// Connects to `addr`, retrying refused connections (the peer may not
+/// listen yet) until `deadline`.
+pub fn connect(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Timeout(format!(
+                "bootstrap: could not connect to {addr}"
+            )));
+        }
+        match TcpStream::connect_timeout(&addr, (deadline - now).min(Duration::from_secs(5))) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => {
+                tracing::trace!(target: "hetccl::BOOTSTRAP", "connect {addr}: {e}; retrying");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+}

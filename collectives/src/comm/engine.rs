@@ -1,0 +1,39 @@
+//! The part of a communicator that moves data: its bootstrap, topology,
+//! links, and the lock that serialises operations on it.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::algo::Topology;
+use crate::api::config_read::CommConfig;
+use crate::bootstrap::id::UniqueId;
+use crate::bootstrap::Bootstrap;
+use crate::exec::Links;
+use crate::transport::arena::Arena;
+
+/// A communicator's engine state.
+#[derive(Debug)]
+pub struct Engine {
+    /// The id the communicator was created from.
+    pub id: UniqueId,
+    /// A hash of the id shared by every rank (logs, trace ids, shm names).
+    pub comm_hash: u64,
+    /// The settings from `ncclConfig_t`.
+    pub config: CommConfig,
+    /// The out-of-band channel (split, shrink, barriers).
+    pub bootstrap: Mutex<Bootstrap>,
+    /// Node (and process) of every rank.
+    pub topo: Topology,
+    /// The links to every peer.
+    pub links: Links,
+    /// The node's shared-memory arena, if this rank has local peers.
+    pub arena: Option<Arc<Arena>>,
+    /// Held while an operation runs on this communicator.
+    pub exec_lock: Mutex<()>,
+    /// Shared with `links.aborted`.
+    pub aborted: Arc<AtomicBool>,
+    /// Number of operations run so far (the sequence part of trace ids).
+    pub seq: std::sync::atomic::AtomicU64,
+}

@@ -1,0 +1,371 @@
+//! The executor: runs per-rank plans (from `algo`) over a communicator's
+//! links, on the calling thread.
+//!
+//! A [`Batch`] holds every operation one communicator issued in one group
+//! (or the single operation of a call outside a group). Their steps are
+//! flattened in issue order, so messages to the same peer on the same link
+//! keep the FIFO order both sides agree on. A step runs when its
+//! dependencies are done; a message step additionally waits until it is the
+//! head of its link's queue. Nothing blocks: each [`Batch::poll`] moves what
+//! it can. [`drive`] polls a set of batches (several communicators driven by
+//! one thread, as `ncclCommInitAll` users do) until all are done, spinning
+//! briefly and then sleeping on the rank's doorbell or sockets, and gives up
+//! at the deadline or when the communicator is aborted.
+
+mod step;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::algo::{BufId, Plan, StepKind};
+use crate::error::{Error, Result};
+use crate::transport::doorbell::Doorbell;
+use crate::transport::{Conn, WaitSource};
+
+/// The link channel reserved for point-to-point operations, so that sends
+/// and receives never interleave with a collective's messages.
+pub const P2P_CHAN: usize = 2;
+/// Link channels per peer: collective plans use `0..P2P_CHAN`.
+pub const NCHAN: usize = 3;
+
+/// Everything a batch needs from its communicator.
+#[derive(Debug)]
+pub struct Links {
+    /// This rank.
+    pub rank: usize,
+    /// Connections by peer, then by link channel (None for self and for
+    /// peers with no connection).
+    pub peers: Vec<Option<Vec<Conn>>>,
+    /// This rank's doorbell, if any of its links ring one.
+    pub bell: Option<Doorbell>,
+    /// Set when the communicator is aborted: every wait ends with an error.
+    pub aborted: Arc<AtomicBool>,
+}
+
+/// The buffers of one operation.
+#[derive(Debug)]
+pub struct OpBuffers {
+    /// The user's send buffer.
+    pub send: *const u8,
+    /// The user's receive buffer.
+    pub recv: *mut u8,
+    /// Scratch space the plan asked for.
+    pub scratch: Vec<u8>,
+}
+
+/// One operation of a batch.
+#[derive(Debug)]
+pub struct Job {
+    /// Its plan.
+    pub plan: Plan,
+    /// Its buffers.
+    pub bufs: OpBuffers,
+    /// Whether it is a point-to-point operation (uses [`P2P_CHAN`]).
+    pub p2p: bool,
+}
+
+type LinkKey = (usize, usize, bool); // (peer, link channel, is_send)
+
+/// A set of operations of one communicator, run together.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    links: &'a Links,
+    jobs: Vec<Job>,
+    /// (job, step) of each flattened step.
+    index: Vec<(usize, usize)>,
+    deps_left: Vec<u32>,
+    dependents: Vec<Vec<u32>>,
+    /// Bytes moved so far by each message step.
+    moved: Vec<usize>,
+    done: Vec<bool>,
+    ready: Vec<u32>,
+    queues: HashMap<LinkKey, VecDeque<u32>>,
+    remaining: usize,
+}
+
+// SAFETY: the raw buffer pointers are the user's; NCCL's contract makes them
+// valid and untouched by the user until the operation completes, whichever
+// thread drives it.
+unsafe impl Send for Batch<'_> {}
+
+impl<'a> Batch<'a> {
+    /// Builds a batch; fails if a plan needs a link the communicator lacks.
+    pub fn new(links: &'a Links, jobs: Vec<Job>) -> Result<Self> {
+        let total: usize = jobs.iter().map(|j| j.plan.steps.len()).sum();
+        let mut b = Batch {
+            links,
+            index: Vec::with_capacity(total),
+            deps_left: Vec::with_capacity(total),
+            dependents: vec![Vec::new(); total],
+            moved: vec![0; total],
+            done: vec![false; total],
+            ready: Vec::new(),
+            queues: HashMap::new(),
+            remaining: total,
+            jobs: Vec::new(),
+        };
+        let mut base = 0u32;
+        for (ji, job) in jobs.iter().enumerate() {
+            for (si, step) in job.plan.steps.iter().enumerate() {
+                let g = base + si as u32;
+                b.index.push((ji, si));
+                b.deps_left.push(step.deps.len() as u32);
+                for &d in &step.deps {
+                    b.dependents[(base + d) as usize].push(g);
+                }
+                if step.deps.is_empty() {
+                    b.ready.push(g);
+                }
+                if let Some((peer, chan, is_send)) = step.kind.message() {
+                    let lc = if job.p2p { P2P_CHAN } else { chan as usize };
+                    if lc >= NCHAN || (!job.p2p && lc >= P2P_CHAN) {
+                        return Err(Error::Internal(format!("plan uses channel {chan}")));
+                    }
+                    let peer = peer as usize;
+                    if peer == links.rank
+                        || links.peers.get(peer).and_then(|p| p.as_ref()).is_none()
+                    {
+                        return Err(Error::Internal(format!(
+                            "rank {} has no link to rank {peer}",
+                            links.rank
+                        )));
+                    }
+                    b.queues
+                        .entry((peer, lc, is_send))
+                        .or_default()
+                        .push_back(g);
+                }
+            }
+            base += job.plan.steps.len() as u32;
+        }
+        b.jobs = jobs;
+        Ok(b)
+    }
+
+    /// Whether every step is done.
+    pub fn finished(&self) -> bool {
+        self.remaining == 0
+    }
+
+    /// The jobs (for their buffers and plans after completion).
+    pub fn into_jobs(self) -> Vec<Job> {
+        self.jobs
+    }
+
+    fn complete(&mut self, g: u32) {
+        self.done[g as usize] = true;
+        self.remaining -= 1;
+        for i in 0..self.dependents[g as usize].len() {
+            let d = self.dependents[g as usize][i];
+            self.deps_left[d as usize] -= 1;
+            if self.deps_left[d as usize] == 0 {
+                self.ready.push(d);
+            }
+        }
+    }
+
+    /// Runs every step that can run now; returns whether anything moved.
+    pub fn poll(&mut self) -> Result<bool> {
+        let mut progressed = false;
+        let mut i = 0;
+        while i < self.ready.len() {
+            let g = self.ready[i];
+            let (ji, si) = self.index[g as usize];
+            let kind = self.jobs[ji].plan.steps[si].kind;
+            let finished = match kind.message() {
+                None => {
+                    step::run_local(&mut self.jobs[ji], &kind)?;
+                    true
+                }
+                Some((peer, chan, is_send)) => {
+                    let lc = if self.jobs[ji].p2p {
+                        P2P_CHAN
+                    } else {
+                        chan as usize
+                    };
+                    let key = (peer as usize, lc, is_send);
+                    if self.queues.get(&key).and_then(|q| q.front()) != Some(&g) {
+                        i += 1;
+                        continue;
+                    }
+                    let conn = &self.links.peers[peer as usize].as_ref().expect("checked")[lc];
+                    let before = self.moved[g as usize];
+                    let done = step::run_message(
+                        &mut self.jobs[ji],
+                        &kind,
+                        conn,
+                        &mut self.moved[g as usize],
+                    )?;
+                    progressed |= self.moved[g as usize] != before;
+                    if done {
+                        self.queues.get_mut(&key).expect("queued").pop_front();
+                    }
+                    done
+                }
+            };
+            if finished {
+                progressed = true;
+                self.ready.swap_remove(i);
+                self.complete(g);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// What to wait on: the wait sources of the links at the head of a
+    /// queue whose step is ready.
+    fn wait_sources(&self, out: &mut Vec<WaitSource>) {
+        for (&(peer, lc, is_send), q) in &self.queues {
+            if let Some(&g) = q.front() {
+                if self.deps_left[g as usize] == 0 && !self.done[g as usize] {
+                    let c = &self.links.peers[peer].as_ref().expect("checked")[lc];
+                    out.push(if is_send {
+                        c.tx.wait_source()
+                    } else {
+                        c.rx.wait_source()
+                    });
+                }
+            }
+        }
+    }
+
+    fn close_links(&self) {
+        for c in self.links.peers.iter().flatten().flatten() {
+            c.tx.close();
+            c.rx.close();
+        }
+    }
+}
+
+/// Drives `batches` to completion, or fails at `deadline` / on abort.
+pub fn drive(batches: &mut [Batch<'_>], deadline: Instant, spin: Duration) -> Result<()> {
+    let mut idle_since: Option<Instant> = None;
+    let mut sources = Vec::new();
+    loop {
+        let mut progressed = false;
+        for b in batches.iter_mut() {
+            if !b.finished() {
+                progressed |= b.poll()?;
+            }
+        }
+        if batches.iter().all(Batch::finished) {
+            return Ok(());
+        }
+        if batches
+            .iter()
+            .any(|b| b.links.aborted.load(Ordering::Acquire))
+        {
+            return Err(Error::Remote("the communicator was aborted".into()));
+        }
+        if progressed {
+            idle_since = None;
+            continue;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let what: Vec<String> = batches
+                .iter()
+                .filter(|b| !b.finished())
+                .map(|b| format!("rank {} ({} steps left)", b.links.rank, b.remaining))
+                .collect();
+            return Err(Error::Timeout(format!(
+                "no progress before the deadline (HETCCL_TIMEOUT_S): {}",
+                what.join(", ")
+            )));
+        }
+        let since = *idle_since.get_or_insert(now);
+        if now - since < spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        sources.clear();
+        for b in batches.iter() {
+            b.wait_sources(&mut sources);
+        }
+        wait(batches, &sources, deadline)?;
+    }
+}
+
+/// Sleeps until a link may have moved: on the doorbell when every blocked
+/// link is shm, else on the sockets (with a zero timeout when shm links are
+/// also blocked, so they are not starved). Each sleep is bounded, so aborts
+/// are seen within ~10 ms.
+fn wait(batches: &mut [Batch<'_>], sources: &[WaitSource], deadline: Instant) -> Result<()> {
+    let max = deadline
+        .saturating_duration_since(Instant::now())
+        .min(Duration::from_millis(10));
+    let mut fds: Vec<libc::pollfd> = sources
+        .iter()
+        .filter_map(|s| match *s {
+            WaitSource::Fd(fd, ev) => Some(libc::pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            }),
+            WaitSource::Bell => None,
+        })
+        .collect();
+    if fds.is_empty() {
+        let Some(bell) = batches.iter().find_map(|b| b.links.bell) else {
+            std::thread::sleep(Duration::from_micros(50));
+            return Ok(());
+        };
+        // Announce the sleep, then poll once more: a peer that publishes
+        // after `prepare` changes the sequence, so the sleep cannot miss it.
+        let seq = bell.prepare();
+        let mut moved = Ok(false);
+        for b in batches.iter_mut() {
+            if !b.finished() {
+                match b.poll() {
+                    Ok(m) => moved = moved.map(|x| x | m),
+                    Err(e) => moved = Err(e),
+                }
+            }
+        }
+        if matches!(moved, Ok(false)) {
+            bell.sleep(seq, max);
+        }
+        bell.done();
+        return moved.map(drop);
+    }
+    let has_shm = sources.contains(&WaitSource::Bell);
+    let ms = if has_shm {
+        0
+    } else {
+        max.as_millis().max(1) as i32
+    };
+    // SAFETY: a valid array of pollfds.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+        return Err(Error::last_os("poll"));
+    }
+    if has_shm {
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+impl Batch<'_> {
+    /// Marks the batch's links dead (used on abort).
+    pub fn abort(&self) {
+        self.close_links();
+    }
+}
+
+/// Resolves a plan buffer of `job` to its base pointer.
+fn base(job: &mut Job, buf: BufId) -> *mut u8 {
+    match buf {
+        BufId::Send => job.bufs.send as *mut u8,
+        BufId::Recv => job.bufs.recv,
+        BufId::Scratch => job.bufs.scratch.as_mut_ptr(),
+    }
+}
+
+/// The step kinds that move messages (re-exported for tests).
+pub fn is_message(k: &StepKind) -> bool {
+    k.message().is_some()
+}

@@ -1,0 +1,143 @@
+//! Running one step: local steps (copy, reduce, pre/post-op) all at once,
+//! message steps as far as their link lets them.
+//!
+//! Buffers are the user's raw memory. Plans guarantee that the ranges of one
+//! step are either identical or disjoint (see `algo::plan`), which is what
+//! makes the slices built here sound.
+
+use crate::algo::{BufRange, StepKind};
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::transport::Conn;
+
+use super::{base, Job};
+
+fn ptr(job: &mut Job, r: &BufRange) -> *mut u8 {
+    // SAFETY: plans only address ranges inside their buffers (checked by
+    // `Plan::validate` in debug builds and by the generator's tests).
+    unsafe { base(job, r.buf).add(r.offset) }
+}
+
+fn slice<'a>(job: &mut Job, r: &BufRange) -> &'a [u8] {
+    if r.len == 0 {
+        return &[];
+    }
+    // SAFETY: see `ptr`; the range is valid for reads for the step's duration.
+    unsafe { std::slice::from_raw_parts(ptr(job, r), r.len) }
+}
+
+fn slice_mut<'a>(job: &mut Job, r: &BufRange) -> &'a mut [u8] {
+    if r.len == 0 {
+        return &mut [];
+    }
+    // SAFETY: see `ptr`; no other slice of this step aliases it.
+    unsafe { std::slice::from_raw_parts_mut(ptr(job, r), r.len) }
+}
+
+fn red(e: reduce::ReduceError) -> Error {
+    Error::Internal(format!("reduction: {e}"))
+}
+
+/// Runs a non-message step to completion.
+pub(super) fn run_local(job: &mut Job, kind: &StepKind) -> Result<()> {
+    let (dt, op, n) = (job.plan.dtype, job.plan.op, job.plan.nranks);
+    match *kind {
+        StepKind::Copy { src, dst } => {
+            if src.len > 0 {
+                let (s, d) = (ptr(job, &src), ptr(job, &dst));
+                // SAFETY: both ranges are valid; `copy` tolerates overlap.
+                unsafe { std::ptr::copy(s, d, src.len) };
+            }
+        }
+        StepKind::Reduce { a, b, dst } => {
+            if dst == a {
+                reduce::reduce_into(slice_mut(job, &dst), slice(job, &b), dt, op).map_err(red)?;
+            } else if dst == b {
+                reduce::reduce_into(slice_mut(job, &dst), slice(job, &a), dt, op).map_err(red)?;
+            } else {
+                reduce::reduce3(slice_mut(job, &dst), slice(job, &a), slice(job, &b), dt, op)
+                    .map_err(red)?;
+            }
+        }
+        StepKind::PreOp { src, dst } => {
+            reduce::pre_op(slice_mut(job, &dst), slice(job, &src), dt, op, n).map_err(red)?;
+        }
+        StepKind::PostOp { buf } => {
+            reduce::post_op(slice_mut(job, &buf), dt, op, n).map_err(red)?;
+        }
+        StepKind::Send { .. } | StepKind::Recv { .. } | StepKind::RecvReduce { .. } => {
+            return Err(Error::Internal("message step run as local".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Moves what it can of a message step; returns whether it is complete.
+/// `moved` is the step's progress in bytes, kept by the caller.
+pub(super) fn run_message(
+    job: &mut Job,
+    kind: &StepKind,
+    conn: &Conn,
+    moved: &mut usize,
+) -> Result<bool> {
+    let (dt, op) = (job.plan.dtype, job.plan.op);
+    let elem = dt.size();
+    match *kind {
+        StepKind::Send { src, .. } => {
+            while *moved < src.len {
+                let s = slice(job, &src.sub(*moved, src.len - *moved));
+                let n = conn.tx.try_send(s)?;
+                if n == 0 {
+                    break;
+                }
+                *moved += n;
+            }
+            Ok(*moved == src.len)
+        }
+        StepKind::Recv { dst, .. } => {
+            let d = slice_mut(job, &dst);
+            while *moved < dst.len {
+                let mut off = *moved;
+                let n = conn.rx.try_recv_with(dst.len - *moved, 1, &mut |s| {
+                    d[off..off + s.len()].copy_from_slice(s);
+                    off += s.len();
+                })?;
+                if n == 0 {
+                    break;
+                }
+                *moved += n;
+            }
+            Ok(*moved == dst.len)
+        }
+        StepKind::RecvReduce { local, dst, .. } => {
+            let same = local == dst;
+            let d = slice_mut(job, &dst);
+            let l = if same { &[][..] } else { slice(job, &local) };
+            let mut err = None;
+            while *moved < dst.len {
+                let mut off = *moved;
+                let n = conn.rx.try_recv_with(dst.len - *moved, elem, &mut |s| {
+                    let out = &mut d[off..off + s.len()];
+                    let r = if same {
+                        reduce::reduce_into(out, s, dt, op)
+                    } else {
+                        reduce::reduce3(out, &l[off..off + s.len()], s, dt, op)
+                    };
+                    if let Err(e) = r {
+                        err = Some(e);
+                    }
+                    off += s.len();
+                })?;
+                if let Some(e) = err {
+                    return Err(red(e));
+                }
+                if n == 0 {
+                    break;
+                }
+                *moved += n;
+            }
+            Ok(*moved == dst.len)
+        }
+        _ => Err(Error::Internal("local step run as message".into())),
+    }
+}

@@ -1,0 +1,476 @@
+//! End-to-end runs of the engine with ranks as threads of this process,
+//! through the exported C entry points: init, every collective, groups of
+//! point-to-point calls, nonblocking mode, abort.
+
+use std::ffi::CStr;
+use std::ptr::null_mut;
+
+use hetccl_abi::{ncclComm_t, ncclConfig_t, ncclUniqueId};
+use hetccl_collectives::api::coll::*;
+use hetccl_collectives::api::comm_init::*;
+use hetccl_collectives::api::comm_life::*;
+use hetccl_collectives::api::group::*;
+use hetccl_collectives::api::version::ncclGetLastError;
+
+const FLOAT: i32 = 7;
+const INT32: i32 = 2;
+const SUM: i32 = 0;
+const MAX: i32 = 2;
+
+fn setup() {
+    std::env::set_var("HETCCL_SOCKET_IFNAME", "lo");
+    std::env::set_var("HETCCL_TIMEOUT_S", "60");
+}
+
+fn check(r: i32) {
+    if r != 0 {
+        let msg = unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) };
+        panic!("nccl call failed: {r}: {}", msg.to_string_lossy());
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Comm(ncclComm_t);
+unsafe impl Send for Comm {}
+
+fn comms(n: usize) -> Vec<Comm> {
+    setup();
+    let mut id = ncclUniqueId::default();
+    check(unsafe { ncclGetUniqueId(&mut id) });
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut c: ncclComm_t = null_mut();
+                    check(unsafe { ncclCommInitRank(&mut c, n as i32, id, r as i32) });
+                    Comm(c)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn on_all<T: Send>(cs: &[Comm], f: impl Fn(usize, Comm) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = cs
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| s.spawn(move || f(r, c)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn destroy(cs: Vec<Comm>) {
+    for c in cs {
+        check(unsafe { ncclCommDestroy(c.0) });
+    }
+}
+
+#[test]
+fn allreduce_sizes_and_ranks() {
+    for n in [1usize, 2, 3, 4] {
+        let cs = comms(n);
+        for count in [0usize, 1, 7, 1021, 300_001] {
+            let outs = on_all(&cs, |r, c| {
+                let send: Vec<f32> = (0..count).map(|i| (r * 3 + i % 17) as f32).collect();
+                let mut recv = vec![-1.0f32; count];
+                check(unsafe {
+                    ncclAllReduce(
+                        send.as_ptr().cast(),
+                        recv.as_mut_ptr().cast(),
+                        count,
+                        FLOAT,
+                        SUM,
+                        c.0,
+                        null_mut(),
+                    )
+                });
+                recv
+            });
+            for out in outs {
+                for (i, v) in out.iter().enumerate() {
+                    let want: usize = (0..n).map(|r| r * 3 + i % 17).sum();
+                    assert_eq!(*v, want as f32, "n={n} count={count} i={i}");
+                }
+            }
+        }
+        destroy(cs);
+    }
+}
+
+#[test]
+fn every_collective_on_three_ranks() {
+    let n = 3usize;
+    let cs = comms(n);
+    let count = 1001usize;
+    let results = on_all(&cs, |r, c| {
+        let mut errs = Vec::new();
+        let send: Vec<i32> = (0..count * n).map(|i| (r * 1000 + i) as i32).collect();
+        // Broadcast from root 2.
+        let mut b = if r == 2 {
+            send[..count].to_vec()
+        } else {
+            vec![0; count]
+        };
+        check(unsafe {
+            ncclBroadcast(
+                b.as_ptr().cast(),
+                b.as_mut_ptr().cast(),
+                count,
+                INT32,
+                2,
+                c.0,
+                null_mut(),
+            )
+        });
+        if b.iter().enumerate().any(|(i, &v)| v != (2000 + i) as i32) {
+            errs.push("broadcast");
+        }
+        // Reduce (max) to root 0.
+        let mut red = vec![0i32; count];
+        check(unsafe {
+            ncclReduce(
+                send.as_ptr().cast(),
+                red.as_mut_ptr().cast(),
+                count,
+                INT32,
+                MAX,
+                0,
+                c.0,
+                null_mut(),
+            )
+        });
+        if r == 0 && red.iter().enumerate().any(|(i, &v)| v != (2000 + i) as i32) {
+            errs.push("reduce");
+        }
+        // AllGather.
+        let mut ag = vec![0i32; count * n];
+        check(unsafe {
+            ncclAllGather(
+                send.as_ptr().cast(),
+                ag.as_mut_ptr().cast(),
+                count,
+                INT32,
+                c.0,
+                null_mut(),
+            )
+        });
+        if ag
+            .iter()
+            .enumerate()
+            .any(|(i, &v)| v != ((i / count) * 1000 + i % count) as i32)
+        {
+            errs.push("allgather");
+        }
+        // ReduceScatter (sum), in place.
+        let mut rs = send.clone();
+        let base = rs.as_mut_ptr();
+        check(unsafe {
+            ncclReduceScatter(
+                base.cast(),
+                base.add(r * count).cast(),
+                count,
+                INT32,
+                SUM,
+                c.0,
+                null_mut(),
+            )
+        });
+        let want = |i: usize| {
+            (0..n)
+                .map(|q| (q * 1000 + r * count + i) as i32)
+                .sum::<i32>()
+        };
+        if (0..count).any(|i| rs[r * count + i] != want(i)) {
+            errs.push("reducescatter in place");
+        }
+        // AlltoAll.
+        let mut a2a = vec![0i32; count * n];
+        check(unsafe {
+            ncclAlltoAll(
+                send.as_ptr().cast(),
+                a2a.as_mut_ptr().cast(),
+                count,
+                INT32,
+                c.0,
+                null_mut(),
+            )
+        });
+        if (0..n)
+            .any(|p| (0..count).any(|i| a2a[p * count + i] != (p * 1000 + r * count + i) as i32))
+        {
+            errs.push("alltoall");
+        }
+        // Gather to root 1, Scatter from root 1.
+        let mut g = vec![0i32; count * n];
+        check(unsafe {
+            ncclGather(
+                send.as_ptr().cast(),
+                g.as_mut_ptr().cast(),
+                count,
+                INT32,
+                1,
+                c.0,
+                null_mut(),
+            )
+        });
+        if r == 1
+            && g.iter()
+                .enumerate()
+                .any(|(i, &v)| v != ((i / count) * 1000 + i % count) as i32)
+        {
+            errs.push("gather");
+        }
+        let mut sc = vec![0i32; count];
+        check(unsafe {
+            ncclScatter(
+                send.as_ptr().cast(),
+                sc.as_mut_ptr().cast(),
+                count,
+                INT32,
+                1,
+                c.0,
+                null_mut(),
+            )
+        });
+        if sc
+            .iter()
+            .enumerate()
+            .any(|(i, &v)| v != (1000 + r * count + i) as i32)
+        {
+            errs.push("scatter");
+        }
+        errs
+    });
+    for (r, e) in results.iter().enumerate() {
+        assert!(e.is_empty(), "rank {r}: {e:?}");
+    }
+    destroy(cs);
+}
+
+#[test]
+fn grouped_sendrecv_in_deadlocking_order() {
+    let n = 4usize;
+    let cs = comms(n);
+    let count = 100_000usize;
+    let outs = on_all(&cs, |r, c| {
+        let send: Vec<i32> = (0..count).map(|i| (r * 7 + i) as i32).collect();
+        let mut from_prev = vec![0i32; count];
+        let mut from_next = vec![0i32; count];
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        check(unsafe { ncclGroupStart() });
+        // Receives first on every rank: deadlocks without group semantics.
+        check(unsafe {
+            ncclRecv(
+                from_prev.as_mut_ptr().cast(),
+                count,
+                INT32,
+                prev as i32,
+                c.0,
+                null_mut(),
+            )
+        });
+        check(unsafe {
+            ncclRecv(
+                from_next.as_mut_ptr().cast(),
+                count,
+                INT32,
+                next as i32,
+                c.0,
+                null_mut(),
+            )
+        });
+        check(unsafe {
+            ncclSend(
+                send.as_ptr().cast(),
+                count,
+                INT32,
+                next as i32,
+                c.0,
+                null_mut(),
+            )
+        });
+        check(unsafe {
+            ncclSend(
+                send.as_ptr().cast(),
+                count,
+                INT32,
+                prev as i32,
+                c.0,
+                null_mut(),
+            )
+        });
+        check(unsafe { ncclGroupEnd() });
+        (from_prev, from_next)
+    });
+    for (r, (p, x)) in outs.iter().enumerate() {
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        assert!(
+            p.iter()
+                .enumerate()
+                .all(|(i, &v)| v == (prev * 7 + i) as i32),
+            "rank {r} from prev"
+        );
+        assert!(
+            x.iter()
+                .enumerate()
+                .all(|(i, &v)| v == (next * 7 + i) as i32),
+            "rank {r} from next"
+        );
+    }
+    destroy(cs);
+}
+
+#[test]
+fn nonblocking_init_and_allreduce() {
+    setup();
+    let n = 2usize;
+    let mut id = ncclUniqueId::default();
+    check(unsafe { ncclGetUniqueId(&mut id) });
+    let ok = on_all(&[Comm(null_mut()), Comm(null_mut())], |r, _| {
+        let mut cfg = ncclConfig_t::default();
+        cfg.blocking = 0;
+        let mut c: ncclComm_t = null_mut();
+        let rc = unsafe { ncclCommInitRankConfig(&mut c, n as i32, id, r as i32, &mut cfg) };
+        assert!(rc == 0 || rc == 7, "init returned {rc}");
+        let wait = |c: ncclComm_t| loop {
+            let mut st = 7;
+            check(unsafe { ncclCommGetAsyncError(c, &mut st) });
+            if st != 7 {
+                return st;
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(wait(c), 0);
+        let send = vec![r as f32 + 1.0; 4096];
+        let mut recv = vec![0f32; 4096];
+        let rc = unsafe {
+            ncclAllReduce(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                4096,
+                FLOAT,
+                SUM,
+                c,
+                null_mut(),
+            )
+        };
+        assert!(rc == 0 || rc == 7);
+        assert_eq!(wait(c), 0);
+        let good = recv.iter().all(|&v| v == 3.0);
+        check(unsafe { ncclCommDestroy(c) });
+        good
+    });
+    assert!(ok.iter().all(|&g| g));
+}
+
+#[test]
+fn abort_unblocks_a_pending_call() {
+    let cs = comms(2);
+    let c0 = cs[0];
+    let t = std::time::Instant::now();
+    let h = std::thread::spawn(move || {
+        let c0 = c0;
+        let mut buf = vec![0f32; 16];
+        // Rank 1 never joins this allreduce: it can only end by the abort.
+        let send = vec![1f32; 16];
+        unsafe {
+            ncclAllReduce(
+                send.as_ptr().cast(),
+                buf.as_mut_ptr().cast(),
+                16,
+                FLOAT,
+                SUM,
+                c0.0,
+                null_mut(),
+            )
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    check(unsafe { ncclCommAbort(c0.0) });
+    let rc = h.join().unwrap();
+    assert_ne!(rc, 0, "the blocked call must fail after abort");
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    check(unsafe { ncclCommDestroy(cs[1].0) });
+}
+
+#[test]
+fn split_with_nocolor_and_key_order_then_shrink() {
+    let n = 4usize;
+    let cs = comms(n);
+    let res = on_all(&cs, |r, c| {
+        // Rank 3 joins no child; ranks 0 and 2 form color 0 ordered by
+        // descending rank; rank 1 is alone in color 1.
+        let color = match r {
+            3 => -1,
+            1 => 1,
+            _ => 0,
+        };
+        let mut child: ncclComm_t = null_mut();
+        check(unsafe { ncclCommSplit(c.0, color, (n - r) as i32, &mut child, null_mut()) });
+        let mut info = (None, None);
+        if color >= 0 {
+            let (mut cr, mut cn) = (-1, -1);
+            check(unsafe { ncclCommUserRank(child, &mut cr) });
+            check(unsafe { ncclCommCount(child, &mut cn) });
+            let send = [r as i32 + 1; 5];
+            let mut recv = [0i32; 5];
+            check(unsafe {
+                ncclAllReduce(
+                    send.as_ptr().cast(),
+                    recv.as_mut_ptr().cast(),
+                    5,
+                    INT32,
+                    SUM,
+                    child,
+                    null_mut(),
+                )
+            });
+            info = (Some((cr, cn)), Some(recv[0]));
+            check(unsafe { ncclCommDestroy(child) });
+        } else {
+            assert!(child.is_null(), "NOCOLOR gives a NULL comm");
+        }
+        // Shrink without rank 1 (it takes no part).
+        let mut shrunk = None;
+        if r != 1 {
+            let mut ex = [1i32];
+            let mut s: ncclComm_t = null_mut();
+            check(unsafe { ncclCommShrink(c.0, ex.as_mut_ptr(), 1, &mut s, null_mut(), 0) });
+            let (mut sr, mut sn) = (-1, -1);
+            check(unsafe { ncclCommUserRank(s, &mut sr) });
+            check(unsafe { ncclCommCount(s, &mut sn) });
+            let send = [1i32; 3];
+            let mut recv = [0i32; 3];
+            check(unsafe {
+                ncclAllReduce(
+                    send.as_ptr().cast(),
+                    recv.as_mut_ptr().cast(),
+                    3,
+                    INT32,
+                    SUM,
+                    s,
+                    null_mut(),
+                )
+            });
+            shrunk = Some((sr, sn, recv[0]));
+            check(unsafe { ncclCommDestroy(s) });
+        }
+        (info, shrunk)
+    });
+    assert_eq!(
+        res[0].0,
+        (Some((1, 2)), Some(4)),
+        "rank 0: key 4 sorts after rank 2's key 2"
+    );
+    assert_eq!(res[2].0, (Some((0, 2)), Some(4)));
+    assert_eq!(res[1].0, (Some((0, 1)), Some(2)));
+    assert_eq!(res[3].0, (None, None));
+    assert_eq!(res[0].1, Some((0, 3, 3)));
+    assert_eq!(res[2].1, Some((1, 3, 3)));
+    assert_eq!(res[3].1, Some((2, 3, 3)));
+    destroy(cs);
+}
