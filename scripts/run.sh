@@ -7,12 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/dist.sh
-eval "$(bash scripts/fetch-nvidia-headers.sh --env)"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-gcc -O1 -o "$tmp/interpose" tests/c/interpose.c $NVIDIA_NCCL_CFLAGS -L"$NVIDIA_NCCL_LIBDIR" -lnccl -Wl,-rpath,"$NVIDIA_NCCL_LIBDIR"
+bash scripts/fetch-nvidia-headers.sh --env-file "$tmp/env" >/dev/null
+# shellcheck disable=SC1091
+source "$tmp/env"
+gcc -O1 -o "$tmp/interpose" tests/c/interpose.c $HETCCL_NVIDIA_CFLAGS -L"$HETCCL_NCCL_LIB" -l:libnccl.so.2 -Wl,-rpath,"$HETCCL_NCCL_LIB"
 echo "== without hetccl (NVIDIA's libnccl.so.2):"
 "$tmp/interpose" || true
 echo "== with LD_PRELOAD=dist/lib/libhetccl.so:"
-LD_PRELOAD="$PWD/dist/lib/libhetccl.so" "$tmp/interpose"
+LD_PRELOAD="$PWD/dist/lib/libhetccl.so" "$tmp/interpose" hetccl
 echo "== net plugin tables exported for NCCL_NET_PLUGIN=hetccl:"
 nm -D --defined-only dist/lib/libhetccl.so | grep -E ' ncclNetPlugin_v[0-9]+$' || echo "(none yet)"
