@@ -12,7 +12,6 @@
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hetccl_abi::{NcclResult, RedOp};
 
@@ -21,7 +20,7 @@ use crate::algo::{self, AlgoFilter, Chunking, Collective, CostModel};
 use crate::comm::redop_table::Scalar as OpScalar;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::exec::{drive, Batch, Job, OpBuffers};
+use crate::exec::{drive, Batch, Job, OpBuffers, Patience};
 use crate::reduce::{ReduceOp, Scalar};
 
 /// A queued operation: its communicator and its job.
@@ -149,6 +148,7 @@ pub fn make_job(a: &CollArgs) -> Result<Job> {
             scratch,
         },
         p2p: matches!(coll, Collective::Send | Collective::Recv),
+        label: format!("{coll} seq {seq} trace {:016x}:{seq}", engine.comm_hash),
     })
 }
 
@@ -288,10 +288,7 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
     for (jobs, e) in jobs.into_iter().zip(&engines) {
         batches.push(Batch::new(&e.links, jobs)?);
     }
-    let cfg = hetccl_core::config::get();
-    let deadline = crate::bootstrap::deadline();
-    let spin = Duration::from_micros(u64::from(cfg.spin_us));
-    let r = drive(&mut batches, deadline, spin);
+    let r = drive(&mut batches, Patience::from_config());
     if let Err(e) = &r {
         for c in &comms {
             let code = match e {

@@ -64,6 +64,8 @@ pub struct Job {
     pub bufs: OpBuffers,
     /// Whether it is a point-to-point operation (uses [`P2P_CHAN`]).
     pub p2p: bool,
+    /// What hang reports call it: operation, sequence number, trace id.
+    pub label: String,
 }
 
 type LinkKey = (usize, usize, bool); // (peer, link channel, is_send)
@@ -241,9 +243,64 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// Drives `batches` to completion, or fails at `deadline` / on abort.
-pub fn drive(batches: &mut [Batch<'_>], deadline: Instant, spin: Duration) -> Result<()> {
+/// How long `drive` waits before giving up or reporting.
+#[derive(Debug, Clone, Copy)]
+pub struct Patience {
+    /// Spin this long after the last progress before sleeping.
+    pub spin: Duration,
+    /// Log a hang report (WARN) after this long without progress.
+    pub hang_report: Option<Duration>,
+    /// Fail with a timeout after this long without progress.
+    pub stall_timeout: Duration,
+}
+
+impl Patience {
+    /// From `HETCCL_SPIN_US`, `HETCCL_HANG_REPORT_S` and `HETCCL_TIMEOUT_S`.
+    pub fn from_config() -> Self {
+        let cfg = hetccl_core::config::get();
+        let secs = |s: f64| (s.is_finite() && s > 0.0).then(|| Duration::from_secs_f64(s));
+        Self {
+            spin: Duration::from_micros(u64::from(cfg.spin_us)),
+            hang_report: secs(cfg.hang_report_s),
+            stall_timeout: secs(cfg.timeout_s).unwrap_or(Duration::from_secs(300)),
+        }
+    }
+}
+
+impl Batch<'_> {
+    /// One line per blocked message step: what it waits for, from whom.
+    pub fn describe_wait(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (&(peer, lc, is_send), q) in &self.queues {
+            let Some(&g) = q.front() else { continue };
+            if self.done[g as usize] {
+                continue;
+            }
+            let (ji, si) = self.index[g as usize];
+            let job = &self.jobs[ji];
+            let len = job.plan.steps[si].kind.message_len().unwrap_or(0);
+            let what = if self.deps_left[g as usize] > 0 {
+                "is not ready yet (earlier steps pending) to"
+            } else if is_send {
+                "waits for room to send to"
+            } else {
+                "waits for data from"
+            };
+            out.push(format!(
+                "{}: step {si} {what} rank {peer} (channel {lc}), {}/{len} bytes moved",
+                job.label, self.moved[g as usize]
+            ));
+        }
+        out.sort();
+        out
+    }
+}
+
+/// Drives `batches` to completion; fails once nothing moved for
+/// `patience.stall_timeout`, or on abort.
+pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
     let mut idle_since: Option<Instant> = None;
+    let mut reported = false;
     let mut sources = Vec::new();
     loop {
         let mut progressed = false;
@@ -263,25 +320,38 @@ pub fn drive(batches: &mut [Batch<'_>], deadline: Instant, spin: Duration) -> Re
         }
         if progressed {
             idle_since = None;
+            reported = false;
             continue;
         }
         let now = Instant::now();
-        if now >= deadline {
-            let what: Vec<String> = batches
-                .iter()
-                .filter(|b| !b.finished())
-                .map(|b| format!("rank {} ({} steps left)", b.links.rank, b.remaining))
-                .collect();
-            return Err(Error::Timeout(format!(
-                "no progress before the deadline (HETCCL_TIMEOUT_S): {}",
-                what.join(", ")
-            )));
-        }
         let since = *idle_since.get_or_insert(now);
-        if now - since < spin {
+        let idle = now - since;
+        if idle < patience.spin {
             std::hint::spin_loop();
             continue;
         }
+        if !reported && patience.hang_report.is_some_and(|h| idle >= h) {
+            reported = true;
+            for b in batches.iter().filter(|b| !b.finished()) {
+                for line in b.describe_wait() {
+                    tracing::warn!(target: "hetccl::COLL",
+                        "hang report: rank {} idle for {:.1} s: {line}", b.links.rank, idle.as_secs_f64());
+                }
+            }
+        }
+        if idle >= patience.stall_timeout {
+            let what: Vec<String> = batches
+                .iter()
+                .filter(|b| !b.finished())
+                .flat_map(|b| b.describe_wait())
+                .collect();
+            return Err(Error::Timeout(format!(
+                "no progress for {:.0} s (HETCCL_TIMEOUT_S): {}",
+                idle.as_secs_f64(),
+                what.join("; ")
+            )));
+        }
+        let deadline = since + patience.stall_timeout;
         sources.clear();
         for b in batches.iter() {
             b.wait_sources(&mut sources);
@@ -369,3 +439,6 @@ fn base(job: &mut Job, buf: BufId) -> *mut u8 {
 pub fn is_message(k: &StepKind) -> bool {
     k.message().is_some()
 }
+
+#[cfg(test)]
+mod tests;

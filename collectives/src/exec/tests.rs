@@ -1,0 +1,133 @@
+//! Executor tests over real TCP links with a silent peer.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hetccl_abi::DataType;
+
+use super::*;
+use crate::algo::{Algorithm, BufRange, Collective, Step};
+use crate::reduce::ReduceOp;
+use crate::transport::tcp;
+
+/// Rank 0's links to a rank 1 that holds the other ends and never sends.
+fn links_to_silent_peer() -> (Links, Vec<Conn>) {
+    let mut mine = Vec::new();
+    let mut theirs = Vec::new();
+    for _ in 0..NCHAN {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        mine.push(tcp::connect(a).unwrap());
+        theirs.push(tcp::connect(b).unwrap());
+    }
+    let links = Links {
+        rank: 0,
+        peers: vec![None, Some(mine)],
+        bell: None,
+        aborted: Arc::new(AtomicBool::new(false)),
+    };
+    (links, theirs)
+}
+
+fn recv_job(buf: &mut [u8]) -> Job {
+    let dst = BufRange::new(BufId::Recv, 0, buf.len());
+    Job {
+        plan: Plan {
+            collective: Collective::Recv,
+            algorithm: Algorithm::Direct,
+            rank: 0,
+            nranks: 2,
+            dtype: DataType::Int8,
+            op: ReduceOp::Sum,
+            send_bytes: 0,
+            recv_bytes: buf.len(),
+            scratch_bytes: 0,
+            steps: vec![Step {
+                kind: StepKind::Recv {
+                    peer: 1,
+                    chan: 0,
+                    dst,
+                },
+                deps: vec![],
+            }],
+        },
+        bufs: OpBuffers {
+            send: std::ptr::null(),
+            recv: buf.as_mut_ptr(),
+            scratch: Vec::new(),
+        },
+        p2p: true,
+        label: "Recv seq 0 trace test".into(),
+    }
+}
+
+#[test]
+fn a_silent_peer_times_out_with_a_description() {
+    let (links, _theirs) = links_to_silent_peer();
+    let mut buf = vec![0u8; 100];
+    let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
+    let p = Patience {
+        spin: Duration::from_micros(10),
+        hang_report: Some(Duration::from_millis(50)),
+        stall_timeout: Duration::from_millis(300),
+    };
+    let t = Instant::now();
+    let e = drive(&mut b, p).unwrap_err().to_string();
+    assert!(t.elapsed() >= Duration::from_millis(250) && t.elapsed() < Duration::from_secs(10));
+    assert!(e.contains("waits for data from rank 1"), "{e}");
+    assert!(e.contains("0/100 bytes"), "{e}");
+}
+
+#[test]
+fn partial_data_resets_the_stall_clock_and_completes() {
+    let (links, theirs) = links_to_silent_peer();
+    let mut buf = vec![0u8; 100];
+    let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
+    let p = Patience {
+        spin: Duration::ZERO,
+        hang_report: None,
+        stall_timeout: Duration::from_millis(400),
+    };
+    let sender = std::thread::spawn(move || {
+        // Channel P2P_CHAN carries point-to-point bytes: 10 bytes every
+        // 100 ms stays under the stall limit though the whole takes ~1 s.
+        for i in 0..10u8 {
+            std::thread::sleep(Duration::from_millis(100));
+            let chunk = [i; 10];
+            let mut off = 0;
+            while off < 10 {
+                off += theirs[P2P_CHAN].tx.try_send(&chunk[off..]).unwrap();
+            }
+        }
+        theirs
+    });
+    drive(&mut b, p).unwrap();
+    drop(b);
+    let _ = sender.join().unwrap();
+    for (i, c) in buf.chunks(10).enumerate() {
+        assert!(c.iter().all(|&x| x == i as u8));
+    }
+}
+
+#[test]
+fn abort_flag_ends_the_wait() {
+    let (links, _theirs) = links_to_silent_peer();
+    let mut buf = vec![0u8; 8];
+    let aborted = links.aborted.clone();
+    let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
+    let t = Instant::now();
+    let h = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        aborted.store(true, std::sync::atomic::Ordering::Release);
+    });
+    let p = Patience {
+        spin: Duration::ZERO,
+        hang_report: None,
+        stall_timeout: Duration::from_secs(60),
+    };
+    assert!(drive(&mut b, p).is_err());
+    assert!(t.elapsed() < Duration::from_secs(5));
+    h.join().unwrap();
+}
