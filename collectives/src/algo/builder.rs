@@ -48,7 +48,13 @@ impl Builder {
     pub fn new(esize: usize, chunk_bytes: usize) -> Self {
         let esize = esize.max(1);
         let chunk_bytes = (chunk_bytes / esize).max(1) * esize;
-        Self { steps: Vec::new(), live: Live::default(), scratch: 0, esize, chunk_bytes }
+        Self {
+            steps: Vec::new(),
+            live: Live::default(),
+            scratch: 0,
+            esize,
+            chunk_bytes,
+        }
     }
 
     /// Reserves `len` scratch bytes (16-byte aligned) and returns them.
@@ -61,7 +67,10 @@ impl Builder {
     /// Appends a step, inferring its dependencies. Zero-length steps are
     /// dropped (and return `None`).
     pub fn push(&mut self, kind: StepKind) -> Option<StepId> {
-        let len = kind.message_len().or(kind.writes().map(|w| w.len)).unwrap_or(0);
+        let len = kind
+            .message_len()
+            .or(kind.writes().map(|w| w.len))
+            .unwrap_or(0);
         if len == 0 {
             return None;
         }
@@ -108,14 +117,22 @@ impl Builder {
     /// Sends `src` to `peer`, split into chunk-sized messages.
     pub fn send(&mut self, peer: Rank, chan: u8, src: BufRange) {
         for (o, l) in self.pieces(src.len).collect::<Vec<_>>() {
-            self.push(StepKind::Send { peer, chan, src: src.sub(o, l) });
+            self.push(StepKind::Send {
+                peer,
+                chan,
+                src: src.sub(o, l),
+            });
         }
     }
 
     /// Receives `dst` from `peer`, split like [`Builder::send`].
     pub fn recv(&mut self, peer: Rank, chan: u8, dst: BufRange) {
         for (o, l) in self.pieces(dst.len).collect::<Vec<_>>() {
-            self.push(StepKind::Recv { peer, chan, dst: dst.sub(o, l) });
+            self.push(StepKind::Recv {
+                peer,
+                chan,
+                dst: dst.sub(o, l),
+            });
         }
     }
 
@@ -123,7 +140,12 @@ impl Builder {
     /// [`Builder::send`].
     pub fn recv_reduce(&mut self, peer: Rank, chan: u8, local: BufRange, dst: BufRange) {
         for (o, l) in self.pieces(dst.len).collect::<Vec<_>>() {
-            self.push(StepKind::RecvReduce { peer, chan, local: local.sub(o, l), dst: dst.sub(o, l) });
+            self.push(StepKind::RecvReduce {
+                peer,
+                chan,
+                local: local.sub(o, l),
+                dst: dst.sub(o, l),
+            });
         }
     }
 
@@ -182,11 +204,41 @@ mod tests {
     fn infers_raw_war_waw() {
         let mut b = Builder::new(4, 8);
         let r = |o, l| BufRange::new(BufId::Recv, o, l);
-        let s0 = b.push(StepKind::Recv { peer: 1, chan: 0, dst: r(0, 8) }).unwrap();
-        let s1 = b.push(StepKind::Send { peer: 1, chan: 0, src: r(4, 4) }).unwrap();
-        let s2 = b.push(StepKind::Send { peer: 2, chan: 0, src: r(8, 4) }).unwrap();
-        let s3 = b.push(StepKind::Recv { peer: 2, chan: 0, dst: r(0, 12) }).unwrap();
-        assert!(b.push(StepKind::Recv { peer: 2, chan: 0, dst: r(0, 0) }).is_none());
+        let s0 = b
+            .push(StepKind::Recv {
+                peer: 1,
+                chan: 0,
+                dst: r(0, 8),
+            })
+            .unwrap();
+        let s1 = b
+            .push(StepKind::Send {
+                peer: 1,
+                chan: 0,
+                src: r(4, 4),
+            })
+            .unwrap();
+        let s2 = b
+            .push(StepKind::Send {
+                peer: 2,
+                chan: 0,
+                src: r(8, 4),
+            })
+            .unwrap();
+        let s3 = b
+            .push(StepKind::Recv {
+                peer: 2,
+                chan: 0,
+                dst: r(0, 12),
+            })
+            .unwrap();
+        assert!(b
+            .push(StepKind::Recv {
+                peer: 2,
+                chan: 0,
+                dst: r(0, 0)
+            })
+            .is_none());
         let (steps, _) = b.finish();
         assert!(steps[s1 as usize].deps == vec![s0]);
         assert!(steps[s2 as usize].deps.is_empty());

@@ -68,7 +68,14 @@ pub(crate) fn broadcast(b: &mut Builder, g: &Group, root: Rank, input: BufRange,
 }
 
 /// Direct reduce: everybody sends to the root, which reduces.
-pub(crate) fn reduce(b: &mut Builder, g: &Group, root: Rank, input: BufRange, output: BufRange, post: bool) {
+pub(crate) fn reduce(
+    b: &mut Builder,
+    g: &Group,
+    root: Rank,
+    input: BufRange,
+    output: BufRange,
+    post: bool,
+) {
     let root = root as usize;
     if g.me == root {
         gather_reduce(b, g, input, output, 0);
@@ -97,7 +104,13 @@ pub(crate) fn allgather(b: &mut Builder, g: &Group, input: BufRange, output: Buf
 /// Direct reduce-scatter: block `k` of everybody's input goes to rank `k`,
 /// which reduces it starting from its own block (in place, that block is
 /// the output itself).
-pub(crate) fn reduce_scatter(b: &mut Builder, g: &Group, input: BufRange, output: BufRange, post: bool) {
+pub(crate) fn reduce_scatter(
+    b: &mut Builder,
+    g: &Group,
+    input: BufRange,
+    output: BufRange,
+    post: bool,
+) {
     let block = |k: usize| input.sub(k * output.len, output.len);
     for k in 0..g.n() {
         if k != g.me {
@@ -111,10 +124,19 @@ pub(crate) fn reduce_scatter(b: &mut Builder, g: &Group, input: BufRange, output
 /// All-to-all: block `k` of the input goes to rank `k` and lands in block
 /// `me` of its output. Pairwise: step `s` sends to `me+s` and receives from
 /// `me-s`; otherwise everything is posted in rank order.
-pub(crate) fn alltoall(b: &mut Builder, g: &Group, input: BufRange, output: BufRange, pairwise: bool) {
+pub(crate) fn alltoall(
+    b: &mut Builder,
+    g: &Group,
+    input: BufRange,
+    output: BufRange,
+    pairwise: bool,
+) {
     let n = g.n();
     let len = input.len / n.max(1);
-    let (inb, outb) = (|k: usize| input.sub(k * len, len), |k: usize| output.sub(k * len, len));
+    let (inb, outb) = (
+        |k: usize| input.sub(k * len, len),
+        |k: usize| output.sub(k * len, len),
+    );
     b.copy(inb(g.me), outb(g.me));
     if pairwise {
         for s in 1..n {

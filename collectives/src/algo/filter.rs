@@ -63,7 +63,9 @@ fn algorithm(name: &str) -> Option<Algorithm> {
     Some(match name.to_ascii_lowercase().as_str() {
         "ring" => Algorithm::Ring,
         "tree" => Algorithm::Tree,
-        "collnet" | "collnetdirect" | "collnetchain" | "nvlstree" | "hierarchical" => Algorithm::Hierarchical,
+        "collnet" | "collnetdirect" | "collnetchain" | "nvlstree" | "hierarchical" => {
+            Algorithm::Hierarchical
+        }
         "nvls" | "direct" => Algorithm::Direct,
         "pat" | "halvingdoubling" => Algorithm::HalvingDoubling,
         "pairwise" => Algorithm::Pairwise,
@@ -95,7 +97,11 @@ fn parse_list(list: &str, entry: &str) -> Result<Set, FilterError> {
     if !any {
         return Err(FilterError::EmptyList(entry.to_string()));
     }
-    Ok(if exclude { Set(Set::ALL.0 & !set) } else { Set(set) })
+    Ok(if exclude {
+        Set(Set::ALL.0 & !set)
+    } else {
+        Set(set)
+    })
 }
 
 impl AlgoFilter {
@@ -106,11 +112,15 @@ impl AlgoFilter {
 
     /// Parses an `NCCL_ALGO` value (see the module docs).
     pub fn parse(value: &str) -> Result<Self, FilterError> {
-        let mut f = Self { text: value.trim().to_string(), ..Self::default() };
+        let mut f = Self {
+            text: value.trim().to_string(),
+            ..Self::default()
+        };
         for entry in value.split(';').map(str::trim).filter(|s| !s.is_empty()) {
             match entry.split_once(':') {
                 Some((func, list)) => {
-                    let coll = function(func.trim()).ok_or_else(|| FilterError::UnknownFunction(func.to_string()))?;
+                    let coll = function(func.trim())
+                        .ok_or_else(|| FilterError::UnknownFunction(func.to_string()))?;
                     let set = parse_list(list, entry)?;
                     f.per.retain(|(c, _)| *c != coll);
                     f.per.push((coll, set));
@@ -168,7 +178,8 @@ mod tests {
         assert!(!f.allows(Collective::Broadcast, Algorithm::Tree));
         assert!(f.allows(Collective::Broadcast, Algorithm::Ring));
 
-        let f = AlgoFilter::parse(" ring ; allreduce: tree,CollNetDirect ;broadcast:^ring").unwrap();
+        let f =
+            AlgoFilter::parse(" ring ; allreduce: tree,CollNetDirect ;broadcast:^ring").unwrap();
         assert!(f.allows(Collective::AllReduce, Algorithm::Hierarchical));
         assert!(!f.allows(Collective::AllReduce, Algorithm::Ring));
         assert!(!f.allows(Collective::Broadcast, Algorithm::Ring));
@@ -177,10 +188,22 @@ mod tests {
         assert!(!f.allows(Collective::Reduce, Algorithm::Tree));
 
         assert!(AlgoFilter::parse("").unwrap().is_unrestricted());
-        assert_eq!(AlgoFilter::parse("Rung"), Err(FilterError::UnknownAlgorithm("Rung".into())));
-        assert_eq!(AlgoFilter::parse("allreduxe:ring"), Err(FilterError::UnknownFunction("allreduxe".into())));
-        assert!(matches!(AlgoFilter::parse("allreduce:"), Err(FilterError::EmptyList(_))));
-        assert!(matches!(AlgoFilter::parse("^"), Err(FilterError::EmptyList(_))));
+        assert_eq!(
+            AlgoFilter::parse("Rung"),
+            Err(FilterError::UnknownAlgorithm("Rung".into()))
+        );
+        assert_eq!(
+            AlgoFilter::parse("allreduxe:ring"),
+            Err(FilterError::UnknownFunction("allreduxe".into()))
+        );
+        assert!(matches!(
+            AlgoFilter::parse("allreduce:"),
+            Err(FilterError::EmptyList(_))
+        ));
+        assert!(matches!(
+            AlgoFilter::parse("^"),
+            Err(FilterError::EmptyList(_))
+        ));
         let f = AlgoFilter::parse("NVLS,pat,Pairwise,hierarchical").unwrap();
         assert!(f.allows(Collective::AllReduce, Algorithm::Direct));
         assert!(f.allows(Collective::AllReduce, Algorithm::HalvingDoubling));

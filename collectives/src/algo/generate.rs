@@ -36,7 +36,14 @@ pub struct CollArgs {
 impl CollArgs {
     /// Out-of-place arguments with op `Sum` and root 0.
     pub fn new(collective: Collective, count: usize, dtype: DataType) -> Self {
-        Self { collective, count, dtype, op: ReduceOp::Sum, root: 0, in_place: false }
+        Self {
+            collective,
+            count,
+            dtype,
+            op: ReduceOp::Sum,
+            root: 0,
+            in_place: false,
+        }
     }
 }
 
@@ -50,7 +57,9 @@ pub struct Chunking {
 
 impl Default for Chunking {
     fn default() -> Self {
-        Self { chunk_bytes: 512 * 1024 }
+        Self {
+            chunk_bytes: 512 * 1024,
+        }
     }
 }
 
@@ -64,12 +73,18 @@ pub struct Topology {
 impl Topology {
     /// `nranks` ranks on one node, one process each.
     pub fn flat(nranks: u32) -> Self {
-        Self { node_of: vec![0; nranks as usize], process_of: None }
+        Self {
+            node_of: vec![0; nranks as usize],
+            process_of: None,
+        }
     }
 
     /// The node id of each rank (`node_of[rank]`).
     pub fn from_nodes(node_of: Vec<u32>) -> Self {
-        Self { node_of, process_of: None }
+        Self {
+            node_of,
+            process_of: None,
+        }
     }
 
     /// Adds a process id per rank (ranks sharing a process share memory
@@ -110,7 +125,11 @@ impl Topology {
         ids.sort_unstable();
         ids.dedup();
         ids.iter()
-            .map(|id| (0..self.nranks()).filter(|&r| self.node(r) == *id).collect())
+            .map(|id| {
+                (0..self.nranks())
+                    .filter(|&r| self.node(r) == *id)
+                    .collect()
+            })
             .collect()
     }
 }
@@ -170,7 +189,10 @@ pub(crate) struct Group {
 impl Group {
     /// The whole communicator.
     pub fn all(nranks: u32, rank: Rank) -> Self {
-        Self { ranks: (0..nranks).collect(), me: rank as usize }
+        Self {
+            ranks: (0..nranks).collect(),
+            me: rank as usize,
+        }
     }
 
     /// Group size.
@@ -228,9 +250,19 @@ fn regions(a: &CollArgs, rank: Rank, n: usize) -> Result<Regions, PlanError> {
         (Recv, _) => (s(0, 0), v(0, b)),
     };
     let used = |id: BufId| {
-        [input, output].iter().filter(|x| x.buf == id).map(|x| x.end()).max().unwrap_or(0)
+        [input, output]
+            .iter()
+            .filter(|x| x.buf == id)
+            .map(|x| x.end())
+            .max()
+            .unwrap_or(0)
     };
-    Ok(Regions { input, output, send_bytes: used(BufId::Send), recv_bytes: used(BufId::Recv) })
+    Ok(Regions {
+        input,
+        output,
+        send_bytes: used(BufId::Send),
+        recv_bytes: used(BufId::Recv),
+    })
 }
 
 /// This rank's plan for one call. Pure: the same arguments give the same
@@ -248,20 +280,28 @@ pub fn generate(
         return Err(PlanError::BadRank { rank, nranks });
     }
     let coll = args.collective;
-    if (coll.rooted() || matches!(coll, Collective::Send | Collective::Recv)) && args.root >= nranks {
+    if (coll.rooted() || matches!(coll, Collective::Send | Collective::Recv)) && args.root >= nranks
+    {
         return Err(PlanError::BadRoot(args.root));
     }
     if matches!(coll, Collective::Send | Collective::Recv) && args.root == rank {
         return Err(PlanError::BadRoot(args.root));
     }
     if !supported(coll).contains(&algorithm) {
-        return Err(PlanError::Unsupported { collective: coll, algorithm });
+        return Err(PlanError::Unsupported {
+            collective: coll,
+            algorithm,
+        });
     }
     let n = nranks as usize;
     let reg = regions(args, rank, n)?;
     let esize = args.dtype.size();
     let mut b = Builder::new(esize, chunking.chunk_bytes);
-    let op = if coll.reduces() { args.op } else { ReduceOp::Sum };
+    let op = if coll.reduces() {
+        args.op
+    } else {
+        ReduceOp::Sum
+    };
     let post = op.has_post_op(args.dtype);
     let mut input = reg.input;
     if coll.reduces() && op.has_pre_op(args.dtype) && input.len > 0 {
@@ -273,9 +313,15 @@ pub fn generate(
     let g = Group::all(nranks, rank);
     let root = args.root;
     match (coll, algorithm) {
-        (Collective::AllReduce, Algorithm::Ring) => ring::allreduce(&mut b, &g, input, output, 0, post),
-        (Collective::AllReduce, Algorithm::Tree) => tree::allreduce(&mut b, &g, input, output, post),
-        (Collective::AllReduce, Algorithm::Direct) => direct::allreduce(&mut b, &g, input, output, post),
+        (Collective::AllReduce, Algorithm::Ring) => {
+            ring::allreduce(&mut b, &g, input, output, 0, post)
+        }
+        (Collective::AllReduce, Algorithm::Tree) => {
+            tree::allreduce(&mut b, &g, input, output, post)
+        }
+        (Collective::AllReduce, Algorithm::Direct) => {
+            direct::allreduce(&mut b, &g, input, output, post)
+        }
         (Collective::AllReduce, Algorithm::HalvingDoubling) => {
             halving::allreduce(&mut b, &g, input, output, post)
         }
@@ -283,19 +329,34 @@ pub fn generate(
             hier::allreduce(&mut b, topo, rank, input, output, post)
         }
         (Collective::AllReduce, Algorithm::Pairwise) => {
-            return Err(PlanError::Unsupported { collective: coll, algorithm })
+            return Err(PlanError::Unsupported {
+                collective: coll,
+                algorithm,
+            })
         }
-        (Collective::Broadcast, Algorithm::Ring) => ring::broadcast(&mut b, &g, root, input, output),
-        (Collective::Broadcast, Algorithm::Tree) => tree::broadcast(&mut b, &g, root, input, output),
+        (Collective::Broadcast, Algorithm::Ring) => {
+            ring::broadcast(&mut b, &g, root, input, output)
+        }
+        (Collective::Broadcast, Algorithm::Tree) => {
+            tree::broadcast(&mut b, &g, root, input, output)
+        }
         (Collective::Broadcast, _) => direct::broadcast(&mut b, &g, root, input, output),
-        (Collective::Reduce, Algorithm::Ring) => ring::reduce(&mut b, &g, root, input, output, post),
-        (Collective::Reduce, Algorithm::Tree) => tree::reduce(&mut b, &g, root, input, output, post),
+        (Collective::Reduce, Algorithm::Ring) => {
+            ring::reduce(&mut b, &g, root, input, output, post)
+        }
+        (Collective::Reduce, Algorithm::Tree) => {
+            tree::reduce(&mut b, &g, root, input, output, post)
+        }
         (Collective::Reduce, _) => direct::reduce(&mut b, &g, root, input, output, post),
         (Collective::AllGather, Algorithm::Ring) => ring::allgather(&mut b, &g, input, output, 0),
         (Collective::AllGather, _) => direct::allgather(&mut b, &g, input, output),
-        (Collective::ReduceScatter, Algorithm::Ring) => ring::reduce_scatter(&mut b, &g, input, output, post),
+        (Collective::ReduceScatter, Algorithm::Ring) => {
+            ring::reduce_scatter(&mut b, &g, input, output, post)
+        }
         (Collective::ReduceScatter, _) => direct::reduce_scatter(&mut b, &g, input, output, post),
-        (Collective::AlltoAll, Algorithm::Pairwise) => direct::alltoall(&mut b, &g, input, output, true),
+        (Collective::AlltoAll, Algorithm::Pairwise) => {
+            direct::alltoall(&mut b, &g, input, output, true)
+        }
         (Collective::AlltoAll, _) => direct::alltoall(&mut b, &g, input, output, false),
         (Collective::Gather, _) => direct::gather(&mut b, &g, root, input, output),
         (Collective::Scatter, _) => direct::scatter(&mut b, &g, root, input, output),

@@ -55,7 +55,11 @@ pub(crate) fn allreduce(b: &mut Builder, g: &Group, input: BufRange, output: Buf
     while d >= 1 {
         let peer = g.at(real(new ^ d));
         let mid = lo + (hi - lo) / 2;
-        let (keep, give) = if new & d == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
+        let (keep, give) = if new & d == 0 {
+            ((lo, mid), (mid, hi))
+        } else {
+            ((mid, hi), (lo, mid))
+        };
         let src = if first && !folded { input } else { output };
         b.send(peer, 0, range(b, src, give.0, give.1));
         let local = range(b, src, keep.0, keep.1);

@@ -26,7 +26,9 @@ mod tree;
 pub use filter::{AlgoFilter, FilterError};
 pub use generate::{generate, supported, Chunking, CollArgs, PlanError, Topology};
 pub use plan::{BufId, BufRange, Plan, PlanCheckError, Rank, Step, StepId, StepKind};
-pub use select::{estimate_us, select, selection_table, CostModel, LinkClass, LinkCost, NoAlgorithm};
+pub use select::{
+    estimate_us, select, selection_table, CostModel, LinkClass, LinkCost, NoAlgorithm,
+};
 
 use std::fmt;
 
@@ -77,7 +79,10 @@ impl Collective {
 
     /// Whether the collective has a root.
     pub const fn rooted(self) -> bool {
-        matches!(self, Self::Broadcast | Self::Reduce | Self::Gather | Self::Scatter)
+        matches!(
+            self,
+            Self::Broadcast | Self::Reduce | Self::Gather | Self::Scatter
+        )
     }
 
     /// The name as NCCL's `NCCL_ALGO` per-function syntax spells it, in
@@ -124,8 +129,14 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 6] =
-        [Self::Ring, Self::Tree, Self::Direct, Self::HalvingDoubling, Self::Hierarchical, Self::Pairwise];
+    pub const ALL: [Algorithm; 6] = [
+        Self::Ring,
+        Self::Tree,
+        Self::Direct,
+        Self::HalvingDoubling,
+        Self::Hierarchical,
+        Self::Pairwise,
+    ];
 
     /// The name used in tables and accepted by `NCCL_ALGO`.
     pub const fn name(self) -> &'static str {

@@ -48,7 +48,11 @@ impl BufRange {
 
     /// The sub-range `[off, off+len)` relative to this range's start.
     pub const fn sub(&self, off: usize, len: usize) -> Self {
-        Self { buf: self.buf, offset: self.offset + off, len }
+        Self {
+            buf: self.buf,
+            offset: self.offset + off,
+            len,
+        }
     }
 
     /// Whether the two ranges share at least one byte.
@@ -139,7 +143,9 @@ impl StepKind {
     /// The ranges the step reads.
     pub fn reads(&self) -> [Option<BufRange>; 2] {
         match *self {
-            Self::Send { src, .. } | Self::Copy { src, .. } | Self::PreOp { src, .. } => [Some(src), None],
+            Self::Send { src, .. } | Self::Copy { src, .. } | Self::PreOp { src, .. } => {
+                [Some(src), None]
+            }
             Self::Recv { .. } => [None, None],
             Self::RecvReduce { local, .. } => [Some(local), None],
             Self::Reduce { a, b, .. } => [Some(a), Some(b)],
@@ -164,7 +170,9 @@ impl StepKind {
     pub fn message(&self) -> Option<(Rank, u8, bool)> {
         match *self {
             Self::Send { peer, chan, .. } => Some((peer, chan, true)),
-            Self::Recv { peer, chan, .. } | Self::RecvReduce { peer, chan, .. } => Some((peer, chan, false)),
+            Self::Recv { peer, chan, .. } | Self::RecvReduce { peer, chan, .. } => {
+                Some((peer, chan, false))
+            }
             _ => None,
         }
     }
@@ -260,7 +268,10 @@ impl Plan {
 
     /// Number of message steps (sends plus receives).
     pub fn message_count(&self) -> usize {
-        self.steps.iter().filter(|s| s.kind.message().is_some()).count()
+        self.steps
+            .iter()
+            .filter(|s| s.kind.message().is_some())
+            .count()
     }
 
     /// Checks dependencies, ranges, operands and peers.

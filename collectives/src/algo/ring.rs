@@ -15,7 +15,14 @@ use super::plan::{BufRange, Rank};
 /// once around the ring, ends fully reduced on group rank `k-1`, is
 /// finished there (post-op), then travels once more to be copied
 /// everywhere. `input` may equal `output`.
-pub(crate) fn allreduce(b: &mut Builder, g: &Group, input: BufRange, output: BufRange, chan: u8, post: bool) {
+pub(crate) fn allreduce(
+    b: &mut Builder,
+    g: &Group,
+    input: BufRange,
+    output: BufRange,
+    chan: u8,
+    post: bool,
+) {
     let n = g.n();
     if n == 1 {
         b.copy(input, output);
@@ -48,7 +55,13 @@ pub(crate) fn allreduce(b: &mut Builder, g: &Group, input: BufRange, output: Buf
 /// Ring reduce-scatter: `input` holds `n` equal blocks; block `k` ends,
 /// reduced, in `output` on group rank `k`. Partial sums travel through
 /// scratch. `output` may be block `me` of `input` (in place).
-pub(crate) fn reduce_scatter(b: &mut Builder, g: &Group, input: BufRange, output: BufRange, post: bool) {
+pub(crate) fn reduce_scatter(
+    b: &mut Builder,
+    g: &Group,
+    input: BufRange,
+    output: BufRange,
+    post: bool,
+) {
     let n = g.n();
     let block = |k: usize| input.sub(k * output.len, output.len);
     if n == 1 {
@@ -63,7 +76,11 @@ pub(crate) fn reduce_scatter(b: &mut Builder, g: &Group, input: BufRange, output
     // receive (s = n-2) is block me itself.
     for s in 0..n - 1 {
         let k_send = g.rel(-(s as isize) - 1);
-        let src = if s == 0 { block(k_send) } else { staged(k_send) };
+        let src = if s == 0 {
+            block(k_send)
+        } else {
+            staged(k_send)
+        };
         b.send(next, 0, src);
         let k_recv = g.rel(-(s as isize) - 2);
         let dst = if s == n - 2 { output } else { staged(k_recv) };
@@ -115,7 +132,14 @@ pub(crate) fn broadcast(b: &mut Builder, g: &Group, root: Rank, input: BufRange,
 /// Chain reduce to `root`: the chain starts at `root+1` and ends at `root`;
 /// each rank adds its input to the partial result flowing past, chunk by
 /// chunk. Non-roots keep partials in scratch.
-pub(crate) fn reduce(b: &mut Builder, g: &Group, root: Rank, input: BufRange, output: BufRange, post: bool) {
+pub(crate) fn reduce(
+    b: &mut Builder,
+    g: &Group,
+    root: Rank,
+    input: BufRange,
+    output: BufRange,
+    post: bool,
+) {
     let n = g.n();
     let q = (g.me + 2 * n - root as usize - 1) % n; // 0 = head, n-1 = root
     let (next, prev) = (g.at(g.rel(1)), g.at(g.rel(-1)));
@@ -124,7 +148,11 @@ pub(crate) fn reduce(b: &mut Builder, g: &Group, root: Rank, input: BufRange, ou
         b.post(post, output);
         return;
     }
-    let acc = if q == n - 1 { output } else { b.scratch(input.len) };
+    let acc = if q == n - 1 {
+        output
+    } else {
+        b.scratch(input.len)
+    };
     for (o, l) in b.pieces(input.len).collect::<Vec<_>>() {
         if q == 0 {
             b.send(next, 0, input.sub(o, l));

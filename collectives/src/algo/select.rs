@@ -58,9 +58,18 @@ impl Default for CostModel {
     /// 25 µs latency.
     fn default() -> Self {
         Self {
-            same_process: LinkCost { alpha_us: 0.2, beta_us_per_byte: 1.0 / 20_000.0 },
-            same_node: LinkCost { alpha_us: 1.0, beta_us_per_byte: 1.0 / 10_000.0 },
-            cross_node: LinkCost { alpha_us: 25.0, beta_us_per_byte: 1.0 / 1_200.0 },
+            same_process: LinkCost {
+                alpha_us: 0.2,
+                beta_us_per_byte: 1.0 / 20_000.0,
+            },
+            same_node: LinkCost {
+                alpha_us: 1.0,
+                beta_us_per_byte: 1.0 / 10_000.0,
+            },
+            cross_node: LinkCost {
+                alpha_us: 25.0,
+                beta_us_per_byte: 1.0 / 1_200.0,
+            },
             msg_overhead_us: 0.5,
             reduce_us_per_byte: 1.0 / 8_000.0,
             direct_congestion: 0.1,
@@ -109,7 +118,13 @@ fn log2_ceil(n: u32) -> f64 {
 /// The model's time in microseconds for `coll` with `algo`, where `bytes` is
 /// NCCL's count times the element size; `None` if the algorithm does not
 /// implement the collective.
-pub fn estimate_us(coll: Collective, algo: Algorithm, bytes: usize, topo: &Topology, m: &CostModel) -> Option<f64> {
+pub fn estimate_us(
+    coll: Collective,
+    algo: Algorithm,
+    bytes: usize,
+    topo: &Topology,
+    m: &CostModel,
+) -> Option<f64> {
     if !supported(coll).contains(&algo) {
         return None;
     }
@@ -120,7 +135,12 @@ pub fn estimate_us(coll: Collective, algo: Algorithm, bytes: usize, topo: &Topol
     let nf = f64::from(n);
     let b = bytes as f64;
     let l = m.link(worst(topo));
-    let (a, beta, o, g) = (l.alpha_us, l.beta_us_per_byte, m.msg_overhead_us, m.reduce_us_per_byte);
+    let (a, beta, o, g) = (
+        l.alpha_us,
+        l.beta_us_per_byte,
+        m.msg_overhead_us,
+        m.reduce_us_per_byte,
+    );
     let cong = 1.0 + m.direct_congestion * (nf - 2.0).max(0.0);
     let depth = log2_ceil(n + 1) - 1.0;
     let reduces = coll.reduces();
@@ -135,8 +155,15 @@ pub fn estimate_us(coll: Collective, algo: Algorithm, bytes: usize, topo: &Topol
         }
         (Collective::AllReduce, Algorithm::HalvingDoubling) => {
             let p = 2f64.powf(f64::from(u32::BITS - 1 - n.leading_zeros()));
-            let fold = if p < nf { 2.0 * (o + a + b * beta) + gam(b) } else { 0.0 };
-            2.0 * p.log2() * (o + a) + 2.0 * (p - 1.0) / p * b * beta + gam((p - 1.0) / p * b) + fold
+            let fold = if p < nf {
+                2.0 * (o + a + b * beta) + gam(b)
+            } else {
+                0.0
+            };
+            2.0 * p.log2() * (o + a)
+                + 2.0 * (p - 1.0) / p * b * beta
+                + gam((p - 1.0) / p * b)
+                + fold
         }
         (Collective::AllReduce, Algorithm::Hierarchical) => {
             let nodes = topo.nodes();
@@ -165,7 +192,10 @@ pub fn estimate_us(coll: Collective, algo: Algorithm, bytes: usize, topo: &Topol
         (Collective::Broadcast | Collective::Reduce, Algorithm::Direct) => {
             (nf - 1.0) * o + a + (nf - 1.0) * b * beta * cong + gam((nf - 1.0) * b)
         }
-        (Collective::AllGather | Collective::ReduceScatter | Collective::AlltoAll, Algorithm::Ring)
+        (
+            Collective::AllGather | Collective::ReduceScatter | Collective::AlltoAll,
+            Algorithm::Ring,
+        )
         | (Collective::AlltoAll, Algorithm::Pairwise) => {
             (nf - 1.0) * (o + a + b * beta) + gam((nf - 1.0) * b)
         }
@@ -202,12 +232,17 @@ pub fn select(
         if !filter.allows(coll, algo) {
             continue;
         }
-        let Some(t) = estimate_us(coll, algo, bytes, topo, costs) else { continue };
+        let Some(t) = estimate_us(coll, algo, bytes, topo, costs) else {
+            continue;
+        };
         if best.map_or(true, |(bt, _)| t < bt) {
             best = Some((t, algo));
         }
     }
-    best.map(|(_, a)| a).ok_or_else(|| NoAlgorithm { collective: coll, filter: filter.text().to_string() })
+    best.map(|(_, a)| a).ok_or_else(|| NoAlgorithm {
+        collective: coll,
+        filter: filter.text().to_string(),
+    })
 }
 
 fn human(bytes: usize) -> String {
@@ -244,7 +279,11 @@ pub fn selection_table(
         shape.join("+"),
         filter.text()
     );
-    let _ = writeln!(out, "# {:<14} {:<25} {:<16} {:>14}", "collective", "size range", "algorithm", "est. at end");
+    let _ = writeln!(
+        out,
+        "# {:<14} {:<25} {:<16} {:>14}",
+        "collective", "size range", "algorithm", "est. at end"
+    );
     let mut sizes = vec![0usize];
     let mut s = 1usize;
     while s <= max_bytes {
@@ -256,20 +295,35 @@ pub fn selection_table(
     }
     for &coll in colls {
         let mut run: Option<(usize, usize, Result<Algorithm, NoAlgorithm>)> = None;
-        let flush = |out: &mut String, run: &Option<(usize, usize, Result<Algorithm, NoAlgorithm>)>| {
-            if let Some((lo, hi, choice)) = run {
-                let range = format!("{} - {}", human(*lo), human(*hi));
-                match choice {
-                    Ok(a) => {
-                        let t = estimate_us(coll, *a, *hi, topo, costs).unwrap_or(0.0);
-                        let _ = writeln!(out, "  {:<14} {:<25} {:<16} {:>11.1} us", coll.name(), range, a.name(), t);
-                    }
-                    Err(_) => {
-                        let _ = writeln!(out, "  {:<14} {:<25} {:<16} {:>14}", coll.name(), range, "(none)", "-");
+        let flush =
+            |out: &mut String, run: &Option<(usize, usize, Result<Algorithm, NoAlgorithm>)>| {
+                if let Some((lo, hi, choice)) = run {
+                    let range = format!("{} - {}", human(*lo), human(*hi));
+                    match choice {
+                        Ok(a) => {
+                            let t = estimate_us(coll, *a, *hi, topo, costs).unwrap_or(0.0);
+                            let _ = writeln!(
+                                out,
+                                "  {:<14} {:<25} {:<16} {:>11.1} us",
+                                coll.name(),
+                                range,
+                                a.name(),
+                                t
+                            );
+                        }
+                        Err(_) => {
+                            let _ = writeln!(
+                                out,
+                                "  {:<14} {:<25} {:<16} {:>14}",
+                                coll.name(),
+                                range,
+                                "(none)",
+                                "-"
+                            );
+                        }
                     }
                 }
-            }
-        };
+            };
         for &size in &sizes {
             let choice = select(coll, size, topo, costs, filter);
             match &mut run {

@@ -37,7 +37,10 @@ pub struct SimOptions {
 
 impl Default for SimOptions {
     fn default() -> Self {
-        Self { seed: 1, rendezvous: true }
+        Self {
+            seed: 1,
+            rendezvous: true,
+        }
     }
 }
 
@@ -67,7 +70,9 @@ pub enum SimError {
         err: PlanCheckError,
     },
     /// A receive's length differs from its message's.
-    #[error("message {from}->{to} chan {chan} #{seq}: sent {sent} bytes, receive expects {expected}")]
+    #[error(
+        "message {from}->{to} chan {chan} #{seq}: sent {sent} bytes, receive expects {expected}"
+    )]
     SizeMismatch {
         /// Sender.
         from: u32,
@@ -184,10 +189,19 @@ impl<'a> Rank<'a> {
             }
             if let Some((peer, chan, send)) = s.kind.message() {
                 let l = *index.entry((peer, chan, send)).or_insert_with(|| {
-                    let key = if send { (me, peer, chan) } else { (peer, me, chan) };
+                    let key = if send {
+                        (me, peer, chan)
+                    } else {
+                        (peer, me, chan)
+                    };
                     let next = queues.len();
                     let queue = *queues.entry(key).or_insert(next);
-                    lanes.push(Lane { steps: Vec::new(), next: 0, queue, send });
+                    lanes.push(Lane {
+                        steps: Vec::new(),
+                        next: 0,
+                        queue,
+                        send,
+                    });
                     (lanes.len() - 1) as u32
                 });
                 lane_of[i] = (l, lanes[l as usize].steps.len());
@@ -237,7 +251,9 @@ impl<'a> Rank<'a> {
     fn runnable_lanes(&self, queues: &[VecDeque<Msg>], out: &mut Vec<usize>) {
         for (l, lane) in self.lanes.iter().enumerate() {
             if let Some(&head) = lane.steps.get(lane.next) {
-                if self.st[head as usize] == St::Ready && (lane.send || !queues[lane.queue].is_empty()) {
+                if self.st[head as usize] == St::Ready
+                    && (lane.send || !queues[lane.queue].is_empty())
+                {
                     out.push(l);
                 }
             }
@@ -247,16 +263,30 @@ impl<'a> Rank<'a> {
 
 /// Runs `plans[r]` on `bufs[r]` for every rank `r`. Plans must be for ranks
 /// `0..n` in order; buffers must be at least as large as the plans say.
-pub fn run(plans: &[Plan], bufs: &mut [RankBuffers], opts: &SimOptions) -> Result<SimReport, SimError> {
+pub fn run(
+    plans: &[Plan],
+    bufs: &mut [RankBuffers],
+    opts: &SimOptions,
+) -> Result<SimReport, SimError> {
     let n = plans.len();
     if bufs.len() != n {
-        return Err(SimError::Setup(format!("{} plans but {} buffer sets", n, bufs.len())));
+        return Err(SimError::Setup(format!(
+            "{} plans but {} buffer sets",
+            n,
+            bufs.len()
+        )));
     }
     for (r, (p, b)) in plans.iter().zip(bufs.iter()).enumerate() {
         if p.rank as usize != r || p.nranks as usize != n {
-            return Err(SimError::Setup(format!("plan {r} is for rank {} of {}", p.rank, p.nranks)));
+            return Err(SimError::Setup(format!(
+                "plan {r} is for rank {} of {}",
+                p.rank, p.nranks
+            )));
         }
-        p.validate().map_err(|err| SimError::Invalid { rank: r as u32, err })?;
+        p.validate().map_err(|err| SimError::Invalid {
+            rank: r as u32,
+            err,
+        })?;
         if b.send.len() < p.send_bytes || b.recv.len() < p.recv_bytes {
             return Err(SimError::Setup(format!(
                 "rank {r}: buffers {}/{} bytes, plan needs {}/{}",
@@ -324,7 +354,11 @@ fn execute(
     let plan = ranks[r].plan;
     let kind = plan.steps[step as usize].kind;
     let (dt, op, nranks) = (plan.dtype, plan.op, plan.nranks);
-    let kerr = |err| SimError::Kernel { rank: me, step, err };
+    let kerr = |err| SimError::Kernel {
+        rank: me,
+        step,
+        err,
+    };
     let rk = &mut ranks[r];
     let b = &mut bufs[r];
     let (lane, seq) = rk.lane_of[step as usize];
@@ -341,7 +375,10 @@ fn execute(
             report.steps += 1;
             return Ok(());
         }
-        StepKind::Recv { peer, chan, dst } | StepKind::RecvReduce { peer, chan, dst, .. } => {
+        StepKind::Recv { peer, chan, dst }
+        | StepKind::RecvReduce {
+            peer, chan, dst, ..
+        } => {
             let l = &mut rk.lanes[lane as usize];
             let Some(msg) = queues[l.queue].pop_front() else {
                 return Err(SimError::Setup("receive ran without a message".into()));
@@ -374,7 +411,10 @@ fn execute(
             if let StepKind::Send { src, .. } = sender.plan.steps[msg.step as usize].kind {
                 let now = read(&mut bufs[peer as usize], &mut sender.scratch, src);
                 if now != msg.data {
-                    return Err(SimError::SourceModified { rank: peer, step: msg.step });
+                    return Err(SimError::SourceModified {
+                        rank: peer,
+                        step: msg.step,
+                    });
                 }
             }
             if opts.rendezvous {
@@ -426,8 +466,12 @@ fn dump(ranks: &[Rank], queues: &[VecDeque<Msg>]) -> String {
             let (lane, seq) = rk.lane_of[i];
             let why = match (rk.st[i], s.kind.message()) {
                 (St::Waiting, _) => {
-                    let deps: Vec<u32> =
-                        s.deps.iter().copied().filter(|&d| rk.st[d as usize] != St::Done).collect();
+                    let deps: Vec<u32> = s
+                        .deps
+                        .iter()
+                        .copied()
+                        .filter(|&d| rk.st[d as usize] != St::Done)
+                        .collect();
                     format!("waits for steps {deps:?}")
                 }
                 (St::InFlight, _) => "sent, not yet received".to_string(),

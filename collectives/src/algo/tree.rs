@@ -22,7 +22,11 @@ fn heap(g: &Group, pos_of_me: usize, to_index: impl Fn(usize) -> usize) -> Node 
     let n = g.n();
     let p = pos_of_me;
     let parent = (p > 0).then(|| g.at(to_index((p - 1) / 2)));
-    let children = [2 * p + 1, 2 * p + 2].into_iter().filter(|&c| c < n).map(|c| g.at(to_index(c))).collect();
+    let children = [2 * p + 1, 2 * p + 2]
+        .into_iter()
+        .filter(|&c| c < n)
+        .map(|c| g.at(to_index(c)))
+        .collect();
     Node { parent, children }
 }
 
@@ -119,9 +123,20 @@ pub(crate) fn broadcast(b: &mut Builder, g: &Group, root: Rank, input: BufRange,
 }
 
 /// Tree reduce to `root`, chunk by chunk; non-roots accumulate in scratch.
-pub(crate) fn reduce(b: &mut Builder, g: &Group, root: Rank, input: BufRange, output: BufRange, post: bool) {
+pub(crate) fn reduce(
+    b: &mut Builder,
+    g: &Group,
+    root: Rank,
+    input: BufRange,
+    output: BufRange,
+    post: bool,
+) {
     let t = rooted(g, root);
-    let acc = if t.parent.is_none() { output } else { b.scratch(input.len) };
+    let acc = if t.parent.is_none() {
+        output
+    } else {
+        b.scratch(input.len)
+    };
     let ins = chunks(b, input);
     let accs = chunks(b, acc);
     for (i, a) in ins.into_iter().zip(accs) {
