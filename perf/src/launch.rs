@@ -1,0 +1,398 @@
+//! How ranks come to be: one process (1 rank), `-np N` (this binary
+//! re-executed N times by a supervisor that kills the rest when one fails),
+//! `--threads N`, or ranks started by mpirun/torchrun/Slurm (rank and size
+//! from their environment variables, rendezvous through `--id-file`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::bench::{run_rank, Progress, RankArgs};
+use crate::cli::{self, Options};
+use crate::nccl::Nccl;
+use crate::store::{poll, write_atomic, Channel, FileStore, MemStore, Store};
+
+/// Rank of a process started by `-np` (set by the supervisor).
+pub const ENV_RANK: &str = "HETCCL_PERF_RANK";
+/// Number of ranks of a `-np` run.
+pub const ENV_NRANKS: &str = "HETCCL_PERF_NRANKS";
+/// Store directory of a `-np` run.
+pub const ENV_STORE: &str = "HETCCL_PERF_STORE";
+/// Library to test when `--lib` is not given.
+pub const ENV_LIB: &str = "HETCCL_PERF_LIB";
+
+/// Rank/size variables of the launchers hetccl-perf understands, in order.
+pub const LAUNCHER_VARS: [(&str, &str, &str); 5] = [
+    (ENV_RANK, ENV_NRANKS, "hetccl-perf -np"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"),
+    ("PMI_RANK", "PMI_SIZE", "PMI (MPICH, Intel MPI)"),
+    ("RANK", "WORLD_SIZE", "torchrun"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "Slurm"),
+];
+
+/// `(rank, size, launcher)` from the environment, if a launcher set them.
+pub fn env_rank(get: impl Fn(&str) -> Option<String>) -> Option<(usize, usize, &'static str)> {
+    for (r, s, name) in LAUNCHER_VARS {
+        let rank = get(r).and_then(|v| v.trim().parse::<usize>().ok());
+        let size = get(s).and_then(|v| v.trim().parse::<usize>().ok());
+        if let (Some(rank), Some(size)) = (rank, size) {
+            if size >= 1 && rank < size {
+                return Some((rank, size, name));
+            }
+        }
+    }
+    None
+}
+
+/// The library to test: `--lib`, `$HETCCL_PERF_LIB`, else `libhetccl.so`
+/// next to this binary (`<target>/<profile>/`, its `deps/`, or `../lib/`).
+pub fn find_library(opt: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = opt {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os(ENV_LIB).filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own path: {e}"))?;
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let candidates = [
+        dir.join("libhetccl.so"),
+        dir.join("deps/libhetccl.so"),
+        dir.join("../lib/libhetccl.so"),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "no library to test: pass --lib PATH or set {ENV_LIB} (looked for {})",
+                candidates[0].display()
+            )
+        })
+}
+
+fn watchdog(progress: Arc<Progress>, timeout_s: u64) {
+    std::thread::Builder::new()
+        .name("hetccl-perf-watchdog".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(200));
+            if progress.idle_s() > timeout_s as f64 {
+                eprintln!(
+                    "{}: Test timeout ({timeout_s}s): no progress; exiting",
+                    crate::bench::hostname()
+                );
+                // SAFETY: _exit never returns and runs no handlers that could
+                // block on a hung library.
+                unsafe { libc::_exit(4) };
+            }
+        })
+        .expect("spawn watchdog");
+}
+
+/// Entry point: parses argv, picks the launch mode, returns the exit code
+/// (0 ok, 1 wrong results or bandwidth below `NCCL_TESTS_MIN_BW`, 2 library
+/// or run error, 4 timeout, 64 usage).
+pub fn main_entry(argv: Vec<String>) -> i32 {
+    let (coll, flags) = match cli::split_argv(&argv) {
+        Ok(v) => v,
+        Err(e) if e.is_empty() => {
+            println!("{}", cli::command().render_help());
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return 64;
+        }
+    };
+    let opts = match cli::parse(coll, &flags) {
+        Ok(o) => o,
+        Err(e) => {
+            let is_help = e.contains("Usage:") && flags.iter().any(|f| f == "-h" || f == "--help");
+            if is_help {
+                println!("{e}");
+                return 0;
+            }
+            eprintln!("hetccl-perf: {e}");
+            return 64;
+        }
+    };
+    let from_env = env_rank(|k| std::env::var(k).ok());
+    if opts.np > 1 && std::env::var_os(ENV_RANK).is_none() {
+        return supervise(&opts, &argv);
+    }
+    let lib = match find_library(opts.lib.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("hetccl-perf: {e}");
+            return 2;
+        }
+    };
+    let nccl = match Nccl::open(&lib) {
+        Ok(n) => Arc::new(n),
+        Err(e) => {
+            eprintln!("hetccl-perf: {e}");
+            return 2;
+        }
+    };
+    let progress = Arc::new(Progress::default());
+    watchdog(progress.clone(), opts.timeout_s);
+    let timeout = Duration::from_secs(opts.timeout_s);
+
+    if opts.threads > 0 {
+        return run_threads(&opts, nccl, &progress, &argv, timeout);
+    }
+    let (rank, nranks, source) = from_env.unwrap_or((0, 1, "single process"));
+    let (store, cleanup): (Arc<dyn Store>, Option<PathBuf>) = if nranks == 1 {
+        (Arc::new(MemStore::default()), None)
+    } else if let Some(dir) = std::env::var_os(ENV_STORE) {
+        match FileStore::new(Path::new(&dir)) {
+            Ok(s) => (Arc::new(s), None),
+            Err(e) => {
+                eprintln!("hetccl-perf: rank {rank}: {e}");
+                return 2;
+            }
+        }
+    } else if let Some(idf) = &opts.id_file {
+        match rendezvous(idf, rank, timeout) {
+            Ok((s, dir)) => (Arc::new(s), if rank == 0 { Some(dir) } else { None }),
+            Err(e) => {
+                eprintln!("hetccl-perf: rank {rank}: {e}");
+                return 2;
+            }
+        }
+    } else {
+        eprintln!(
+            "hetccl-perf: rank {rank} of {nranks} (from {source}) needs --id-file PATH on a filesystem all ranks share, or use -np N"
+        );
+        return 64;
+    };
+    let ch = Channel::new(store, rank, nranks, timeout);
+    let args = RankArgs {
+        nccl: &nccl,
+        opts: &opts,
+        nthreads: 1,
+        progress: &progress,
+        argv: &argv,
+    };
+    let code = match run_rank(&args, ch) {
+        Ok(o) => outcome_code(&o),
+        Err(e) => {
+            eprintln!("hetccl-perf: rank {rank}: {}", e.0);
+            2
+        }
+    };
+    if let Some(dir) = cleanup {
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some(idf) = &opts.id_file {
+            let _ = std::fs::remove_file(idf);
+        }
+    }
+    code
+}
+
+fn outcome_code(o: &crate::bench::Outcome) -> i32 {
+    if o.errors > 0 || o.bw_failed {
+        1
+    } else {
+        0
+    }
+}
+
+fn run_threads(
+    opts: &Options,
+    nccl: Arc<Nccl>,
+    progress: &Arc<Progress>,
+    argv: &[String],
+    timeout: Duration,
+) -> i32 {
+    let n = opts.threads;
+    let store: Arc<dyn Store> = Arc::new(MemStore::default());
+    let codes: Vec<i32> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let store = store.clone();
+                let nccl = nccl.clone();
+                s.spawn(move || {
+                    let ch = Channel::new(store, rank, n, timeout);
+                    let args = RankArgs {
+                        nccl: &nccl,
+                        opts,
+                        nthreads: n,
+                        progress,
+                        argv,
+                    };
+                    match run_rank(&args, ch) {
+                        Ok(o) => outcome_code(&o),
+                        Err(e) => {
+                            eprintln!("hetccl-perf: rank {rank}: {}", e.0);
+                            // The other threads may wait for this rank forever
+                            // inside the library: end the process.
+                            // SAFETY: _exit never returns.
+                            unsafe { libc::_exit(2) };
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(3)).collect()
+    });
+    codes.into_iter().max().unwrap_or(0)
+}
+
+/// A job key from the launcher's environment, so that ranks ignore a
+/// rendezvous file left behind by another job.
+fn job_key() -> String {
+    for k in [
+        "SLURM_JOB_ID",
+        "PMIX_NAMESPACE",
+        "OMPI_MCA_ess_base_jobid",
+        "TORCHELASTIC_RUN_ID",
+        "PMI_JOBID",
+    ] {
+        if let Ok(v) = std::env::var(k) {
+            let step = if k == "SLURM_JOB_ID" {
+                std::env::var("SLURM_STEP_ID").unwrap_or_default()
+            } else {
+                String::new()
+            };
+            return format!("{k}={v}.{step}");
+        }
+    }
+    String::new()
+}
+
+/// `--id-file` rendezvous: rank 0 creates a fresh store directory next to
+/// the file and publishes its name (with the job key) in the file, written
+/// atomically; the others poll for a file of this job, no older than 60 s
+/// before they started.
+fn rendezvous(idf: &Path, rank: usize, timeout: Duration) -> Result<(FileStore, PathBuf), String> {
+    let key = job_key();
+    if rank == 0 {
+        let _ = std::fs::remove_file(idf);
+        let nonce = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = PathBuf::from(format!(
+            "{}.store.{}.{nonce:x}",
+            idf.display(),
+            std::process::id()
+        ));
+        let store = FileStore::new(&dir)?;
+        write_atomic(
+            idf,
+            format!("hetccl-perf-rendezvous 1\n{key}\n{}\n", dir.display()).as_bytes(),
+        )?;
+        return Ok((store, dir));
+    }
+    let started = SystemTime::now() - Duration::from_secs(60);
+    let dir = poll(
+        timeout,
+        &format!("rendezvous file {}", idf.display()),
+        || {
+            let meta = std::fs::metadata(idf).ok()?;
+            if meta.modified().ok()? < started {
+                return None;
+            }
+            let text = std::fs::read_to_string(idf).ok()?;
+            let mut lines = text.lines();
+            if lines.next()? != "hetccl-perf-rendezvous 1" || lines.next()? != key {
+                return None;
+            }
+            Some(PathBuf::from(lines.next()?))
+        },
+    )?;
+    Ok((FileStore::new(&dir)?, dir))
+}
+
+/// `-np N`: runs this binary N times with rank variables and a fresh store
+/// directory; when one child fails the others are killed. Children also die
+/// with the supervisor (`PR_SET_PDEATHSIG`).
+fn supervise(opts: &Options, argv: &[String]) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let np = opts.np;
+    let nonce = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("hetccl-perf-{}-{nonce:x}", std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("hetccl-perf: cannot create {}: {e}", dir.display());
+        return 2;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("hetccl-perf: cannot find own path: {e}");
+            return 2;
+        }
+    };
+    let mut children: Vec<Option<Child>> = Vec::new();
+    let mut code = 0;
+    for r in 0..np {
+        let mut cmd = Command::new(&exe);
+        cmd.arg0(&argv[0])
+            .args(&argv[1..])
+            .env(ENV_RANK, r.to_string())
+            .env(ENV_NRANKS, np.to_string())
+            .env(ENV_STORE, &dir);
+        // SAFETY: prctl is async-signal-safe; runs in the child before exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        match cmd.spawn() {
+            Ok(c) => children.push(Some(c)),
+            Err(e) => {
+                eprintln!("hetccl-perf: cannot start rank {r}: {e}");
+                code = 2;
+                break;
+            }
+        }
+    }
+    // Wait; the first failure kills the rest.
+    let start = Instant::now();
+    while code == 0 && children.iter().any(Option::is_some) {
+        for (r, slot) in children.iter_mut().enumerate() {
+            let Some(c) = slot else { continue };
+            match c.try_wait() {
+                Ok(Some(st)) => {
+                    *slot = None;
+                    if !st.success() {
+                        let c = st.code().unwrap_or_else(|| {
+                            use std::os::unix::process::ExitStatusExt;
+                            128 + st.signal().unwrap_or(0)
+                        });
+                        eprintln!("hetccl-perf: rank {r} exited with status {c}; stopping the other ranks");
+                        code = c;
+                        break;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("hetccl-perf: waiting for rank {r}: {e}");
+                    code = 2;
+                }
+            }
+        }
+        if code == 0 {
+            std::thread::sleep(Duration::from_millis(
+                if start.elapsed() < Duration::from_secs(1) {
+                    1
+                } else {
+                    10
+                },
+            ));
+        }
+    }
+    for c in children.iter_mut().flatten() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    code
+}

@@ -1,0 +1,20 @@
+//! hetccl-perf: an nccl-tests-compatible benchmark for any library that
+//! exposes NCCL's C API. The library is opened at run time (`--lib`), so the
+//! same binary measures hetccl, NVIDIA's NCCL or any other drop-in.
+//!
+//! Modules follow nccl-tests' own split: [`cli`] (flags), [`coll`] (per
+//! collective counts, bandwidth formulas and data), [`verifiable`] (exact
+//! data generation), [`report`] (the output format), [`bench`] (one rank's
+//! run), [`launch`] and [`store`] (how ranks start and talk out of band),
+//! [`nccl`] (the dynamically loaded API).
+
+pub mod bench;
+pub mod cfmt;
+pub mod cli;
+pub mod coll;
+pub mod dtype;
+pub mod launch;
+pub mod nccl;
+pub mod report;
+pub mod store;
+pub mod verifiable;
