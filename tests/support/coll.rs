@@ -197,9 +197,15 @@ fn exempt(mode: &str, rank: usize, n: usize) -> bool {
 /// Everything wrong with a job's outputs, one line each, most telling first.
 fn judge(job: &Job, so: &Path, outs: &[RankOutput]) -> Vec<String> {
     let mut p = Vec::new();
+    let mut killed = Vec::new();
     for o in outs {
         let kv = o.kv();
         let r = o.rank;
+        if !o.ok() && o.killed_after_peer {
+            // Not telling by itself: reported after the real failures.
+            killed.push(format!("rank {r}: {}", o.how()));
+            continue;
+        }
         if !o.ok() {
             let mut line = format!("rank {r}: {}", o.how());
             for k in [
@@ -266,6 +272,7 @@ fn judge(job: &Job, so: &Path, outs: &[RankOutput]) -> Vec<String> {
             }
         }
     }
+    p.extend(killed);
     p
 }
 
