@@ -39,7 +39,7 @@ fn namespaces() -> Option<NetnsPair> {
             Some(p)
         }
         Err(e) => {
-            let required = std::env::var("HETCCL_REQUIRE_NETNS").map_or(false, |v| v == "1");
+            let required = std::env::var("HETCCL_REQUIRE_NETNS").is_ok_and(|v| v == "1");
             assert!(
                 !required,
                 "HETCCL_REQUIRE_NETNS=1 but the network namespaces cannot be created: {e}"

@@ -45,6 +45,9 @@ pub fn id_dir() -> PathBuf {
     d
 }
 
+/// The environment of one rank, given the rank and N.
+pub type RankEnv = Box<dyn Fn(usize, usize) -> Vec<(String, String)>>;
+
 /// One launch of N ranks of coll_check.
 pub struct Job {
     /// For messages: `"shm_4 allreduce"`.
@@ -59,7 +62,7 @@ pub struct Job {
     /// HETCCL_SOCKET_IFNAME=lo, HETCCL_TIMEOUT_S=60, NCCL_DEBUG=WARN).
     pub env: Vec<(String, String)>,
     /// Environment for one rank (given rank and N), after `env`.
-    pub rank_env: Box<dyn Fn(usize, usize) -> Vec<(String, String)>>,
+    pub rank_env: RankEnv,
     /// A command prefix for one rank (`ip netns exec <ns>`), or nothing.
     pub prefix: Box<dyn Fn(usize) -> Vec<String>>,
     /// The hard deadline.

@@ -45,7 +45,7 @@ pub struct RankOutput {
 impl RankOutput {
     /// Exited with status 0.
     pub fn ok(&self) -> bool {
-        self.status.map_or(false, |s| s.success())
+        self.status.is_some_and(|s| s.success())
     }
 
     /// The `key value` lines of stdout. Lenient: hetccl's own log lines may
@@ -226,7 +226,7 @@ pub fn run_ranks(cmds: Vec<Command>, deadline: Duration) -> Vec<RankOutput> {
         }
         let now = Instant::now();
         let expired = now.duration_since(start) > deadline;
-        let peer_failed = first_failure.map_or(false, |t| now.duration_since(t) > PEER_GRACE);
+        let peer_failed = first_failure.is_some_and(|t| now.duration_since(t) > PEER_GRACE);
         if expired || peer_failed {
             for r in running.iter_mut().filter(|r| r.status.is_none()) {
                 kill_group(&r.child);
