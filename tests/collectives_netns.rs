@@ -115,6 +115,8 @@ const MODES: &[&str] = &[
     "group",
     "simulate",
     "split",
+    "multicomm",
+    "threads",
     "shrink",
     "shrink_abort",
     "abort",

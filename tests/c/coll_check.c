@@ -48,6 +48,9 @@
  *   split         ncclCommSplit: color rank%2 (NCCL_SPLIT_NOCOLOR for the last
  *                 rank when N>=3), key N-rank, then membership and order
  *                 checks inside each child; then one color, key 0
+ *   multicomm     the parent and a reversed child (ncclCommSplit) used
+ *                 alternately, and together in one group
+ *   threads       two threads per rank, each driving its own comm at once
  *   shrink        ncclCommShrink(NCCL_SHRINK_DEFAULT) excluding rank N-1,
  *                 which stays alive but calls nothing until rank 0 is done
  *   shrink_abort  ncclCommShrink(NCCL_SHRINK_ABORT) excluding rank N-1,
@@ -1065,6 +1068,134 @@ static void mode_split(ncclComm_t comm) {
   if (v != (int64_t)n * (n + 1) / 2) fail("sum %lld, want %lld", (long long)v, (long long)n * (n + 1) / 2);
 }
 
+/* ---------------------------------------------------------- multicomm */
+
+/* Two communicators over the same ranks: the parent and a child in reversed
+ * order (ncclCommSplit, one color, key N-rank). Collectives alternate
+ * between them, then one group holds operations on both. */
+static void mode_multicomm(ncclComm_t comm) {
+  int n = g_nranks;
+  ncclComm_t rev = NULL;
+  NC(comm, ncclCommSplit(comm, 0, n - g_rank, &rev, NULL));
+  begin_check("reversed child comm exists");
+  if (rev == NULL) {
+    fail("newcomm is NULL");
+    return;
+  }
+  int rrank = -1;
+  NC(rev, ncclCommUserRank(rev, &rrank));
+  if (rrank != n - 1 - g_rank) fail("child rank %d, want %d", rrank, n - 1 - g_rank);
+
+  int32_t* pa = galloc((size_t)n * 4);
+  int32_t* ca = galloc((size_t)n * 4);
+  for (int round = 0; round < 3; round++) {
+    begin_check("alternating AllGathers on parent and reversed child, round %d", round);
+    int32_t mine = 1000 * round + g_rank;
+    NC(comm, ncclAllGather(&mine, pa, 1, ncclInt32, comm, NULL));
+    NC(rev, ncclAllGather(&mine, ca, 1, ncclInt32, rev, NULL));
+    for (int k = 0; k < n; k++) {
+      if (pa[k] != 1000 * round + k) fail("parent block %d = %d, want %d", k, pa[k], 1000 * round + k);
+      if (ca[k] != 1000 * round + (n - 1 - k))
+        fail("child block %d = %d, want %d", k, ca[k], 1000 * round + (n - 1 - k));
+    }
+  }
+
+  begin_check("one group: AllReduce on the parent, Broadcast (root 0 = parent rank N-1) on the child");
+  size_t count = 1021;
+  int64_t* ar = galloc(count * 8);
+  int64_t* bc = galloc(count * 8);
+  for (size_t i = 0; i < count; i++) {
+    ar[i] = (int64_t)red_input(OP_SUM, g_rank, i, ncclInt64);
+    bc[i] = g_rank * 100000 + (int64_t)i;
+  }
+  NC(comm, ncclGroupStart());
+  NC(comm, ncclAllReduce(ar, ar, count, ncclInt64, ncclSum, comm, NULL));
+  NC(rev, ncclBroadcast(bc, bc, count, ncclInt64, 0, rev, NULL));
+  NC(comm, ncclGroupEnd());
+  for (size_t i = 0; i < count; i++) {
+    double tol, want = red_expect(OP_SUM, i, ncclInt64, n, &tol);
+    check_elem(ar, ncclInt64, i, want, tol, "parent allreduce");
+    if (bc[i] != (int64_t)(n - 1) * 100000 + (int64_t)i)
+      fail("child broadcast[%zu] = %lld, want %lld", i, (long long)bc[i],
+           (long long)((n - 1) * 100000 + (int64_t)i));
+  }
+  gfree(ar, count * 8, "allreduce buffer");
+  gfree(bc, count * 8, "broadcast buffer");
+  gfree(pa, (size_t)n * 4, "parent allgather");
+  gfree(ca, (size_t)n * 4, "child allgather");
+  NC(rev, ncclCommDestroy(rev));
+}
+
+/* ------------------------------------------------------------ threads */
+
+/* Two comms used at the same time from two threads of every rank: thread A
+ * runs AllReduces on the parent while thread B runs AllGathers on a child.
+ * Mismatches are counted per thread and added up after the join. */
+typedef struct {
+  ncclComm_t comm;
+  int iters;
+  int is_allgather;
+  long wrong;
+  ncclResult_t rc;
+  char err[256];
+} thr_ctx;
+
+static void* thr_body(void* p) {
+  thr_ctx* t = p;
+  int n = g_nranks;
+  size_t count = 1021;
+  int32_t* buf = malloc((size_t)n * count * 4);
+  int32_t* in = malloc(count * 4);
+  if (!buf || !in) die("malloc");
+  for (int it = 0; it < t->iters && t->rc == ncclSuccess; it++) {
+    for (size_t i = 0; i < count; i++) in[i] = (int32_t)(g_rank * 7 + it + (int)i % 5);
+    if (t->is_allgather)
+      t->rc = ncclAllGather(in, buf, count, ncclInt32, t->comm, NULL);
+    else
+      t->rc = ncclAllReduce(in, buf, count, ncclInt32, ncclSum, t->comm, NULL);
+    if (t->rc != ncclSuccess) {
+      snprintf(t->err, sizeof t->err, "%s", ncclGetLastError(NULL));
+      break;
+    }
+    for (size_t i = 0; i < count; i++) {
+      if (t->is_allgather) {
+        for (int r = 0; r < n; r++)
+          if (buf[(size_t)r * count + i] != (int32_t)(r * 7 + it + (int)i % 5)) t->wrong++;
+      } else {
+        int32_t want = 0;
+        for (int r = 0; r < n; r++) want += (int32_t)(r * 7 + it + (int)i % 5);
+        if (buf[i] != want) t->wrong++;
+      }
+    }
+  }
+  free(buf);
+  free(in);
+  return NULL;
+}
+
+static void mode_threads(ncclComm_t comm) {
+  ncclComm_t child = NULL;
+  NC(comm, ncclCommSplit(comm, 0, g_rank, &child, NULL));
+  begin_check("child comm for the threads mode exists");
+  if (child == NULL) {
+    fail("newcomm is NULL");
+    return;
+  }
+  thr_ctx a = {comm, 40, 0, 0, ncclSuccess, ""}, b = {child, 40, 1, 0, ncclSuccess, ""};
+  pthread_t ta, tb;
+  if (pthread_create(&ta, NULL, thr_body, &a) != 0 || pthread_create(&tb, NULL, thr_body, &b) != 0)
+    die("pthread_create");
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  begin_check("thread A: 40 AllReduces on the parent, concurrent with thread B");
+  if (a.rc != ncclSuccess) fail("ncclAllReduce = %d: %s", (int)a.rc, a.err);
+  if (a.wrong) fail("%ld wrong elements", a.wrong);
+  begin_check("thread B: 40 AllGathers on a child, concurrent with thread A");
+  if (b.rc != ncclSuccess) fail("ncclAllGather = %d: %s", (int)b.rc, b.err);
+  if (b.wrong) fail("%ld wrong elements", b.wrong);
+  if (a.rc == ncclSuccess && b.rc == ncclSuccess) NC(child, ncclCommDestroy(child));
+}
+
 /* ------------------------------------------------------- files (sync) */
 
 static void write_file_atomic(const char* path, const void* data, size_t len) {
@@ -1340,6 +1471,8 @@ static int run_mode(const char* m, ncclComm_t* comm) {
   else if (!strcmp(m, "group")) mode_group(*comm);
   else if (!strcmp(m, "simulate")) mode_simulate(*comm);
   else if (!strcmp(m, "split")) mode_split(*comm);
+  else if (!strcmp(m, "multicomm")) mode_multicomm(*comm);
+  else if (!strcmp(m, "threads")) mode_threads(*comm);
   else if (!strcmp(m, "shrink") || !strcmp(m, "shrink_abort")) {
     mode_shrink(*comm, !strcmp(m, "shrink_abort"));
     *comm = NULL;
