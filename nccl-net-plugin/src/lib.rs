@@ -10,6 +10,7 @@
 //! - [`iface`]: device discovery (`NCCL_SOCKET_IFNAME`, `/sys/class/net`).
 
 pub mod error;
+mod fasthash;
 pub mod iface;
 pub mod plugin;
 mod sock;

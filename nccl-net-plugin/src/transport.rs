@@ -14,7 +14,7 @@
 use crate::error::Result;
 use crate::iface::NetDevice;
 use crate::tcp::{
-    RecvBuf, RecvRequest, SendRequest, TcpListenComm, TcpNet, TcpRecvComm, TcpSendComm,
+    RecvBuf, RecvRequest, RecvSizes, SendRequest, TcpListenComm, TcpNet, TcpRecvComm, TcpSendComm,
 };
 use crate::wire::HANDLE_BYTES;
 
@@ -37,7 +37,7 @@ pub trait RecvComm: Send + Sync {
     /// Each buffer stays writable until the request completes or the comm closes.
     unsafe fn irecv(&self, bufs: &[RecvBuf], optional: bool) -> Result<Option<RecvRequest>>;
     /// `Ok(Some(sizes))` once every buffer of the receive is filled.
-    fn test(&self, req: RecvRequest) -> Result<Option<Vec<usize>>>;
+    fn test(&self, req: RecvRequest) -> Result<Option<RecvSizes>>;
 }
 
 /// A network transport: devices, and non-blocking connection setup.
@@ -73,7 +73,7 @@ impl RecvComm for TcpRecvComm {
         // SAFETY: forwarded contract.
         unsafe { TcpRecvComm::irecv(self, bufs, optional) }
     }
-    fn test(&self, req: RecvRequest) -> Result<Option<Vec<usize>>> {
+    fn test(&self, req: RecvRequest) -> Result<Option<RecvSizes>> {
         TcpRecvComm::test(self, req)
     }
 }

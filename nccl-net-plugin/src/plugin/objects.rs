@@ -1,13 +1,13 @@
 //! The objects handed to C as opaque pointers, each a `Box` with a magic
 //! number checked on the way back in and cleared when it is freed.
 
-use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::error::{NetError, Result};
+use crate::fasthash::IntSet;
 use crate::tcp::{RecvRequest, SendRequest, TcpListenComm, TcpNet, TcpRecvComm, TcpSendComm};
 
 const CTX_MAGIC: u64 = 0x4843_4e45_5443_5458; // "HCNETCTX"
@@ -101,7 +101,7 @@ impl ListenObj {
 }
 
 /// Frees the requests still owned by a closing comm.
-fn free_live(live: &Mutex<HashSet<usize>>) {
+fn free_live(live: &Mutex<IntSet<usize>>) {
     for p in live.lock().drain() {
         // SAFETY: only live request pointers of this comm are in the set.
         drop(unsafe { free::<ReqObj>(p as *mut c_void) });
@@ -113,7 +113,7 @@ fn free_live(live: &Mutex<HashSet<usize>>) {
 pub(super) struct SendObj {
     magic: u64,
     pub(super) comm: TcpSendComm,
-    live: Mutex<HashSet<usize>>,
+    live: Mutex<IntSet<usize>>,
 }
 
 impl SendObj {
@@ -146,7 +146,7 @@ impl SendObj {
 pub(super) struct RecvObj {
     magic: u64,
     pub(super) comm: TcpRecvComm,
-    live: Mutex<HashSet<usize>>,
+    live: Mutex<IntSet<usize>>,
 }
 
 impl RecvObj {
@@ -260,33 +260,43 @@ pub(super) unsafe fn test_request(
 ) -> Result<()> {
     // SAFETY: forwarded contract.
     let req: &ReqObj = unsafe { check(p, REQ_MAGIC, "request")? };
-    let (live, outcome): (&Mutex<HashSet<usize>>, Result<Option<Vec<usize>>>) = match req.kind {
+    let mut buf = [0usize; crate::tcp::MAX_RECVS];
+    let (live, outcome): (&Mutex<IntSet<usize>>, Result<Option<&[usize]>>) = match req.kind {
         ReqKind::Send(c, r) => {
             // SAFETY: a request's comm outlives it (close frees the requests first).
             let c = unsafe { &*c };
-            (&c.live, c.comm.test(r).map(|o| o.map(|s| vec![s])))
+            let o = c.comm.test(r).map(|o| {
+                o.map(|s| {
+                    buf[0] = s;
+                    &buf[..1]
+                })
+            });
+            (&c.live, o)
         }
         ReqKind::Recv(c, r) => {
             // SAFETY: as above.
             let c = unsafe { &*c };
-            (&c.live, c.comm.test(r))
+            let o = c.comm.test(r).map(|o| {
+                o.map(|s| {
+                    buf[..s.len()].copy_from_slice(&s);
+                    &buf[..s.len()]
+                })
+            });
+            (&c.live, o)
         }
     };
     let finished = !matches!(outcome, Ok(None));
     let result = match outcome {
-        Ok(Some(v)) => {
-            let ints = v.into_iter().map(to_int).collect::<Result<Vec<_>>>();
-            ints.map(|ints| {
-                if !sizes.is_null() {
-                    for (i, s) in ints.iter().enumerate() {
-                        // SAFETY: NCCL's sizes array holds an entry per buffer.
-                        unsafe { *sizes.add(i) = *s };
-                    }
+        Ok(Some(v)) => v.iter().try_for_each(|&s| to_int(s).map(|_| ())).map(|()| {
+            if !sizes.is_null() {
+                for (i, &s) in v.iter().enumerate() {
+                    // SAFETY: NCCL's sizes array holds an entry per buffer; checked to fit.
+                    unsafe { *sizes.add(i) = s as c_int };
                 }
-                // SAFETY: non-NULL (checked by the caller).
-                unsafe { *done = 1 };
-            })
-        }
+            }
+            // SAFETY: non-NULL (checked by the caller).
+            unsafe { *done = 1 };
+        }),
         Ok(None) => Ok(()),
         Err(e) => Err(e),
     };

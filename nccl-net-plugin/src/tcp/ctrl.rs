@@ -29,9 +29,10 @@ enum Out {
 /// Something that arrived on the control socket.
 #[derive(Debug)]
 pub(crate) enum InEvent {
-    /// A frame; for an inline MSG, `payload` holds its bytes. After a DATA
-    /// frame the caller must call [`Ctrl::set_sink`] before reading on.
-    Frame(Frame, Vec<u8>),
+    /// A frame; for an inline MSG, the `payload` argument of
+    /// [`Ctrl::next_event`] holds its bytes. After a DATA frame the caller
+    /// must call [`Ctrl::set_sink`] before reading on.
+    Frame(Frame),
     /// The DATA payload of message `seq` has fully arrived in its sink.
     DataDone(u64),
 }
@@ -48,6 +49,8 @@ pub(crate) struct Ctrl {
     out: VecDeque<Out>,
     out_off: usize,
     out_since: Instant,
+    /// A drained output buffer kept for reuse (no allocation per message).
+    spare: Vec<u8>,
     staging: Box<[u8]>,
     st_start: usize,
     st_end: usize,
@@ -68,6 +71,7 @@ impl Ctrl {
             out: VecDeque::new(),
             out_off: 0,
             out_since: Instant::now(),
+            spare: Vec::new(),
             staging: vec![0u8; STAGING].into_boxed_slice(),
             st_start: 0,
             st_end: 0,
@@ -94,7 +98,8 @@ impl Ctrl {
             }
         }
         self.note_out_start();
-        let mut v = Vec::with_capacity(hdr.len() + payload.len());
+        let mut v = std::mem::take(&mut self.spare);
+        v.clear();
         v.extend_from_slice(&hdr);
         v.extend_from_slice(payload);
         self.out.push_back(Out::Bytes(v));
@@ -143,7 +148,11 @@ impl Ctrl {
                 Some(n) => {
                     self.out_since = Instant::now();
                     if n == want {
-                        self.out.pop_front();
+                        if let Some(Out::Bytes(v)) = self.out.pop_front() {
+                            if v.capacity() <= MERGE_LIMIT {
+                                self.spare = v;
+                            }
+                        }
                         self.out_off = 0;
                         done.extend(seq);
                     } else {
@@ -200,8 +209,13 @@ impl Ctrl {
         Ok(true)
     }
 
-    /// Returns the next event, or `None` when nothing more has arrived.
-    pub(crate) fn next_event(&mut self, max_inline: usize) -> Result<Option<InEvent>> {
+    /// Returns the next event, or `None` when nothing more has arrived. An
+    /// inline payload is copied into `payload` (cleared first).
+    pub(crate) fn next_event(
+        &mut self,
+        max_inline: usize,
+        payload: &mut Vec<u8>,
+    ) -> Result<Option<InEvent>> {
         if self.need_sink {
             return Err(NetError::Internal("DATA frame without a sink".into()));
         }
@@ -244,7 +258,7 @@ impl Ctrl {
             .try_into()
             .expect("frame bytes");
         let frame = decode_frame(hdr)?;
-        let mut payload = Vec::new();
+        payload.clear();
         match frame {
             Frame::Msg {
                 size, inline: true, ..
@@ -269,7 +283,7 @@ impl Ctrl {
             self.st_start = 0;
             self.st_end = 0;
         }
-        Ok(Some(InEvent::Frame(frame, payload)))
+        Ok(Some(InEvent::Frame(frame)))
     }
 
     /// Shuts the socket down both ways (wakes nothing; the channel is polled).

@@ -17,7 +17,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use connect::TcpListenComm;
-pub use recv::{RecvBuf, RecvRequest, TcpRecvComm};
+pub use recv::{RecvBuf, RecvRequest, RecvSizes, TcpRecvComm};
 pub use send::{SendRequest, TcpSendComm};
 
 use crate::error::{NetError, Result};

@@ -26,6 +26,20 @@ const MAX_UNEXPECTED_BYTES: usize = 16 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RecvRequest(pub(crate) u64);
 
+/// The sizes a completed receive reports, one per buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvSizes {
+    n: usize,
+    sizes: [usize; MAX_RECVS],
+}
+
+impl std::ops::Deref for RecvSizes {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        &self.sizes[..self.n]
+    }
+}
+
 /// One buffer of a grouped receive.
 #[derive(Debug, Clone, Copy)]
 pub struct RecvBuf {
@@ -87,6 +101,8 @@ struct State {
     unexpected_bytes: usize,
     ctrl_data: VecDeque<CtrlData>,
     failed: Option<NetError>,
+    /// Inline payloads land here (reused; no allocation per message).
+    scratch: Vec<u8>,
 }
 
 /// The receiving end of a comm. Thread-safe; every call takes the comm lock.
@@ -115,6 +131,7 @@ impl TcpRecvComm {
             unexpected_bytes: 0,
             ctrl_data: VecDeque::new(),
             failed: None,
+            scratch: Vec::new(),
         };
         Self {
             st: Mutex::new(st),
@@ -187,7 +204,7 @@ impl TcpRecvComm {
 
     /// Tests a receive: `Ok(Some(sizes))` once done (the request is then
     /// gone), `Ok(None)` while in flight.
-    pub fn test(&self, req: RecvRequest) -> Result<Option<Vec<usize>>> {
+    pub fn test(&self, req: RecvRequest) -> Result<Option<RecvSizes>> {
         let mut st = self.st.lock();
         let prog = self.progress(&mut st);
         let Some(pos) = st.reqs.iter().position(|r| r.id == req.0) else {
@@ -221,14 +238,15 @@ impl TcpRecvComm {
         }
         if complete {
             let r = st.reqs.remove(pos).expect("position is valid");
-            let sizes = r
-                .entries
-                .iter()
-                .map(|e| match e.st {
-                    EntrySt::Done(s) | EntrySt::Matched(s, _) => s,
-                    _ => 0,
-                })
-                .collect();
+            let mut sizes = RecvSizes {
+                n: r.entries.len(),
+                sizes: [0; MAX_RECVS],
+            };
+            for (i, e) in r.entries.iter().enumerate() {
+                if let EntrySt::Done(s) | EntrySt::Matched(s, _) = e.st {
+                    sizes.sizes[i] = s;
+                }
+            }
             return Ok(Some(sizes));
         }
         prog?;
@@ -316,7 +334,7 @@ impl TcpRecvComm {
         tag: i32,
         seq: u64,
         size: u64,
-        inline: Option<Vec<u8>>,
+        inline: Option<&[u8]>,
     ) -> Result<()> {
         if seq != st.expect_seq {
             return Err(NetError::proto(format!(
@@ -332,10 +350,10 @@ impl TcpRecvComm {
                 .map(|i| (ri, i))
         });
         if let Some((ri, idx)) = hit {
-            self.match_entry(st, ri, idx, seq, size, inline.as_deref());
+            self.match_entry(st, ri, idx, seq, size, inline);
             return Ok(());
         }
-        let bytes = inline.as_ref().map_or(0, Vec::len);
+        let bytes = inline.map_or(0, <[u8]>::len);
         if st.unexpected.len() >= MAX_UNEXPECTED
             || st.unexpected_bytes + bytes > MAX_UNEXPECTED_BYTES
         {
@@ -346,7 +364,7 @@ impl TcpRecvComm {
             seq,
             tag,
             size,
-            inline,
+            inline: inline.map(<[u8]>::to_vec),
         });
         Ok(())
     }
@@ -367,20 +385,41 @@ impl TcpRecvComm {
 
     fn progress_inner(&self, st: &mut State) -> Result<()> {
         for _ in 0..256 {
-            let Some(ev) = st.ctrl.next_event(MAX_INLINE)? else {
+            let mut payload = std::mem::take(&mut st.scratch);
+            let ev = st.ctrl.next_event(MAX_INLINE, &mut payload);
+            let r = ev.and_then(|ev| self.on_event(st, ev, &payload));
+            st.scratch = payload;
+            if !r? {
                 break;
-            };
+            }
+        }
+        st.ctrl.flush(&mut Vec::new())?;
+        if st.ctrl.stalled(self.opts.timeout) {
+            return Err(NetError::Timeout(format!(
+                "control socket stalled for {:?}",
+                self.opts.timeout
+            )));
+        }
+        if let Some(e) = self.lanes.as_ref().and_then(Lanes::failure) {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Handles one event; `Ok(false)` when there was none.
+    fn on_event(&self, st: &mut State, ev: Option<InEvent>, payload: &[u8]) -> Result<bool> {
+        let Some(ev) = ev else {
+            return Ok(false);
+        };
+        {
             match ev {
-                InEvent::Frame(
-                    Frame::Msg {
-                        tag,
-                        seq,
-                        size,
-                        inline,
-                    },
-                    payload,
-                ) => self.on_msg(st, tag, seq, size, inline.then_some(payload))?,
-                InEvent::Frame(Frame::Data { seq, len }, _) => {
+                InEvent::Frame(Frame::Msg {
+                    tag,
+                    seq,
+                    size,
+                    inline,
+                }) => self.on_msg(st, tag, seq, size, inline.then_some(payload))?,
+                InEvent::Frame(Frame::Data { seq, len }) => {
                     let ok = st
                         .ctrl_data
                         .front()
@@ -404,24 +443,14 @@ impl TcpRecvComm {
                         r.entries[d.idx].st = EntrySt::Done(d.len);
                     }
                 }
-                InEvent::Frame(other, _) => {
+                InEvent::Frame(other) => {
                     return Err(NetError::proto(format!(
                         "unexpected {other:?} on a receive comm"
                     )))
                 }
             }
         }
-        st.ctrl.flush(&mut Vec::new())?;
-        if st.ctrl.stalled(self.opts.timeout) {
-            return Err(NetError::Timeout(format!(
-                "control socket stalled for {:?}",
-                self.opts.timeout
-            )));
-        }
-        if let Some(e) = self.lanes.as_ref().and_then(Lanes::failure) {
-            return Err(e);
-        }
-        Ok(())
+        Ok(true)
     }
 
     /// Stops the helper threads and closes the sockets. Requests in flight are abandoned.

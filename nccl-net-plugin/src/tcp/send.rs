@@ -6,7 +6,6 @@
 //! sockets. All control-socket I/O happens in the caller's thread, inside
 //! `isend` and `test`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -15,6 +14,7 @@ use super::ctrl::{Ctrl, InEvent, MAX_INLINE};
 use super::lanes::{Lanes, Progress};
 use super::{TcpOptions, MAX_REQUESTS};
 use crate::error::{NetError, Result};
+use crate::fasthash::IntMap;
 use crate::wire::{DataMode, Frame};
 
 /// A posted send: the message's sequence number.
@@ -41,7 +41,7 @@ struct Msg {
 struct State {
     ctrl: Ctrl,
     next_seq: u64,
-    msgs: HashMap<u64, Msg>,
+    msgs: IntMap<u64, Msg>,
     failed: Option<NetError>,
     done: Vec<u64>,
     /// Messages in `AwaitCts`: only then is there anything to read.
@@ -68,7 +68,7 @@ impl TcpSendComm {
         let st = State {
             ctrl,
             next_seq: 0,
-            msgs: HashMap::new(),
+            msgs: IntMap::default(),
             failed: None,
             done: Vec::new(),
             awaiting: 0,
@@ -202,12 +202,12 @@ impl TcpSendComm {
         // CTS, as end of stream.
         let reads = if st.awaiting > 0 { 256 } else { 0 };
         for _ in 0..reads {
-            let Some(ev) = st.ctrl.next_event(MAX_INLINE)? else {
+            let Some(ev) = st.ctrl.next_event(MAX_INLINE, &mut Vec::new())? else {
                 break;
             };
             match ev {
-                InEvent::Frame(Frame::Cts { seq, mode }, _) => self.on_cts(st, seq, mode)?,
-                InEvent::Frame(Frame::Reject { seq }, _) => {
+                InEvent::Frame(Frame::Cts { seq, mode }) => self.on_cts(st, seq, mode)?,
+                InEvent::Frame(Frame::Reject { seq }) => {
                     let m = st
                         .msgs
                         .get_mut(&seq)
