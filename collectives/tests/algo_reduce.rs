@@ -317,3 +317,42 @@ fn premul_rounding_matches_reference() {
         }
     }
 }
+
+/// Throughput of the kernels and of plan generation; run with
+/// `cargo test --release -p hetccl-collectives --test algo_reduce -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn throughput() {
+    use hetccl_collectives::algo::{generate, Algorithm, Chunking, CollArgs, Collective, Topology};
+    use std::time::Instant;
+    let n = 16 << 20;
+    for dt in DataType::ALL {
+        // 0x3f bytes are normal numbers at every alignment and width, and
+        // adding zeros keeps them so (denormals would distort timings).
+        let src = vec![0u8; n];
+        let mut dst = vec![0x3fu8; n];
+        for (name, off) in [("aligned", 0usize), ("misaligned", 1)] {
+            let len = (n - 8) / dt.size() * dt.size();
+            let t = Instant::now();
+            for _ in 0..4 {
+                reduce_into(&mut dst[off..off + len], &src[..len], dt, ReduceOp::Sum).unwrap();
+            }
+            let gbs = 4.0 * len as f64 / t.elapsed().as_secs_f64() / 1e9;
+            println!(
+                "reduce_into sum {:>8} {name:>10}: {gbs:6.2} GB/s",
+                dt.name()
+            );
+        }
+    }
+    let topo = Topology::flat(17);
+    let args = CollArgs::new(Collective::AllReduce, 1 << 28, DataType::Float32);
+    for algo in [Algorithm::Ring, Algorithm::Tree, Algorithm::HalvingDoubling] {
+        let t = Instant::now();
+        let p = generate(&args, algo, 5, &topo, &Chunking::default()).unwrap();
+        println!(
+            "plan 1 GiB allreduce, 17 ranks, {algo}: {} steps in {:?}",
+            p.steps.len(),
+            t.elapsed()
+        );
+    }
+}

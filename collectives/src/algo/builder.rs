@@ -15,12 +15,58 @@ struct Access {
     step: StepId,
 }
 
+/// Accesses of one buffer, sorted by offset, so that the ones overlapping
+/// a range are found by binary search (`max_len` bounds how far back an
+/// overlapping access may start).
+#[derive(Debug, Default)]
+struct List {
+    v: Vec<Access>,
+    max_len: usize,
+}
+
+impl List {
+    /// Pushes the steps of accesses overlapping `r` onto `deps`.
+    fn hits(&self, r: &BufRange, deps: &mut Vec<StepId>) {
+        let from = r.offset.saturating_sub(self.max_len);
+        let lo = self.v.partition_point(|a| a.range.offset < from);
+        for a in self.v[lo..].iter().take_while(|a| a.range.offset < r.end()) {
+            if a.range.overlaps(r) {
+                deps.push(a.step);
+            }
+        }
+    }
+
+    fn insert(&mut self, a: Access) {
+        let pos = self.v.partition_point(|x| x.range.offset <= a.range.offset);
+        self.v.insert(pos, a);
+        self.max_len = self.max_len.max(a.range.len);
+    }
+
+    /// Drops the accesses that lie inside `w`.
+    fn prune(&mut self, w: &BufRange) {
+        let lo = self.v.partition_point(|a| a.range.offset < w.offset);
+        let hi = lo
+            + self.v[lo..]
+                .iter()
+                .take_while(|a| a.range.offset < w.end())
+                .count();
+        let mut keep = lo;
+        for i in lo..hi {
+            if !w.covers(&self.v[i].range) {
+                self.v.swap(keep, i);
+                keep += 1;
+            }
+        }
+        self.v.drain(keep..hi);
+    }
+}
+
 /// The accesses that later steps may conflict with, per buffer: reads and
 /// writes apart, since a read-only step need only look at the writes.
 #[derive(Debug, Default)]
 struct Live {
-    reads: [Vec<Access>; 3],
-    writes: [Vec<Access>; 3],
+    reads: [List; 3],
+    writes: [List; 3],
 }
 
 fn slot(b: BufId) -> usize {
@@ -78,15 +124,12 @@ impl Builder {
         let reads = kind.reads();
         let write = kind.writes();
         let mut deps: Vec<StepId> = Vec::new();
-        let hits = |list: &[Access], r: &BufRange, deps: &mut Vec<StepId>| {
-            deps.extend(list.iter().filter(|a| a.range.overlaps(r)).map(|a| a.step));
-        };
         for r in reads.iter().flatten() {
-            hits(&self.live.writes[slot(r.buf)], r, &mut deps);
+            self.live.writes[slot(r.buf)].hits(r, &mut deps);
         }
         if let Some(w) = write {
-            hits(&self.live.writes[slot(w.buf)], &w, &mut deps);
-            hits(&self.live.reads[slot(w.buf)], &w, &mut deps);
+            self.live.writes[slot(w.buf)].hits(&w, &mut deps);
+            self.live.reads[slot(w.buf)].hits(&w, &mut deps);
         }
         deps.sort_unstable();
         deps.dedup();
@@ -94,14 +137,14 @@ impl Builder {
             // A write that covers an earlier access stands in for it: later
             // conflicting steps depend on this write, which depends on it.
             let k = slot(w.buf);
-            self.live.reads[k].retain(|a| !w.covers(&a.range));
-            self.live.writes[k].retain(|a| !w.covers(&a.range));
+            self.live.reads[k].prune(&w);
+            self.live.writes[k].prune(&w);
         }
         for r in reads.into_iter().flatten() {
-            self.live.reads[slot(r.buf)].push(Access { range: r, step: id });
+            self.live.reads[slot(r.buf)].insert(Access { range: r, step: id });
         }
         if let Some(w) = write {
-            self.live.writes[slot(w.buf)].push(Access { range: w, step: id });
+            self.live.writes[slot(w.buf)].insert(Access { range: w, step: id });
         }
         self.steps.push(Step { kind, deps });
         Some(id)

@@ -7,6 +7,8 @@
 //! back byte-wise. Both give identical results.
 
 use bytemuck::Pod;
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use super::narrow;
 
@@ -116,43 +118,139 @@ macro_rules! wide_float_arith {
 wide_float_arith!(F32, f32);
 wide_float_arith!(F64, f64);
 
-macro_rules! narrow_float_arith {
-    ($name:ident, $t:ty, $dec:path, $enc:path) => {
+/// A narrow float format, handled in blocks: decoded to f32 (exactly),
+/// combined in f32, and rounded back once per element.
+pub(crate) trait Narrow {
+    /// Bytes per element.
+    const SIZE: usize;
+    /// Decodes `out.len()` elements from `b`.
+    fn decode(b: &[u8], out: &mut [f32]);
+    /// Encodes `v` into `out` (`v.len()` elements), rounding as NCCL does.
+    fn encode(v: &[f32], out: &mut [u8]);
+}
+
+/// Elements per block of the narrow-float loops.
+const BLK: usize = 256;
+
+/// Copies 16-bit elements from bytes into an aligned buffer.
+fn bits16(b: &[u8], out: &mut [u16]) {
+    let n = 2 * out.len();
+    bytemuck::cast_slice_mut::<u16, u8>(out).copy_from_slice(&b[..n]);
+}
+
+pub(crate) struct F16;
+impl Narrow for F16 {
+    const SIZE: usize = 2;
+    fn decode(b: &[u8], out: &mut [f32]) {
+        let mut bits = [0u16; BLK];
+        let bits = &mut bits[..out.len()];
+        bits16(b, bits);
+        bits.reinterpret_cast::<f16>().convert_to_f32_slice(out);
+    }
+    fn encode(v: &[f32], out: &mut [u8]) {
+        let mut h = [f16::ZERO; BLK];
+        let h = &mut h[..v.len()];
+        h.convert_from_f32_slice(v);
+        out.copy_from_slice(bytemuck::cast_slice::<u16, u8>(h.reinterpret_cast()));
+    }
+}
+
+pub(crate) struct BF16;
+impl Narrow for BF16 {
+    const SIZE: usize = 2;
+    fn decode(b: &[u8], out: &mut [f32]) {
+        let mut bits = [0u16; BLK];
+        let bits = &mut bits[..out.len()];
+        bits16(b, bits);
+        for (o, &x) in out.iter_mut().zip(bits.iter()) {
+            *o = f32::from_bits(u32::from(x) << 16);
+        }
+    }
+    fn encode(v: &[f32], out: &mut [u8]) {
+        let mut bits = [0u16; BLK];
+        let bits = &mut bits[..v.len()];
+        for (o, &x) in bits.iter_mut().zip(v) {
+            *o = narrow::f32_to_bf16_bits(x);
+        }
+        out.copy_from_slice(bytemuck::cast_slice::<u16, u8>(bits));
+    }
+}
+
+macro_rules! fp8 {
+    ($name:ident, $dec:path, $enc:path) => {
         pub(crate) struct $name;
-        impl Arith for $name {
-            type T = $t;
-            #[inline(always)]
-            fn sum(a: $t, b: $t) -> $t {
-                $enc($dec(a) + $dec(b))
+        impl Narrow for $name {
+            const SIZE: usize = 1;
+            fn decode(b: &[u8], out: &mut [f32]) {
+                for (o, &x) in out.iter_mut().zip(b) {
+                    *o = $dec(x);
+                }
             }
-            #[inline(always)]
-            fn prod(a: $t, b: $t) -> $t {
-                $enc($dec(a) * $dec(b))
-            }
-            #[inline(always)]
-            fn max(a: $t, b: $t) -> $t {
-                $enc($dec(a).max($dec(b)))
-            }
-            #[inline(always)]
-            fn min(a: $t, b: $t) -> $t {
-                $enc($dec(a).min($dec(b)))
-            }
-            #[inline(always)]
-            fn mul(a: $t, s: $t) -> $t {
-                $enc($dec(a) * $dec(s))
-            }
-            #[inline(always)]
-            fn div(a: $t, _n: u64) -> $t {
-                a
+            fn encode(v: &[f32], out: &mut [u8]) {
+                // NCCL's fp8 arithmetic runs in half precision: round to
+                // f16 first, then to fp8.
+                let mut h = [f16::ZERO; BLK];
+                let h = &mut h[..v.len()];
+                h.convert_from_f32_slice(v);
+                for (o, &x) in out.iter_mut().zip(HalfFloatSliceExt::reinterpret_cast(&*h)) {
+                    *o = $enc(x);
+                }
             }
         }
     };
 }
 
-narrow_float_arith!(F16, u16, narrow::f16_to_f32, narrow::f32_to_f16);
-narrow_float_arith!(BF16, u16, narrow::bf16_to_f32, narrow::f32_to_bf16);
-narrow_float_arith!(E4M3, u8, narrow::e4m3_to_f32, narrow::f32_to_e4m3_via_f16);
-narrow_float_arith!(E5M2, u8, narrow::e5m2_to_f32, narrow::f32_to_e5m2_via_f16);
+fp8!(E4M3, narrow::e4m3_to_f32, narrow::f16_to_e4m3);
+fp8!(E5M2, narrow::e5m2_to_f32, narrow::f16_to_e5m2);
+
+/// `dst[i] = f(dst[i], src[i])` on a narrow format.
+pub(crate) fn narrow_zip2<N: Narrow>(dst: &mut [u8], src: &[u8], f: impl Fn(f32, f32) -> f32) {
+    let (mut x, mut y) = ([0f32; BLK], [0f32; BLK]);
+    let step = BLK * N::SIZE;
+    for (d, s) in dst.chunks_mut(step).zip(src.chunks(step)) {
+        let k = d.len() / N::SIZE;
+        N::decode(d, &mut x[..k]);
+        N::decode(s, &mut y[..k]);
+        for (x, y) in x[..k].iter_mut().zip(&y[..k]) {
+            *x = f(*x, *y);
+        }
+        N::encode(&x[..k], d);
+    }
+}
+
+/// `dst[i] = f(a[i], b[i])` on a narrow format.
+pub(crate) fn narrow_zip3<N: Narrow>(
+    dst: &mut [u8],
+    a: &[u8],
+    b: &[u8],
+    f: impl Fn(f32, f32) -> f32,
+) {
+    let (mut x, mut y) = ([0f32; BLK], [0f32; BLK]);
+    let step = BLK * N::SIZE;
+    for ((d, a), b) in dst.chunks_mut(step).zip(a.chunks(step)).zip(b.chunks(step)) {
+        let k = d.len() / N::SIZE;
+        N::decode(a, &mut x[..k]);
+        N::decode(b, &mut y[..k]);
+        for (x, y) in x[..k].iter_mut().zip(&y[..k]) {
+            *x = f(*x, *y);
+        }
+        N::encode(&x[..k], d);
+    }
+}
+
+/// `dst[i] = f(src[i])` on a narrow format.
+pub(crate) fn narrow_map2<N: Narrow>(dst: &mut [u8], src: &[u8], f: impl Fn(f32) -> f32) {
+    let mut x = [0f32; BLK];
+    let step = BLK * N::SIZE;
+    for (d, s) in dst.chunks_mut(step).zip(src.chunks(step)) {
+        let k = d.len() / N::SIZE;
+        N::decode(s, &mut x[..k]);
+        for x in x[..k].iter_mut() {
+            *x = f(*x);
+        }
+        N::encode(&x[..k], d);
+    }
+}
 
 #[inline(always)]
 fn load<T: Pod>(b: &[u8]) -> T {
@@ -162,6 +260,16 @@ fn load<T: Pod>(b: &[u8]) -> T {
 #[inline(always)]
 fn store<T: Pod>(b: &mut [u8], v: T) {
     b.copy_from_slice(bytemuck::bytes_of(&v));
+}
+
+/// Elements per block of the unaligned wide-type loops.
+const WBLK: usize = 64;
+
+/// Copies elements from possibly misaligned bytes into an aligned array.
+#[inline(always)]
+fn unaligned_in<T: Pod>(b: &[u8], out: &mut [T]) {
+    let n = std::mem::size_of_val(out);
+    bytemuck::cast_slice_mut::<T, u8>(out).copy_from_slice(&b[..n]);
 }
 
 /// `dst[i] = f(dst[i], src[i])`. Lengths are checked by the caller.
@@ -178,9 +286,15 @@ pub(crate) fn zip2<T: Pod>(dst: &mut [u8], src: &[u8], f: impl Fn(T, T) -> T) {
             }
         }
         _ => {
-            for (d, s) in dst.chunks_exact_mut(n).zip(src.chunks_exact(n)) {
-                let v = f(load(d), load(s));
-                store(d, v);
+            let (mut x, mut y) = ([T::zeroed(); WBLK], [T::zeroed(); WBLK]);
+            for (d, s) in dst.chunks_mut(WBLK * n).zip(src.chunks(WBLK * n)) {
+                let k = d.len() / n;
+                unaligned_in(d, &mut x[..k]);
+                unaligned_in(s, &mut y[..k]);
+                for (x, y) in x[..k].iter_mut().zip(&y[..k]) {
+                    *x = f(*x, *y);
+                }
+                d.copy_from_slice(bytemuck::cast_slice(&x[..k]));
             }
         }
     }

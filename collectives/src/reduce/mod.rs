@@ -24,7 +24,7 @@ mod kernels;
 pub mod narrow;
 
 use hetccl_abi::{DataType, RedOp};
-use kernels::Arith;
+use kernels::{Arith, Narrow};
 
 /// A scalar of some datatype, kept as its little-endian bytes (the first
 /// `DataType::size()` bytes are meaningful, the rest are zero).
@@ -203,57 +203,59 @@ fn check(dt: DataType, a: usize, b: usize) -> Result<(), ReduceError> {
     Ok(())
 }
 
-/// Calls `$body` with `$A` bound to the `Arith` type of `$dt`.
-macro_rules! with_arith {
-    ($dt:expr, $A:ident => $body:expr) => {
+/// Dispatches on `$dt`: `$wide` runs with `$A` bound to the `Arith` type of
+/// integer and f32/f64 types, `$narrow` with `$N` bound to the `Narrow`
+/// type of the 16- and 8-bit floats.
+macro_rules! dispatch {
+    ($dt:expr, $A:ident => $wide:expr, $N:ident => $narrow:expr) => {
         match $dt {
             DataType::Int8 => {
                 type $A = kernels::I8;
-                $body
+                $wide
             }
             DataType::Uint8 => {
                 type $A = kernels::U8;
-                $body
+                $wide
             }
             DataType::Int32 => {
                 type $A = kernels::I32;
-                $body
+                $wide
             }
             DataType::Uint32 => {
                 type $A = kernels::U32;
-                $body
+                $wide
             }
             DataType::Int64 => {
                 type $A = kernels::I64;
-                $body
+                $wide
             }
             DataType::Uint64 => {
                 type $A = kernels::U64;
-                $body
-            }
-            DataType::Float16 => {
-                type $A = kernels::F16;
-                $body
-            }
-            DataType::Bfloat16 => {
-                type $A = kernels::BF16;
-                $body
+                $wide
             }
             DataType::Float32 => {
                 type $A = kernels::F32;
-                $body
+                $wide
             }
             DataType::Float64 => {
                 type $A = kernels::F64;
-                $body
+                $wide
+            }
+            DataType::Float16 => {
+                type $N = kernels::F16;
+                $narrow
+            }
+            DataType::Bfloat16 => {
+                type $N = kernels::BF16;
+                $narrow
             }
             DataType::Float8e4m3 => {
-                type $A = kernels::E4M3;
-                $body
+                type $N = kernels::E4M3;
+                $narrow
             }
             DataType::Float8e5m2 => {
-                type $A = kernels::E5M2;
-                $body
+                type $N = kernels::E5M2;
+                $narrow
             }
         }
     };
@@ -277,6 +279,31 @@ fn zip3_for<A: Arith>(c: Combine, dst: &mut [u8], a: &[u8], b: &[u8]) {
     }
 }
 
+fn narrow_zip2_for<N: Narrow>(c: Combine, dst: &mut [u8], src: &[u8]) {
+    match c {
+        Combine::Sum => kernels::narrow_zip2::<N>(dst, src, |a, b| a + b),
+        Combine::Prod => kernels::narrow_zip2::<N>(dst, src, |a, b| a * b),
+        Combine::Max => kernels::narrow_zip2::<N>(dst, src, f32::max),
+        Combine::Min => kernels::narrow_zip2::<N>(dst, src, f32::min),
+    }
+}
+
+fn narrow_zip3_for<N: Narrow>(c: Combine, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    match c {
+        Combine::Sum => kernels::narrow_zip3::<N>(dst, a, b, |a, b| a + b),
+        Combine::Prod => kernels::narrow_zip3::<N>(dst, a, b, |a, b| a * b),
+        Combine::Max => kernels::narrow_zip3::<N>(dst, a, b, f32::max),
+        Combine::Min => kernels::narrow_zip3::<N>(dst, a, b, f32::min),
+    }
+}
+
+/// A narrow-format scalar decoded to f32 (exact).
+fn narrow_scalar<N: Narrow>(s: &Scalar) -> f32 {
+    let mut v = [0f32; 1];
+    N::decode(&s.raw[..N::SIZE], &mut v);
+    v[0]
+}
+
 /// `dst = dst ⊕ src` element-wise, where ⊕ is `op`'s combine (the pre- and
 /// post-ops are not applied: see [`pre_op`] and [`post_op`]).
 pub fn reduce_into(
@@ -287,7 +314,7 @@ pub fn reduce_into(
 ) -> Result<(), ReduceError> {
     check(dt, dst.len(), src.len())?;
     let c = op.combine();
-    with_arith!(dt, A => zip2_for::<A>(c, dst, src));
+    dispatch!(dt, A => zip2_for::<A>(c, dst, src), N => narrow_zip2_for::<N>(c, dst, src));
     Ok(())
 }
 
@@ -302,18 +329,28 @@ pub fn reduce3(
     check(dt, dst.len(), a.len())?;
     check(dt, a.len(), b.len())?;
     let c = op.combine();
-    with_arith!(dt, A => zip3_for::<A>(c, dst, a, b));
+    dispatch!(dt, A => zip3_for::<A>(c, dst, a, b), N => narrow_zip3_for::<N>(c, dst, a, b));
     Ok(())
+}
+
+/// `dst = src * scalar` in `dt`'s arithmetic (wrapping for integers;
+/// rounded once to the type for floats, as NCCL's PreMulSum pre-op).
+fn scale_into(dst: &mut [u8], src: &[u8], dt: DataType, scalar: Scalar) {
+    dispatch!(dt, A => {
+        let s = kernels::scalar_of::<A>(&scalar.raw);
+        kernels::map2::<<A as Arith>::T>(dst, src, |x| A::mul(x, s));
+    }, N => {
+        let s = narrow_scalar::<N>(&scalar);
+        kernels::narrow_map2::<N>(dst, src, |x| x * s);
+    });
 }
 
 /// `buf[i] *= scalar` in `dt`'s arithmetic (wrapping for integers; rounded
 /// as NCCL's PreMulSum pre-op for floats).
 pub fn scale(buf: &mut [u8], dt: DataType, scalar: Scalar) -> Result<(), ReduceError> {
     check(dt, buf.len(), buf.len())?;
-    with_arith!(dt, A => {
-        let s = kernels::scalar_of::<A>(&scalar.raw);
-        kernels::map1::<<A as Arith>::T>(buf, |x| A::mul(x, s));
-    });
+    let src = buf.to_vec();
+    scale_into(buf, &src, dt, scalar);
     Ok(())
 }
 
@@ -329,10 +366,7 @@ pub fn pre_op(
     check(dt, dst.len(), src.len())?;
     match op.pre_scalar(dt, nranks) {
         None => dst.copy_from_slice(src),
-        Some(scalar) => with_arith!(dt, A => {
-            let s = kernels::scalar_of::<A>(&scalar.raw);
-            kernels::map2::<<A as Arith>::T>(dst, src, |x| A::mul(x, s));
-        }),
+        Some(scalar) => scale_into(dst, src, dt, scalar),
     }
     Ok(())
 }
@@ -356,7 +390,9 @@ pub fn finalize_avg(buf: &mut [u8], dt: DataType, nranks: u32) -> Result<(), Red
         return Ok(());
     }
     let n = u64::from(nranks.max(1));
-    with_arith!(dt, A => kernels::map1::<<A as Arith>::T>(buf, |x| A::div(x, n)));
+    dispatch!(dt, A => kernels::map1::<<A as Arith>::T>(buf, |x| A::div(x, n)), N => {
+        let _ = std::marker::PhantomData::<N>;
+    });
     Ok(())
 }
 
