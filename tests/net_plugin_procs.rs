@@ -171,6 +171,71 @@ fn role_reload() {
     println!("OK");
 }
 
+/// Lines NCCL's logger stand-in received: (level, flags, message).
+static LOGGED: std::sync::Mutex<Vec<(i32, u64, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// A stand-in for NCCL's logger. hetccl always calls it with the format
+/// "%s" and one string, so a fixed-argument function reads the call
+/// correctly on x86-64 (variadic and fixed calls pass these in the same
+/// registers).
+unsafe extern "C" fn fake_logger(
+    level: i32,
+    flags: u64,
+    _file: *const std::ffi::c_char,
+    _line: i32,
+    fmt: *const std::ffi::c_char,
+    arg: *const std::ffi::c_char,
+) {
+    // SAFETY: NUL-terminated strings from the caller.
+    let (fmt, msg) = unsafe { (std::ffi::CStr::from_ptr(fmt), arg) };
+    let msg = if fmt.to_bytes() == b"%s" {
+        // SAFETY: as above.
+        unsafe { std::ffi::CStr::from_ptr(msg) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        fmt.to_string_lossy().into_owned()
+    };
+    LOGGED.lock().unwrap().push((level, flags, msg));
+}
+
+fn role_logger() {
+    type Fixed = unsafe extern "C" fn(
+        i32,
+        u64,
+        *const std::ffi::c_char,
+        i32,
+        *const std::ffi::c_char,
+        *const std::ffi::c_char,
+    );
+    // SAFETY: see fake_logger; only the pointer's type changes.
+    let logger: hetccl::abi::net::ncclDebugLogger_t =
+        Some(unsafe { std::mem::transmute::<Fixed, _>(fake_logger as Fixed) });
+    let api = Api::v12_with_logger(net::lib(), logger);
+    let b = [0u8; 8];
+    assert!(api.isend(P::null(), b.as_ptr(), 8, 0, P::null()).is_err());
+    let lines = LOGGED.lock().unwrap().clone();
+    for (level, flags, msg) in &lines {
+        println!("LOGGED {level} {flags:#x} {msg}");
+    }
+    let warn = lines
+        .iter()
+        .any(|(l, f, m)| *l == 2 && *f & 0x10 != 0 && m.contains("isend") && m.contains("NULL"));
+    let info = lines
+        .iter()
+        .any(|(l, _, m)| *l == 3 && m.contains("device 0: lo"));
+    assert!(
+        warn,
+        "the failed isend is logged at WARN under NET through NCCL's logger"
+    );
+    assert!(
+        info,
+        "the device line is logged at INFO through NCCL's logger"
+    );
+    api.finalize();
+    println!("OK");
+}
+
 /// Plays the role named by `HETCCL_NET_ROLE`; does nothing in a normal run.
 #[test]
 fn child_role() {
@@ -179,6 +244,7 @@ fn child_role() {
         Ok("client") => role_client(),
         Ok("victim") => role_victim(),
         Ok("reload") => role_reload(),
+        Ok("logger") => role_logger(),
         Ok(other) => panic!("unknown role {other}"),
         Err(_) => {}
     }
@@ -307,4 +373,16 @@ fn init_finalize_dlclose_and_reload() {
     assert!(p.wait_ok(LIMIT), "reload child exits cleanly");
     eprintln!("library unmapped after dlclose: first {u0}, second {u1}");
     let _ = OK;
+}
+
+#[test]
+fn nccl_logger_receives_our_log_lines() {
+    net::setup_env();
+    let env = [
+        ("NCCL_DEBUG", "INFO".to_string()),
+        ("NCCL_DEBUG_SUBSYS", "ALL".to_string()),
+    ];
+    let mut p = Proc::spawn("logger", None, &env);
+    p.expect("OK", LIMIT);
+    assert!(p.wait_ok(LIMIT), "logger child exits cleanly");
 }

@@ -126,3 +126,33 @@ pub fn random_u64() -> Result<u64> {
     getrandom::getrandom(&mut b).map_err(|e| NetError::System(format!("getrandom: {e}")))?;
     Ok(u64::from_le_bytes(b))
 }
+
+fn setopt(s: &TcpStream, level: i32, name: i32, val: i32) -> Result<()> {
+    // SAFETY: setsockopt with a valid int option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            level,
+            name,
+            &val as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(NetError::io("setsockopt", &std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Makes a silently vanished peer show up as a socket error within about
+/// `timeout`: keepalive probes on idle connections, and `TCP_USER_TIMEOUT`
+/// for data the peer never acknowledges.
+pub fn set_liveness(s: &TcpStream, timeout: std::time::Duration) -> Result<()> {
+    let secs = timeout.as_secs().clamp(4, 3600) as i32;
+    setopt(s, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    setopt(s, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, (secs / 2).max(1))?;
+    setopt(s, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, (secs / 8).max(1))?;
+    setopt(s, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 4)?;
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    setopt(s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms.max(1000))
+}

@@ -166,11 +166,19 @@ impl Api {
 
     /// The v12 table of `lib`, with a fresh context.
     pub fn v12_of(lib: &libloading::Library) -> Self {
+        Self::v12_with_logger(lib, None)
+    }
+
+    /// The v12 table of `lib`, with a fresh context initialised with `logger`.
+    pub fn v12_with_logger(
+        lib: &libloading::Library,
+        logger: hetccl::abi::net::ncclDebugLogger_t,
+    ) -> Self {
         let t: &'static ncclNet_v12_t = table(lib, "ncclNetPlugin_v12");
         let mut ctx = std::ptr::null_mut();
         let mut cfg = hetccl::abi::net::ncclNetCommConfig_t { trafficClass: -1 };
         // SAFETY: valid out pointers.
-        let rc = unsafe { (t.init.unwrap())(&mut ctx, 0x1234, &mut cfg, None, None) };
+        let rc = unsafe { (t.init.unwrap())(&mut ctx, 0x1234, &mut cfg, logger, None) };
         assert_eq!(rc, OK);
         assert!(!ctx.is_null());
         Self {

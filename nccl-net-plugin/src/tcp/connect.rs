@@ -99,6 +99,7 @@ impl Connecting {
         let ctrl = Ctrl::new(
             it.next()
                 .ok_or_else(|| NetError::Internal("no control socket".into()))?,
+            opts.timeout,
         )?;
         let data: Vec<TcpStream> = it.collect();
         let lanes = start_lanes(data, opts, Dir::Send, watches)?;
@@ -223,7 +224,7 @@ impl TcpListenComm {
             return Ok(None);
         };
         let g = self.groups.remove(&id).expect("found above");
-        let ctrl = Ctrl::new(g.ctrl.expect("complete"))?;
+        let ctrl = Ctrl::new(g.ctrl.expect("complete"), self.opts.timeout)?;
         let data = g.data.into_iter().map(|s| s.expect("complete")).collect();
         let lanes = start_lanes(data, &self.opts, Dir::Recv, watches)?;
         Ok(Some(TcpRecvComm::new(ctrl, lanes, self.opts.clone())))

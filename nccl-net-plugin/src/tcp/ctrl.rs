@@ -61,7 +61,8 @@ pub(crate) struct Ctrl {
 
 impl Ctrl {
     /// Wraps a connected socket and makes it non-blocking.
-    pub(crate) fn new(sock: TcpStream) -> Result<Self> {
+    pub(crate) fn new(sock: TcpStream, timeout: std::time::Duration) -> Result<Self> {
+        crate::sock::set_liveness(&sock, timeout)?;
         sock.set_nonblocking(true)
             .map_err(|e| NetError::io("O_NONBLOCK", &e))?;
         sock.set_nodelay(true)

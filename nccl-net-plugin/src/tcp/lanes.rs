@@ -118,6 +118,7 @@ impl Lanes {
         timeout: Duration,
     ) -> Result<Self> {
         for s in &socks {
+            crate::sock::set_liveness(s, timeout)?;
             s.set_nonblocking(false)
                 .map_err(|e| NetError::io("O_NONBLOCK", &e))?;
             s.set_nodelay(true)

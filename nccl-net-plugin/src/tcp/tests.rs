@@ -82,7 +82,10 @@ fn drive(
             got = r.test(rq).transpose();
         }
     }
-    (sent.into_iter().map(Option::unwrap).collect(), got.unwrap().map(|s| s.to_vec()))
+    (
+        sent.into_iter().map(Option::unwrap).collect(),
+        got.unwrap().map(|s| s.to_vec()),
+    )
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
