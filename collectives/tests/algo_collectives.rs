@@ -221,3 +221,18 @@ fn plans_are_deterministic_and_valid() {
         }
     }
 }
+
+#[test]
+fn plans_print() {
+    let topo = Topology::flat(3);
+    let a = CollArgs::new(Collective::AllReduce, 6, DataType::Float32);
+    let p = generate(&a, Algorithm::Ring, 1, &topo, &Chunking { chunk_bytes: 8 }).unwrap();
+    let text = p.to_string();
+    println!("{text}");
+    assert!(
+        text.starts_with("# allreduce Ring rank 1/3 float Sum: send 24 B, recv 24 B, scratch 0 B")
+    );
+    assert!(text.contains("send send[8..16] -> 2/0"));
+    assert!(text.contains("recv-reduce recv[0..8] = send[0..8] + <- 0/0"));
+    assert_eq!(text.lines().count(), p.steps.len() + 1);
+}

@@ -2,6 +2,8 @@
 //!
 //! See `docs/algorithms.md` for the matching contract between plans.
 
+use std::fmt;
+
 use hetccl_abi::DataType;
 
 use super::{Algorithm, Collective};
@@ -304,6 +306,64 @@ impl Plan {
                     return Err(PlanCheckError::BadPeer { step, peer });
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for BufRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = match self.buf {
+            BufId::Send => "send",
+            BufId::Recv => "recv",
+            BufId::Scratch => "scratch",
+        };
+        write!(f, "{b}[{}..{}]", self.offset, self.end())
+    }
+}
+
+impl fmt::Display for StepKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Send { peer, chan, src } => write!(f, "send {src} -> {peer}/{chan}"),
+            Self::Recv { peer, chan, dst } => write!(f, "recv {dst} <- {peer}/{chan}"),
+            Self::RecvReduce {
+                peer,
+                chan,
+                local,
+                dst,
+            } => write!(f, "recv-reduce {dst} = {local} + <- {peer}/{chan}"),
+            Self::Copy { src, dst } => write!(f, "copy {dst} = {src}"),
+            Self::Reduce { a, b, dst } => write!(f, "reduce {dst} = {a} + {b}"),
+            Self::PreOp { src, dst } => write!(f, "pre-op {dst} = pre({src})"),
+            Self::PostOp { buf } => write!(f, "post-op {buf}"),
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    /// One line per step: index, what, and dependencies (`peer/chan` names
+    /// a lane).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "# {} {} rank {}/{} {} {:?}: send {} B, recv {} B, scratch {} B",
+            self.collective,
+            self.algorithm,
+            self.rank,
+            self.nranks,
+            self.dtype.name(),
+            self.op,
+            self.send_bytes,
+            self.recv_bytes,
+            self.scratch_bytes
+        )?;
+        for (i, s) in self.steps.iter().enumerate() {
+            write!(f, "{i:>5}: {}", s.kind)?;
+            if !s.deps.is_empty() {
+                write!(f, "  after {:?}", s.deps)?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }
