@@ -275,8 +275,14 @@ fn judge(job: &Job, so: &Path, outs: &[RankOutput]) -> Vec<String> {
             }
         }
     }
-    p.extend(killed);
-    p
+    // Errors that only echo another rank's failure (a peer's connection
+    // went away) come after the ones that say what happened.
+    let (echo, mut first): (Vec<String>, Vec<String>) = p
+        .into_iter()
+        .partition(|l| l.contains("nccl_error = 6;") || l.contains("remote error"));
+    first.extend(echo);
+    first.extend(killed);
+    first
 }
 
 /// Runs jobs one after another, prints one line per job to stderr, and
