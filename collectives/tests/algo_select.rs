@@ -163,3 +163,31 @@ fn table_lists_ranges() {
     );
     assert!(filtered.contains("(none)"), "{filtered}");
 }
+
+#[test]
+fn large_communicators_are_cheap_to_tabulate() {
+    // 4096 ranks on 512 nodes: the table must not be quadratic in ranks.
+    let t = Topology::from_nodes((0..4096).map(|r| r / 8).collect());
+    let start = std::time::Instant::now();
+    let table = selection_table(
+        &[Collective::AllReduce],
+        &t,
+        &CostModel::default(),
+        &AlgoFilter::all(),
+        1 << 30,
+    );
+    assert!(table.contains("allreduce"));
+    assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
+    let whole = Topology::flat(4).with_processes(vec![3; 4]);
+    let m = CostModel::default();
+    let same = estimate_us(Collective::AllReduce, Algorithm::Ring, 1 << 20, &whole, &m).unwrap();
+    let shm = estimate_us(
+        Collective::AllReduce,
+        Algorithm::Ring,
+        1 << 20,
+        &Topology::flat(4),
+        &m,
+    )
+    .unwrap();
+    assert!(same < shm);
+}

@@ -121,16 +121,20 @@ impl Topology {
 
     /// The ranks of each node, nodes in ascending id order, ranks ascending.
     pub fn nodes(&self) -> Vec<Vec<Rank>> {
-        let mut ids: Vec<u32> = self.node_of.clone();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.iter()
-            .map(|id| {
-                (0..self.nranks())
-                    .filter(|&r| self.node(r) == *id)
-                    .collect()
-            })
-            .collect()
+        let mut by_node: std::collections::BTreeMap<u32, Vec<Rank>> =
+            std::collections::BTreeMap::new();
+        for (r, &id) in self.node_of.iter().enumerate() {
+            by_node.entry(id).or_default().push(r as Rank);
+        }
+        by_node.into_values().collect()
+    }
+
+    /// Whether every rank shares one process (only known with process ids).
+    pub fn single_process(&self) -> bool {
+        match &self.process_of {
+            Some(p) => self.nodes().len() <= 1 && p.windows(2).all(|w| w[0] == w[1]),
+            None => false,
+        }
     }
 }
 

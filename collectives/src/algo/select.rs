@@ -101,14 +101,13 @@ impl CostModel {
 
 /// The slowest class among all pairs of ranks.
 fn worst(topo: &Topology) -> LinkClass {
-    let n = topo.nranks();
-    let mut w = LinkClass::SameProcess;
-    for a in 0..n {
-        for b in a + 1..n {
-            w = w.max(CostModel::class(topo, a, b));
-        }
+    if topo.nodes().len() > 1 {
+        LinkClass::CrossNode
+    } else if topo.single_process() {
+        LinkClass::SameProcess
+    } else {
+        LinkClass::SameNode
     }
-    w
 }
 
 fn log2_ceil(n: u32) -> f64 {
