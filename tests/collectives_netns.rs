@@ -3,7 +3,8 @@
 //! (`HETCCL_HOST_ID=A`, `HETCCL_SOCKET_IFNAME=<A's veth>`), ranks 2 and 3
 //! in B, so traffic between the nodes crosses a real (virtual) link with
 //! its own addresses, and the unique-id file is on the shared filesystem.
-//! Every mode of `tests/c/coll_check.c` must pass with 0 wrong, and
+//! Every mode of `tests/c/coll_check.c` must pass with 0 wrong (also over
+//! TCP only, and with each AllReduce algorithm forced), and
 //! AllReduce must choose the hierarchical algorithm (rank 0 runs with
 //! `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING`; hetccl logs
 //! `algo=<Name>` per collective under `hetccl::TUNING`).
@@ -150,6 +151,26 @@ fn two_nodes_two_ranks_each() {
         )
         .env("NCCL_SHM_DISABLE", "1"),
     );
+    // Every AllReduce algorithm forced in turn across the link.
+    for algo in ["Ring", "Tree", "Direct", "HalvingDoubling", "Hierarchical"] {
+        jobs.push(
+            job(
+                &pair,
+                &format!("allreduce NCCL_ALGO=allreduce:{algo}"),
+                "allreduce",
+                &[
+                    "--counts",
+                    "0,1,1021,1048579",
+                    "--dtypes",
+                    "int8,int32,float32,bfloat16,f8e4m3",
+                    "--big-dtypes",
+                    "float32",
+                ],
+                none,
+            )
+            .env("NCCL_ALGO", &format!("allreduce:{algo}")),
+        );
+    }
     jobs.push(job(
         &pair,
         "hierarchical choice",

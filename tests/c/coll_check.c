@@ -43,7 +43,7 @@
  *                 (both deadlock without group semantics)
  *   sendrecv_self a send and a receive to self in a group with a ring message
  *   sendrecv      = the three above
- *   group         several different collectives in one group
+ *   group         several different collectives in one group; nested groups
  *   simulate      ncclGroupSimulateEnd: nothing runs, then a real call works
  *   split         ncclCommSplit: color rank%2 (NCCL_SPLIT_NOCOLOR for the last
  *                 rank when N>=3), key N-rank, then membership and order
@@ -917,6 +917,8 @@ static void mode_sendrecv(ncclComm_t comm, int which /* 1 ring, 2 all pairs, 4 s
 
 /* ------------------------------------------------------------- group */
 
+static void check_nested_group(ncclComm_t comm);
+
 /* Four different collectives in one group, each on its own buffers. */
 static void mode_group(ncclComm_t comm) {
   size_t n = (size_t)g_nranks;
@@ -959,6 +961,30 @@ static void mode_group(ncclComm_t comm) {
     gfree(rss, n * count * 4, "reducescatter sendbuff");
     gfree(rsr, count * 4, "reducescatter recvbuff");
   }
+  check_nested_group(comm);
+}
+
+/* Nested groups: only the outermost ncclGroupEnd runs the operations. The
+ * receive is queued in an inner group whose end must not block; the send
+ * that completes it is issued after. */
+static void check_nested_group(ncclComm_t comm) {
+  size_t count = 1021, bytes = count * 4;
+  int salt = ++salt_seq;
+  int next = (g_rank + 1) % g_nranks, prev = (g_rank + g_nranks - 1) % g_nranks;
+  begin_check("nested groups: recv in an inner group, send after it, one outer end");
+  void* s1 = galloc(bytes);
+  void* r1 = galloc(bytes);
+  pat_fill(s1, bytes, g_rank, next, salt);
+  NC(comm, ncclGroupStart());
+  NC(comm, ncclGroupStart());
+  NC(comm, ncclRecv(r1, count, ncclInt32, prev, comm, NULL));
+  NC(comm, ncclGroupEnd());
+  fresh_check(r1, bytes, "recvbuff before the outermost ncclGroupEnd");
+  NC(comm, ncclSend(s1, count, ncclInt32, next, comm, NULL));
+  NC(comm, ncclGroupEnd());
+  pat_check(r1, bytes, 4, prev, g_rank, salt, "message");
+  gfree(s1, bytes, "sendbuff");
+  gfree(r1, bytes, "recvbuff");
 }
 
 /* ---------------------------------------------------------- simulate */
