@@ -355,3 +355,14 @@ fn algos_hosts_2x2() {
         algo_jobs("algos_hosts_2x2", 4, nodes_of_2),
     );
 }
+
+// ------------------------------------------------------------ the checker
+
+/// coll_check's own float encoders and expectations (no NCCL involved):
+/// every expected value is exact in its datatype.
+#[test]
+fn coll_check_selftest() {
+    let out = common::run_ok(std::process::Command::new(exe()).arg("--selftest"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("selftest.bad 0"), "{text}");
+}
