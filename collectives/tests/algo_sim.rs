@@ -358,6 +358,28 @@ fn unreceived_and_invalid() {
         run(&[oob, plan(1, vec![])], &mut bufs(), &SimOptions::default()),
         Err(SimError::Invalid { .. })
     ));
+    let chan = plan(
+        0,
+        vec![(
+            StepKind::Send {
+                peer: 1,
+                chan: 2,
+                src: s(0, 8),
+            },
+            vec![],
+        )],
+    );
+    assert!(matches!(
+        run(
+            &[chan, plan(1, vec![])],
+            &mut bufs(),
+            &SimOptions::default()
+        ),
+        Err(SimError::Invalid {
+            err: hetccl_collectives::algo::PlanCheckError::BadChannel { chan: 2, .. },
+            ..
+        })
+    ));
     let fwd = plan(
         0,
         vec![(

@@ -8,7 +8,7 @@
 //!    local-rank order);
 //! 2. inter-node all-reduce of each piece: the owners of piece `j` on all
 //!    nodes (in node order) run a ring all-reduce on it, on channel
-//!    `j mod 256`; the owners of different pieces work in parallel. The
+//!    `j mod CHANNELS`; the owners of different pieces work in parallel. The
 //!    ring finishes (post-op) each reduced shard before it travels back;
 //! 3. intra-node all-gather, direct: each owner sends its pieces to the
 //!    other local ranks.
@@ -18,7 +18,7 @@
 
 use super::builder::Builder;
 use super::generate::{Group, Topology};
-use super::plan::{BufRange, Rank};
+use super::plan::{BufRange, Rank, CHANNELS};
 use super::ring;
 
 /// See the module docs. `input` may equal `output`.
@@ -62,7 +62,7 @@ pub(crate) fn allreduce(
         let ranks: Vec<Rank> = nodes.iter().map(|l| l[j % l.len()]).collect();
         let g = Group { ranks, me: my_node };
         let dst = piece(b, output, j);
-        ring::allreduce(b, &g, dst, dst, (j % 256) as u8, post);
+        ring::allreduce(b, &g, dst, dst, (j % usize::from(CHANNELS)) as u8, post);
     }
     // 3. Intra-node all-gather.
     for j in 0..pieces {

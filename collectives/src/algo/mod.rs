@@ -25,7 +25,7 @@ mod tree;
 
 pub use filter::{AlgoFilter, FilterError};
 pub use generate::{generate, supported, Chunking, CollArgs, PlanError, Topology};
-pub use plan::{BufId, BufRange, Plan, PlanCheckError, Rank, Step, StepId, StepKind};
+pub use plan::{BufId, BufRange, Plan, PlanCheckError, Rank, Step, StepId, StepKind, CHANNELS};
 pub use select::{
     estimate_us, select, selection_table, CostModel, LinkClass, LinkCost, NoAlgorithm,
 };

@@ -12,6 +12,10 @@ use crate::reduce::ReduceOp;
 /// A rank number within the communicator.
 pub type Rank = u32;
 
+/// Plans use message channels `0..CHANNELS` only, so an executor can open a
+/// fixed number of connections (or tags) per peer.
+pub const CHANNELS: u8 = 2;
+
 /// Index of a step within its plan.
 pub type StepId = u32;
 
@@ -248,6 +252,14 @@ pub enum PlanCheckError {
         /// The step.
         step: StepId,
     },
+    /// A message on a channel at or above [`CHANNELS`].
+    #[error("step {step}: channel {chan} is not below {CHANNELS}", CHANNELS = CHANNELS)]
+    BadChannel {
+        /// The step.
+        step: StepId,
+        /// The channel.
+        chan: u8,
+    },
     /// A message to or from this rank itself or a rank out of range.
     #[error("step {step}: bad peer {peer}")]
     BadPeer {
@@ -301,9 +313,12 @@ impl Plan {
             if !good {
                 return Err(PlanCheckError::BadOperands { step });
             }
-            if let Some((peer, _, _)) = k.message() {
+            if let Some((peer, chan, _)) = k.message() {
                 if peer == self.rank || peer >= self.nranks {
                     return Err(PlanCheckError::BadPeer { step, peer });
+                }
+                if chan >= CHANNELS {
+                    return Err(PlanCheckError::BadChannel { step, chan });
                 }
             }
         }

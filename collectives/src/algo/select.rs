@@ -234,8 +234,9 @@ pub fn select(
         let Some(t) = estimate_us(coll, algo, bytes, topo, costs) else {
             continue;
         };
-        if best.map_or(true, |(bt, _)| t < bt) {
-            best = Some((t, algo));
+        match best {
+            Some((bt, _)) if bt <= t => {}
+            _ => best = Some((t, algo)),
         }
     }
     best.map(|(_, a)| a).ok_or_else(|| NoAlgorithm {
