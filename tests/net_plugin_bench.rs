@@ -216,6 +216,23 @@ fn read8(c: &mut TcpStream, b: &mut [u8; 8]) {
             Err(e) => panic!("{e}"),
         }
     }
+    // BENCH_TCP_QUICKACK=N: clear TCP_QUICKACK every N reads (fewer pure ACKs).
+    static READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let every: usize = env_or("BENCH_TCP_QUICKACK", "0").parse().unwrap_or(0);
+    if every > 0 && READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % every == 0 {
+        use std::os::fd::AsRawFd;
+        let v: i32 = 0;
+        // SAFETY: plain setsockopt on our socket.
+        unsafe {
+            libc::setsockopt(
+                c.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_QUICKACK,
+                &v as *const i32 as *const _,
+                4,
+            )
+        };
+    }
 }
 
 fn write8(c: &mut TcpStream, b: &[u8; 8]) {

@@ -156,3 +156,9 @@ pub fn set_liveness(s: &TcpStream, timeout: std::time::Duration) -> Result<()> {
     let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     setopt(s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms.max(1000))
 }
+
+/// Clears `TCP_QUICKACK` (best effort): ACKs wait to be merged until the
+/// kernel turns quick ACKs back on.
+pub fn delay_acks(s: &TcpStream) {
+    let _ = setopt(s, libc::IPPROTO_TCP, libc::TCP_QUICKACK, 0);
+}

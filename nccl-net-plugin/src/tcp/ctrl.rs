@@ -18,6 +18,12 @@ use crate::wire::{decode_frame, Frame, FRAME_BYTES};
 /// The largest inline payload either side accepts.
 pub(crate) const MAX_INLINE: usize = 64 << 10;
 const STAGING: usize = 2 * MAX_INLINE + FRAME_BYTES;
+/// A control connection carries data one way only, so every small message
+/// would cost a pure ACK packet back (the kernel's "quick ACK" mode), where a
+/// single two-way socket piggybacks it. Clearing `TCP_QUICKACK` now and then
+/// (the kernel turns it back on by itself) halves those packets; see
+/// docs/net-plugin.md.
+const QUICKACK_EVERY: u32 = 64;
 /// Owned bytes are merged into one run up to this size.
 const MERGE_LIMIT: usize = 256 << 10;
 
@@ -57,6 +63,8 @@ pub(crate) struct Ctrl {
     sink: Option<Sink>,
     sink_since: Instant,
     need_sink: bool,
+    /// Successful reads, to clear TCP_QUICKACK every [`QUICKACK_EVERY`] reads.
+    reads: u32,
 }
 
 impl Ctrl {
@@ -79,6 +87,7 @@ impl Ctrl {
             sink: None,
             sink_since: Instant::now(),
             need_sink: false,
+            reads: 0,
         })
     }
 
@@ -204,7 +213,13 @@ impl Ctrl {
         while self.st_end - self.st_start < n {
             match try_read(&mut self.sock, &mut self.staging[self.st_end..])? {
                 None => return Ok(false),
-                Some(k) => self.st_end += k,
+                Some(k) => {
+                    self.st_end += k;
+                    self.reads = self.reads.wrapping_add(1);
+                    if self.reads % QUICKACK_EVERY == 1 {
+                        crate::sock::delay_acks(&self.sock);
+                    }
+                }
             }
         }
         Ok(true)
