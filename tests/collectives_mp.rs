@@ -54,6 +54,7 @@ const MODES: &[&str] = &[
     "simulate",
     "split",
     "multicomm",
+    "newcomms",
     "threads",
     "shrink",
     "shrink_abort",

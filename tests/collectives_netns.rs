@@ -117,6 +117,7 @@ const MODES: &[&str] = &[
     "simulate",
     "split",
     "multicomm",
+    "newcomms",
     "threads",
     "shrink",
     "shrink_abort",

@@ -50,6 +50,8 @@
  *                 checks inside each child; then one color, key 0
  *   multicomm     the parent and a reversed child (ncclCommSplit) used
  *                 alternately, and together in one group
+ *   newcomms      two more comms from new unique ids while the first lives:
+ *                 all ranks, and a reversed subset created inside a group
  *   threads       two threads per rank, each driving its own comm at once
  *   shrink        ncclCommShrink(NCCL_SHRINK_DEFAULT) excluding rank N-1,
  *                 which stays alive but calls nothing until rank 0 is done
@@ -1359,6 +1361,85 @@ static void mode_abort(ncclComm_t comm) {
   write_file_atomic(done, NULL, 0);
 }
 
+/* ---------------------------------------------------------- newcomms */
+
+static void exchange_id(const char* path, int creator, ncclUniqueId* id) {
+  if (creator) {
+    NC(NULL, ncclGetUniqueId(id));
+    write_file_atomic(path, id, sizeof *id);
+  } else if (wait_file(path, id, sizeof *id, file_timeout_s()) != 0) {
+    die("timed out waiting for a unique id");
+  }
+}
+
+/* More communicators from new unique ids while the first one lives (as
+ * PyTorch's new_group does): comm2 over all ranks by ncclCommInitRank;
+ * comm3 over ranks 0..N-2 only, in reversed order, created inside a group
+ * (N >= 3). Collectives alternate between the comms. */
+static void mode_newcomms(ncclComm_t comm) {
+  int n = g_nranks;
+  char path2[4096], path3[4096];
+  snprintf(path2, sizeof path2, "%s.2", g_idpath);
+  snprintf(path3, sizeof path3, "%s.3", g_idpath);
+  ncclUniqueId id2, id3;
+  ncclComm_t comm2 = NULL, comm3 = NULL;
+  exchange_id(path2, g_rank == 0, &id2);
+  snprintf(g_ctx, sizeof g_ctx, "second ncclCommInitRank");
+  NC(NULL, ncclCommInitRank(&comm2, n, id2, g_rank));
+
+  int sub = n >= 3 && g_rank <= n - 2; /* member of comm3 */
+  int n3 = n - 1, r3 = n - 2 - g_rank;
+  if (n >= 3) {
+    /* comm3's rank 0 is parent rank n-2: it creates the id. */
+    if (g_rank == n - 1) {
+      /* not a member */
+    } else {
+      exchange_id(path3, g_rank == n - 2, &id3);
+      snprintf(g_ctx, sizeof g_ctx, "ncclCommInitRank of a subset inside a group");
+      NC(NULL, ncclGroupStart());
+      NC(NULL, ncclCommInitRank(&comm3, n3, id3, r3));
+      NC(NULL, ncclGroupEnd());
+    }
+  }
+
+  begin_check("new comms: count and rank");
+  int c = -1, r = -1;
+  NC(comm2, ncclCommCount(comm2, &c));
+  NC(comm2, ncclCommUserRank(comm2, &r));
+  if (c != n || r != g_rank) fail("comm2: count %d rank %d, want %d %d", c, r, n, g_rank);
+  if (sub) {
+    NC(comm3, ncclCommCount(comm3, &c));
+    NC(comm3, ncclCommUserRank(comm3, &r));
+    if (c != n3 || r != r3) fail("comm3: count %d rank %d, want %d %d", c, r, n3, r3);
+  }
+
+  for (int round = 0; round < 3; round++) {
+    begin_check("AllReduces alternating over comm, comm2, comm3, round %d", round);
+    int64_t v1 = g_rank + 1 + round, v2 = 10 * (g_rank + 1), v3 = 100 * (g_rank + 1);
+    NC(comm, ncclAllReduce(&v1, &v1, 1, ncclInt64, ncclSum, comm, NULL));
+    if (sub) NC(comm3, ncclAllReduce(&v3, &v3, 1, ncclInt64, ncclSum, comm3, NULL));
+    NC(comm2, ncclAllReduce(&v2, &v2, 1, ncclInt64, ncclSum, comm2, NULL));
+    int64_t t = (int64_t)n * (n + 1) / 2;
+    if (v1 != t + (int64_t)n * round) fail("comm: %lld, want %lld", (long long)v1, (long long)(t + n * round));
+    if (v2 != 10 * t) fail("comm2: %lld, want %lld", (long long)v2, (long long)(10 * t));
+    if (sub && v3 != 100 * ((int64_t)n3 * (n3 + 1) / 2))
+      fail("comm3: %lld, want %lld", (long long)v3, (long long)(100 * ((int64_t)n3 * (n3 + 1) / 2)));
+  }
+  if (sub) {
+    begin_check("comm3 order: AllGather of parent ranks");
+    int32_t* all = galloc((size_t)n3 * 4);
+    int32_t mine = g_rank;
+    NC(comm3, ncclAllGather(&mine, all, 1, ncclInt32, comm3, NULL));
+    for (int k = 0; k < n3; k++)
+      if (all[k] != n - 2 - k) fail("comm3 rank %d is parent rank %d, want %d", k, all[k], n - 2 - k);
+    gfree(all, (size_t)n3 * 4, "allgather recvbuff");
+    NC(comm3, ncclCommDestroy(comm3));
+  }
+  NC(comm2, ncclCommDestroy(comm2));
+  if (g_rank == 0) unlink(path2);
+  if (g_rank == n - 2) unlink(path3);
+}
+
 /* ---------------------------------------------------------- selftest */
 
 /* Checks this program's own encoders and expectations, without NCCL. */
@@ -1499,6 +1580,7 @@ static int run_mode(const char* m, ncclComm_t* comm) {
   else if (!strcmp(m, "split")) mode_split(*comm);
   else if (!strcmp(m, "multicomm")) mode_multicomm(*comm);
   else if (!strcmp(m, "threads")) mode_threads(*comm);
+  else if (!strcmp(m, "newcomms")) mode_newcomms(*comm);
   else if (!strcmp(m, "shrink") || !strcmp(m, "shrink_abort")) {
     mode_shrink(*comm, !strcmp(m, "shrink_abort"));
     *comm = NULL;

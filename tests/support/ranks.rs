@@ -273,12 +273,15 @@ pub fn id_path(dir: &Path, label: &str) -> PathBuf {
     p
 }
 
-/// Removes an id file and the `.done` file coll_check derives from it.
+/// Removes an id file and the files coll_check derives from it (`.done`,
+/// and `.2`, `.3` for the ids of more comms).
 pub fn remove_id_files(p: &Path) {
     let _ = std::fs::remove_file(p);
-    let mut done: OsString = p.as_os_str().to_owned();
-    done.push(".done");
-    let _ = std::fs::remove_file(done);
+    for ext in [".done", ".2", ".3"] {
+        let mut other: OsString = p.as_os_str().to_owned();
+        other.push(ext);
+        let _ = std::fs::remove_file(other);
+    }
 }
 
 /// Whether `a` and `b` name the same file.
