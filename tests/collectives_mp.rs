@@ -256,13 +256,24 @@ fn hosts_interleaved_2x2() {
 
 // --------------------------------------------------------- nonblocking
 
+/// The modes whose calls all go through the nonblocking path (the comm
+/// modes split/shrink/abort... create children with blocking semantics of
+/// their own and are left to the blocking runs).
 const NONBLOCKING_MODES: &[&str] = &[
     "allreduce",
+    "premulsum",
     "broadcast",
+    "reduce",
+    "allgather",
     "reducescatter",
     "alltoall",
+    "gather",
+    "scatter",
     "sendrecv_ring",
+    "sendrecv_allpairs",
+    "sendrecv_self",
     "group",
+    "simulate",
 ];
 
 #[test]
