@@ -8,7 +8,8 @@
 //! arguments, the algorithm, the rank and the [`Topology`]; [`select`] picks
 //! the algorithm from an α-β [`CostModel`] and an `NCCL_ALGO`-style
 //! [`AlgoFilter`]; [`sim`] runs every rank's plan over real buffers and checks
-//! the matching contract. The vocabulary, the contract and each schedule are
+//! the matching contract, and [`timing`] replays them on an α-β link model
+//! to measure how well they pipeline. The vocabulary, the contract and each schedule are
 //! described in `docs/algorithms.md`.
 
 mod builder;
@@ -21,6 +22,7 @@ mod plan;
 mod ring;
 mod select;
 pub mod sim;
+pub mod timing;
 mod tree;
 
 pub use filter::{AlgoFilter, FilterError};

@@ -191,13 +191,12 @@ pub fn estimate_us(
         (Collective::Broadcast | Collective::Reduce, Algorithm::Direct) => {
             (nf - 1.0) * o + a + (nf - 1.0) * b * beta * cong + gam((nf - 1.0) * b)
         }
-        (
-            Collective::AllGather | Collective::ReduceScatter | Collective::AlltoAll,
-            Algorithm::Ring,
-        )
-        | (Collective::AlltoAll, Algorithm::Pairwise) => {
+        (Collective::AllGather | Collective::ReduceScatter, Algorithm::Ring) => {
             (nf - 1.0) * (o + a + b * beta) + gam((nf - 1.0) * b)
         }
+        // Pairwise steps do not wait for each other: one latency, and no
+        // incast since each step is a permutation.
+        (Collective::AlltoAll, Algorithm::Pairwise) => (nf - 1.0) * o + a + (nf - 1.0) * b * beta,
         (_, Algorithm::Direct) if coll != Collective::Send && coll != Collective::Recv => {
             (nf - 1.0) * o + a + (nf - 1.0) * b * beta * cong + gam((nf - 1.0) * b)
         }
