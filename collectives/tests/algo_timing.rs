@@ -81,6 +81,32 @@ fn ring_allreduce_moves_two_buffers_per_rank() {
 }
 
 #[test]
+fn bandwidth_bound_allreduces_reach_the_bound() {
+    // One node of 8: ring, halving-doubling and the hierarchical schedule
+    // (direct reduce-scatter + all-gather) all move 2(n-1)/n · B per rank.
+    let topo = Topology::flat(8);
+    let bytes = 1 << 20;
+    let link = Uniform {
+        alpha_us: 1.0,
+        beta_us_per_byte: 0.0001,
+        local_us_per_byte: 0.0,
+    };
+    let bound = 2.0 * 7.0 / 8.0 * bytes as f64 * 0.0001;
+    for algo in [
+        Algorithm::Ring,
+        Algorithm::HalvingDoubling,
+        Algorithm::Hierarchical,
+    ] {
+        let t = makespan(
+            &plans(Collective::AllReduce, algo, &topo, bytes, 64 << 10),
+            &link,
+        )
+        .unwrap();
+        assert!(t >= bound && t < 1.1 * bound, "{algo}: {t} vs {bound}");
+    }
+}
+
+#[test]
 fn estimates_track_schedules() {
     // The model's link for the flat topology, replayed on the schedules.
     let m = CostModel {

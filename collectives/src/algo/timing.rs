@@ -8,7 +8,8 @@
 //! arrival. A step starts when its dependencies are complete and, for
 //! messages, when the previous message of its lane has started (sends) or
 //! been received (receives). Among the steps that could start, the earliest
-//! goes first (list scheduling). The result shows whether a schedule
+//! goes first, and on a tie the one earlier in its plan (list scheduling:
+//! plan order is priority order, as it should be in an executor). The result shows whether a schedule
 //! pipelines (makespan ≈ `(steps + chunks - 1)` chunk times rather than
 //! `steps × chunks`) and lets the cost model be checked against the
 //! schedules it describes. No data moves; [`super::sim`] checks the bytes.
@@ -60,20 +61,24 @@ pub enum TimingError {
 
 struct RankState<'a> {
     plan: &'a Plan,
-    done: Vec<Option<f64>>,
     missing: Vec<u32>,
     dependents: Vec<Vec<u32>>,
     ready_at: Vec<f64>,
     candidates: Vec<u32>,
-    lane_of: Vec<Option<(u32, u8, bool)>>,
+    /// Per step: (global lane, position in the lane, is a send), or `None`
+    /// for local steps.
+    lane_of: Vec<Option<(usize, usize, bool)>>,
     port_free: f64,
     cpu_free: f64,
 }
 
-/// Per lane: the messages in flight (arrival times) and ordering state.
+/// One (sender, receiver, channel): messages in flight (arrival times) and
+/// ordering state.
 #[derive(Default)]
 struct Lane {
     arrivals: std::collections::VecDeque<f64>,
+    sent: usize,
+    received: usize,
     last_send_start: f64,
     last_recv_done: f64,
 }
@@ -82,6 +87,7 @@ struct Lane {
 pub fn makespan(plans: &[Plan], links: &dyn Links) -> Result<f64, TimingError> {
     let n = plans.len();
     let mut ranks: Vec<RankState> = Vec::with_capacity(n);
+    let mut lane_ids: HashMap<(u32, u32, u8), usize> = HashMap::new();
     for (r, p) in plans.iter().enumerate() {
         if p.rank as usize != r || p.nranks as usize != n {
             return Err(TimingError::Setup(r));
@@ -90,6 +96,8 @@ pub fn makespan(plans: &[Plan], links: &dyn Links) -> Result<f64, TimingError> {
         let mut dependents = vec![Vec::new(); k];
         let mut missing = vec![0u32; k];
         let mut candidates = Vec::new();
+        let mut counts: HashMap<usize, usize> = HashMap::new();
+        let mut lane_of = Vec::with_capacity(k);
         for (i, s) in p.steps.iter().enumerate() {
             missing[i] = s.deps.len() as u32;
             for &d in &s.deps {
@@ -98,11 +106,21 @@ pub fn makespan(plans: &[Plan], links: &dyn Links) -> Result<f64, TimingError> {
             if s.deps.is_empty() {
                 candidates.push(i as u32);
             }
+            lane_of.push(s.kind.message().map(|(peer, chan, send)| {
+                let key = if send {
+                    (p.rank, peer, chan)
+                } else {
+                    (peer, p.rank, chan)
+                };
+                let next = lane_ids.len();
+                let id = *lane_ids.entry(key).or_insert(next);
+                let c = counts.entry(id).or_insert(0);
+                *c += 1;
+                (id, *c - 1, send)
+            }));
         }
-        let lane_of = p.steps.iter().map(|s| s.kind.message()).collect();
         ranks.push(RankState {
             plan: p,
-            done: vec![None; k],
             missing,
             dependents,
             ready_at: vec![0.0; k],
@@ -112,26 +130,7 @@ pub fn makespan(plans: &[Plan], links: &dyn Links) -> Result<f64, TimingError> {
             cpu_free: 0.0,
         });
     }
-    // Lane key: (from, to, chan). Per rank and lane, the next message index.
-    let mut lanes: HashMap<(u32, u32, u8), Lane> = HashMap::new();
-    let mut next_msg: Vec<HashMap<(u32, u8, bool), usize>> = vec![HashMap::new(); n];
-    let mut seq: Vec<Vec<usize>> = Vec::with_capacity(n);
-    for rk in &ranks {
-        let mut count: HashMap<(u32, u8, bool), usize> = HashMap::new();
-        seq.push(
-            rk.lane_of
-                .iter()
-                .map(|l| match l {
-                    Some(key) => {
-                        let c = count.entry(*key).or_insert(0);
-                        *c += 1;
-                        *c - 1
-                    }
-                    None => 0,
-                })
-                .collect(),
-        );
-    }
+    let mut lanes: Vec<Lane> = (0..lane_ids.len()).map(|_| Lane::default()).collect();
     let local = links.local_us_per_byte();
     let mut left: usize = plans.iter().map(|p| p.steps.len()).sum();
     let mut end = 0.0f64;
@@ -141,35 +140,34 @@ pub fn makespan(plans: &[Plan], links: &dyn Links) -> Result<f64, TimingError> {
         for (r, rk) in ranks.iter().enumerate() {
             for (ci, &s) in rk.candidates.iter().enumerate() {
                 let s = s as usize;
-                let me = r as u32;
                 let t = match rk.lane_of[s] {
                     None => rk.ready_at[s].max(rk.cpu_free),
-                    Some((peer, chan, is_send)) => {
-                        if next_msg[r]
-                            .get(&(peer, chan, is_send))
-                            .copied()
-                            .unwrap_or(0)
-                            != seq[r][s]
-                        {
+                    Some((l, pos, true)) => {
+                        let l = &lanes[l];
+                        if l.sent != pos {
                             continue;
                         }
-                        if is_send {
-                            let l = lanes.get(&(me, peer, chan));
-                            rk.ready_at[s]
-                                .max(rk.port_free)
-                                .max(l.map_or(0.0, |l| l.last_send_start))
-                        } else {
-                            let Some(l) = lanes.get(&(peer, me, chan)) else {
-                                continue;
-                            };
-                            let Some(&arr) = l.arrivals.front() else {
-                                continue;
-                            };
-                            rk.ready_at[s].max(arr).max(l.last_recv_done)
+                        rk.ready_at[s].max(rk.port_free).max(l.last_send_start)
+                    }
+                    Some((l, pos, false)) => {
+                        let l = &lanes[l];
+                        let Some(&arr) = l.arrivals.front() else {
+                            continue;
+                        };
+                        if l.received != pos {
+                            continue;
                         }
+                        rk.ready_at[s].max(arr).max(l.last_recv_done)
                     }
                 };
-                if best.is_none_or(|(bt, _, _)| t < bt) {
+                // Ties go to the earlier step: plan order is priority order.
+                let better = match best {
+                    None => true,
+                    Some((bt, br, bci)) => {
+                        t < bt || (t == bt && r == br && s < ranks[br].candidates[bci] as usize)
+                    }
+                };
+                if better {
                     best = Some((t, r, ci));
                 }
             }
@@ -180,34 +178,37 @@ pub fn makespan(plans: &[Plan], links: &dyn Links) -> Result<f64, TimingError> {
         let me = r as u32;
         let s = ranks[r].candidates.swap_remove(ci) as usize;
         let kind = ranks[r].plan.steps[s].kind;
-        let done = match kind {
-            StepKind::Send { peer, chan, src } => {
+        let lane = ranks[r].lane_of[s];
+        let done = match (kind, lane) {
+            (StepKind::Send { peer, src, .. }, Some((l, _, _))) => {
                 let (a, b) = links.link(me, peer);
-                let l = lanes.entry((me, peer, chan)).or_default();
+                let l = &mut lanes[l];
                 let arrive = t + a + src.len as f64 * b;
                 l.arrivals.push_back(arrive);
                 l.last_send_start = t;
+                l.sent += 1;
                 ranks[r].port_free = t + src.len as f64 * b;
-                *next_msg[r].entry((peer, chan, true)).or_insert(0) += 1;
                 arrive
             }
-            StepKind::Recv { peer, chan, .. } | StepKind::RecvReduce { peer, chan, .. } => {
-                let l = lanes.entry((peer, me, chan)).or_default();
+            (StepKind::Recv { .. } | StepKind::RecvReduce { .. }, Some((l, _, _))) => {
+                let l = &mut lanes[l];
                 l.arrivals.pop_front();
+                l.received += 1;
                 let work = match kind {
                     StepKind::RecvReduce { dst, .. } => dst.len as f64 * local,
                     _ => 0.0,
                 };
-                let start = t.max(if work > 0.0 { ranks[r].cpu_free } else { 0.0 });
-                let d = start + work;
-                if work > 0.0 {
+                let d = if work > 0.0 {
+                    let d = t.max(ranks[r].cpu_free) + work;
                     ranks[r].cpu_free = d;
-                }
+                    d
+                } else {
+                    t
+                };
                 l.last_recv_done = d;
-                *next_msg[r].entry((peer, chan, false)).or_insert(0) += 1;
                 d
             }
-            other => {
+            (other, _) => {
                 let len = other.writes().map_or(0, |w| w.len) as f64;
                 let d = t + len * local;
                 ranks[r].cpu_free = d;
@@ -215,7 +216,6 @@ pub fn makespan(plans: &[Plan], links: &dyn Links) -> Result<f64, TimingError> {
             }
         };
         let rk = &mut ranks[r];
-        rk.done[s] = Some(done);
         end = end.max(done);
         left -= 1;
         for i in 0..rk.dependents[s].len() {
