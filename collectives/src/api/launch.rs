@@ -17,10 +17,12 @@ use hetccl_abi::{NcclResult, RedOp};
 
 use super::coll_args::{CollArgs, CollKind};
 use crate::algo::{self, AlgoFilter, Chunking, Collective, CostModel};
+use crate::comm::engine::Engine;
+use crate::comm::plan_cache::PlanKey;
 use crate::comm::redop_table::Scalar as OpScalar;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::exec::{drive, Batch, Job, OpBuffers, Patience};
+use crate::exec::{drive, Batch, Job, OpBuffers, Patience, Trace};
 use crate::reduce::{ReduceOp, Scalar};
 
 /// A queued operation: its communicator and its job.
@@ -108,7 +110,8 @@ pub fn make_job(a: &CollArgs) -> Result<Job> {
     } else {
         ReduceOp::Sum
     };
-    let args = algo::CollArgs {
+    let bytes = a.count * a.dtype.size();
+    let key = PlanKey {
         collective: coll,
         count: a.count,
         dtype: a.dtype,
@@ -116,30 +119,35 @@ pub fn make_job(a: &CollArgs) -> Result<Job> {
         root: a.root as u32,
         in_place: inp,
     };
-    let bytes = a.count * a.dtype.size();
-    let filter = match hetccl_core::config::get().algo.as_deref() {
-        Some(s) => AlgoFilter::parse(s).map_err(|e| Error::arg(format!("NCCL_ALGO: {e}")))?,
-        None => AlgoFilter::all(),
-    };
-    let algorithm = if matches!(coll, Collective::Send | Collective::Recv) {
-        algo::Algorithm::Direct
-    } else {
-        algo::select(coll, bytes, &engine.topo, &CostModel::default(), &filter)
-            .map_err(|e| Error::usage(e.to_string()))?
-    };
+    let (algorithm, plan) = engine.plans.lock().get_or_try_insert(key, || {
+        let algorithm = choose(engine, coll, bytes)?;
+        let args = algo::CollArgs {
+            collective: key.collective,
+            count: key.count,
+            dtype: key.dtype,
+            op: key.op,
+            root: key.root,
+            in_place: key.in_place,
+        };
+        let plan = algo::generate(
+            &args,
+            algorithm,
+            a.comm.rank as u32,
+            &engine.topo,
+            &Chunking::default(),
+        )
+        .map_err(|e| Error::Internal(format!("plan for {coll}: {e}")))?;
+        Ok::<_, Error>((algorithm, plan))
+    })?;
     let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
     tracing::info!(target: "hetccl::TUNING",
         "comm {:016x} seq {seq} rank {}: {coll} count {} {} bytes {bytes} algo={}",
         engine.comm_hash, a.comm.rank, a.count, a.dtype.name(), algorithm.name());
-    let plan = algo::generate(
-        &args,
-        algorithm,
-        a.comm.rank as u32,
-        &engine.topo,
-        &Chunking::default(),
-    )
-    .map_err(|e| Error::Internal(format!("plan for {coll}: {e}")))?;
-    let scratch = vec![0u8; plan.scratch_bytes];
+    let scratch = if plan.scratch_bytes > 0 {
+        vec![0u8; plan.scratch_bytes]
+    } else {
+        Vec::new()
+    };
     Ok(Job {
         plan,
         bufs: OpBuffers {
@@ -148,8 +156,25 @@ pub fn make_job(a: &CollArgs) -> Result<Job> {
             scratch,
         },
         p2p: matches!(coll, Collective::Send | Collective::Recv),
-        label: format!("{coll} seq {seq} trace {:016x}:{seq}", engine.comm_hash),
+        trace: Trace {
+            comm_hash: engine.comm_hash,
+            seq,
+        },
     })
+}
+
+/// The algorithm for a collective of `bytes`: `NCCL_ALGO` filters, the α-β
+/// model picks.
+fn choose(engine: &Engine, coll: Collective, bytes: usize) -> Result<algo::Algorithm> {
+    if matches!(coll, Collective::Send | Collective::Recv) {
+        return Ok(algo::Algorithm::Direct);
+    }
+    let filter = match hetccl_core::config::get().algo.as_deref() {
+        Some(s) => AlgoFilter::parse(s).map_err(|e| Error::arg(format!("NCCL_ALGO: {e}")))?,
+        None => AlgoFilter::all(),
+    };
+    algo::select(coll, bytes, &engine.topo, &CostModel::default(), &filter)
+        .map_err(|e| Error::usage(e.to_string()))
 }
 
 /// Runs (or queues, inside a group) one validated call.

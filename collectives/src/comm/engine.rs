@@ -36,4 +36,6 @@ pub struct Engine {
     pub aborted: Arc<AtomicBool>,
     /// Number of operations run so far (the sequence part of trace ids).
     pub seq: std::sync::atomic::AtomicU64,
+    /// Algorithms and plans already made for this communicator.
+    pub plans: Mutex<super::plan_cache::PlanCache>,
 }

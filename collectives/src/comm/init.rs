@@ -127,6 +127,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         exec_lock: Mutex::new(()),
         aborted,
         seq: AtomicU64::new(0),
+        plans: Mutex::new(Default::default()),
     };
     comm.engine
         .set(engine)

@@ -8,6 +8,7 @@
 pub mod engine;
 pub mod handle;
 pub mod init;
+pub mod plan_cache;
 pub mod redop_table;
 pub mod split;
 

@@ -14,7 +14,7 @@
 
 mod step;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,14 +58,33 @@ pub struct OpBuffers {
 /// One operation of a batch.
 #[derive(Debug)]
 pub struct Job {
-    /// Its plan.
-    pub plan: Plan,
+    /// Its plan (shared with the communicator's plan cache).
+    pub plan: Arc<Plan>,
     /// Its buffers.
     pub bufs: OpBuffers,
     /// Whether it is a point-to-point operation (uses [`P2P_CHAN`]).
     pub p2p: bool,
-    /// What hang reports call it: operation, sequence number, trace id.
-    pub label: String,
+    /// What hang reports call it (see [`Job::label`]).
+    pub trace: Trace,
+}
+
+/// The identity of one operation across ranks: the same on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trace {
+    /// The communicator's hash.
+    pub comm_hash: u64,
+    /// The operation's sequence number on the communicator.
+    pub seq: u64,
+}
+
+impl Job {
+    /// "AllReduce seq 12 trace 0123…:12", for logs and hang reports.
+    pub fn label(&self) -> String {
+        format!(
+            "{} seq {} trace {:016x}:{}",
+            self.plan.collective, self.trace.seq, self.trace.comm_hash, self.trace.seq
+        )
+    }
 }
 
 type LinkKey = (usize, usize, bool); // (peer, link channel, is_send)
@@ -83,7 +102,9 @@ pub struct Batch<'a> {
     moved: Vec<usize>,
     done: Vec<bool>,
     ready: Vec<u32>,
-    queues: HashMap<LinkKey, VecDeque<u32>>,
+    /// Message steps per link, in issue order (few links per batch, so a
+    /// list beats a map).
+    queues: Vec<(LinkKey, VecDeque<u32>)>,
     remaining: usize,
 }
 
@@ -104,7 +125,7 @@ impl<'a> Batch<'a> {
             moved: vec![0; total],
             done: vec![false; total],
             ready: Vec::new(),
-            queues: HashMap::new(),
+            queues: Vec::new(),
             remaining: total,
             jobs: Vec::new(),
         };
@@ -134,16 +155,31 @@ impl<'a> Batch<'a> {
                             links.rank
                         )));
                     }
-                    b.queues
-                        .entry((peer, lc, is_send))
-                        .or_default()
-                        .push_back(g);
+                    b.queue_mut((peer, lc, is_send)).push_back(g);
                 }
             }
             base += job.plan.steps.len() as u32;
         }
         b.jobs = jobs;
         Ok(b)
+    }
+
+    fn queue_mut(&mut self, key: LinkKey) -> &mut VecDeque<u32> {
+        let i = match self.queues.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                self.queues.push((key, VecDeque::new()));
+                self.queues.len() - 1
+            }
+        };
+        &mut self.queues[i].1
+    }
+
+    fn queue_head(&self, key: LinkKey) -> Option<u32> {
+        self.queues
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, q)| q.front().copied())
     }
 
     /// Whether every step is done.
@@ -188,7 +224,7 @@ impl<'a> Batch<'a> {
                         chan as usize
                     };
                     let key = (peer as usize, lc, is_send);
-                    if self.queues.get(&key).and_then(|q| q.front()) != Some(&g) {
+                    if self.queue_head(key) != Some(g) {
                         i += 1;
                         continue;
                     }
@@ -202,7 +238,7 @@ impl<'a> Batch<'a> {
                     )?;
                     progressed |= self.moved[g as usize] != before;
                     if done {
-                        self.queues.get_mut(&key).expect("queued").pop_front();
+                        self.queue_mut(key).pop_front();
                     }
                     done
                 }
@@ -221,7 +257,7 @@ impl<'a> Batch<'a> {
     /// What to wait on: the wait sources of the links at the head of a
     /// queue whose step is ready.
     fn wait_sources(&self, out: &mut Vec<WaitSource>) {
-        for (&(peer, lc, is_send), q) in &self.queues {
+        for &((peer, lc, is_send), ref q) in &self.queues {
             if let Some(&g) = q.front() {
                 if self.deps_left[g as usize] == 0 && !self.done[g as usize] {
                     let c = &self.links.peers[peer].as_ref().expect("checked")[lc];
@@ -271,7 +307,7 @@ impl Batch<'_> {
     /// One line per blocked message step: what it waits for, from whom.
     pub fn describe_wait(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for (&(peer, lc, is_send), q) in &self.queues {
+        for &((peer, lc, is_send), ref q) in &self.queues {
             let Some(&g) = q.front() else { continue };
             if self.done[g as usize] {
                 continue;
@@ -288,7 +324,8 @@ impl Batch<'_> {
             };
             out.push(format!(
                 "{}: step {si} {what} rank {peer} (channel {lc}), {}/{len} bytes moved",
-                job.label, self.moved[g as usize]
+                job.label(),
+                self.moved[g as usize]
             ));
         }
         out.sort();
@@ -346,7 +383,7 @@ pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
                 .flat_map(|b| b.describe_wait())
                 .collect();
             return Err(Error::Timeout(format!(
-                "no progress for {:.0} s (HETCCL_TIMEOUT_S): {}",
+                "no progress for {:.1} s (HETCCL_TIMEOUT_S): {}",
                 idle.as_secs_f64(),
                 what.join("; ")
             )));

@@ -34,7 +34,7 @@ fn links_to_silent_peer() -> (Links, Vec<Conn>) {
 fn recv_job(buf: &mut [u8]) -> Job {
     let dst = BufRange::new(BufId::Recv, 0, buf.len());
     Job {
-        plan: Plan {
+        plan: Arc::new(Plan {
             collective: Collective::Recv,
             algorithm: Algorithm::Direct,
             rank: 0,
@@ -52,14 +52,17 @@ fn recv_job(buf: &mut [u8]) -> Job {
                 },
                 deps: vec![],
             }],
-        },
+        }),
         bufs: OpBuffers {
             send: std::ptr::null(),
             recv: buf.as_mut_ptr(),
             scratch: Vec::new(),
         },
         p2p: true,
-        label: "Recv seq 0 trace test".into(),
+        trace: Trace {
+            comm_hash: 0xabc,
+            seq: 7,
+        },
     }
 }
 
@@ -78,6 +81,7 @@ fn a_silent_peer_times_out_with_a_description() {
     assert!(t.elapsed() >= Duration::from_millis(250) && t.elapsed() < Duration::from_secs(10));
     assert!(e.contains("waits for data from rank 1"), "{e}");
     assert!(e.contains("0/100 bytes"), "{e}");
+    assert!(e.contains("recv seq 7 trace 0000000000000abc:7"), "{e}");
 }
 
 #[test]

@@ -1,0 +1,69 @@
+//! Per-communicator cache of chosen algorithms and generated plans.
+//!
+//! Training loops call the same collectives with the same sizes again and
+//! again; selection and generation are pure functions of the call's
+//! arguments and the communicator's topology, so their result is kept.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hetccl_abi::DataType;
+
+use crate::algo::{Algorithm, Collective, Plan};
+use crate::reduce::ReduceOp;
+
+/// Everything selection and generation depend on, besides the topology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PlanKey {
+    /// The operation.
+    pub collective: Collective,
+    /// NCCL's count.
+    pub count: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction op (with its PreMulSum scalar).
+    pub op: ReduceOp,
+    /// Root or peer.
+    pub root: u32,
+    /// NCCL's in-place layout.
+    pub in_place: bool,
+}
+
+/// The most plans kept per communicator; the cache is emptied when full.
+pub const MAX_PLANS: usize = 256;
+
+/// The cache.
+#[derive(Debug, Default)]
+pub struct PlanCache {
+    map: HashMap<PlanKey, (Algorithm, Arc<Plan>)>,
+}
+
+impl PlanCache {
+    /// The cached entry for `key`, or the one `make` builds (then cached).
+    pub fn get_or_try_insert<E>(
+        &mut self,
+        key: PlanKey,
+        make: impl FnOnce() -> Result<(Algorithm, Plan), E>,
+    ) -> Result<(Algorithm, Arc<Plan>), E> {
+        if let Some((a, p)) = self.map.get(&key) {
+            return Ok((*a, p.clone()));
+        }
+        let (a, p) = make()?;
+        if self.map.len() >= MAX_PLANS {
+            self.map.clear();
+        }
+        let p = Arc::new(p);
+        self.map.insert(key, (a, p.clone()));
+        Ok((a, p))
+    }
+
+    /// Cached entries.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
