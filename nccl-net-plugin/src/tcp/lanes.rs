@@ -1,9 +1,14 @@
 //! Data sockets ("lanes") and the helper threads that serve them.
 //!
 //! Large payloads are cut into tasks that go round-robin over the lanes.
-//! Helper thread `t` serves lanes `t, t + nthreads, ...` in task order with
-//! blocking I/O under a short socket timeout, so it notices `stop` and the
-//! comm timeout without ever blocking forever. Both ends enqueue the tasks of
+//! Two ways to serve them:
+//! - **helper threads**: thread `t` serves lanes `t, t + nthreads, ...` in
+//!   task order with blocking I/O under a short socket timeout, so it notices
+//!   `stop` and the comm timeout without ever blocking forever;
+//! - **inline** (`nthreads == 0`): the lanes are non-blocking and the comm's
+//!   own progress (`isend`/`irecv`/`test`) drives them with [`Lanes::poll`],
+//!   like an epoll loop run by the caller's thread. No thread competes with
+//!   a spinning caller for the CPU. Both ends enqueue the tasks of
 //! a message in the same order (the order of CTS frames), so each lane's byte
 //! stream lines up.
 
@@ -67,6 +72,8 @@ struct Task {
     lane: usize,
     ptr: usize,
     len: usize,
+    /// Bytes already moved (inline mode).
+    off: usize,
     prog: Arc<Progress>,
 }
 
@@ -77,6 +84,10 @@ struct Shared {
     failed: Mutex<Option<NetError>>,
     dir: Dir,
     timeout: Duration,
+    /// No helper threads: one queue per lane, driven by [`Lanes::poll`].
+    inline: bool,
+    /// Inline mode: when each lane last moved bytes.
+    last: Mutex<Vec<Instant>>,
 }
 
 struct Core {
@@ -110,7 +121,8 @@ impl LaneWatch {
 }
 
 impl Lanes {
-    /// Starts `nthreads` helpers (at least 1, at most the lane count) over `socks`.
+    /// Starts `nthreads` helpers (at most the lane count) over `socks`, or
+    /// none when `nthreads == 0` (inline mode).
     pub(crate) fn start(
         socks: Vec<TcpStream>,
         nthreads: usize,
@@ -119,7 +131,7 @@ impl Lanes {
     ) -> Result<Self> {
         for s in &socks {
             crate::sock::set_liveness(s, timeout)?;
-            s.set_nonblocking(false)
+            s.set_nonblocking(nthreads == 0)
                 .map_err(|e| NetError::io("O_NONBLOCK", &e))?;
             s.set_nodelay(true)
                 .map_err(|e| NetError::io("TCP_NODELAY", &e))?;
@@ -128,10 +140,19 @@ impl Lanes {
             s.set_write_timeout(Some(TICK))
                 .map_err(|e| NetError::io("SO_SNDTIMEO", &e))?;
         }
-        let nthreads = nthreads.clamp(1, socks.len().max(1));
+        let inline = nthreads == 0;
+        let nlanes = socks.len();
+        let nthreads = if inline {
+            0
+        } else {
+            nthreads.clamp(1, nlanes.max(1))
+        };
+        let nqueues = if inline { nlanes } else { nthreads };
         let shared = Arc::new(Shared {
             socks,
-            queues: (0..nthreads)
+            inline,
+            last: Mutex::new(vec![Instant::now(); nlanes]),
+            queues: (0..nqueues)
                 .map(|_| (Mutex::new(VecDeque::new()), Condvar::new()))
                 .collect(),
             stop: AtomicBool::new(false),
@@ -176,6 +197,11 @@ impl Lanes {
         LaneWatch(Arc::downgrade(&self.core))
     }
 
+    /// Whether the caller's progress drives the lanes (no helper threads).
+    pub(crate) fn is_inline(&self) -> bool {
+        self.core.shared.inline
+    }
+
     /// Number of lanes.
     pub(crate) fn len(&self) -> usize {
         self.core.shared.socks.len()
@@ -195,7 +221,13 @@ impl Lanes {
         let task = task.max(1);
         let ntasks = len.div_ceil(task);
         let prog = Progress::new(ntasks);
-        let nthreads = self.core.shared.queues.len();
+        let nqueues = self.core.shared.queues.len();
+        // Inline mode: a lane that was idle starts its timeout clock now.
+        let mut last = self
+            .core
+            .shared
+            .inline
+            .then(|| self.core.shared.last.lock());
         let mut off = 0;
         while off < len {
             let n = task.min(len - off);
@@ -204,9 +236,15 @@ impl Lanes {
                 lane,
                 ptr: ptr as usize + off,
                 len: n,
+                off: 0,
                 prog: prog.clone(),
             };
-            let (q, cv) = &self.core.shared.queues[lane % nthreads];
+            let (q, cv) = &self.core.shared.queues[lane % nqueues];
+            if let Some(last) = last.as_mut() {
+                if q.lock().is_empty() {
+                    last[lane] = Instant::now();
+                }
+            }
             q.lock().push_back(t);
             cv.notify_one();
             off += n;
@@ -217,6 +255,27 @@ impl Lanes {
     /// Stops the helpers and joins them. Idempotent.
     pub(crate) fn stop(&self) {
         self.core.stop();
+    }
+
+    /// Inline mode: moves what the sockets take now. A no-op with helper threads.
+    pub(crate) fn poll(&self) -> Result<()> {
+        let sh = &self.core.shared;
+        if !sh.inline {
+            return Ok(());
+        }
+        if let Some(e) = sh.failed.lock().clone() {
+            return Err(e);
+        }
+        let r = poll_inline(sh);
+        if let Err(e) = &r {
+            sh.failed.lock().get_or_insert_with(|| e.clone());
+            for (q, _) in &sh.queues {
+                for t in q.lock().drain(..) {
+                    t.prog.finish(&Err(e.clone()));
+                }
+            }
+        }
+        r
     }
 }
 
@@ -246,6 +305,52 @@ impl Drop for Lanes {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+fn poll_inline(sh: &Shared) -> Result<()> {
+    let mut last = sh.last.lock();
+    for (lane, (q, _)) in sh.queues.iter().enumerate() {
+        let mut q = q.lock();
+        let mut sock = &sh.socks[lane];
+        while let Some(t) = q.front_mut() {
+            // SAFETY: submit's contract keeps the buffer valid.
+            let r = match sh.dir {
+                Dir::Send => sock.write(unsafe {
+                    std::slice::from_raw_parts((t.ptr + t.off) as *const u8, t.len - t.off)
+                }),
+                Dir::Recv => sock.read(unsafe {
+                    std::slice::from_raw_parts_mut((t.ptr + t.off) as *mut u8, t.len - t.off)
+                }),
+            };
+            match r {
+                Ok(0) if t.len > t.off => {
+                    return Err(NetError::Remote("data connection closed by peer".into()))
+                }
+                Ok(n) => {
+                    t.off += n;
+                    last[lane] = Instant::now();
+                    if t.off == t.len {
+                        let t = q.pop_front().expect("front exists");
+                        t.prog.finish(&Ok(()));
+                    }
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                    if last[lane].elapsed() > sh.timeout {
+                        return Err(NetError::Timeout(format!(
+                            "no data progress for {:?}",
+                            sh.timeout
+                        )));
+                    }
+                    break;
+                }
+                Err(e) => return Err(NetError::Remote(format!("data socket: {e}"))),
+            }
+        }
+        if q.is_empty() {
+            last[lane] = Instant::now();
+        }
+    }
+    Ok(())
 }
 
 fn helper(sh: &Shared, t: usize) {

@@ -70,6 +70,13 @@ impl TcpOptions {
     /// The options from the environment (`NCCL_SOCKET_NTHREADS`,
     /// `NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_INLINE`,
     /// `NCCL_SOCKET_MIN_TASKSIZE`, `HETCCL_TIMEOUT_S`).
+    ///
+    /// With `NCCL_SOCKET_NTHREADS` ≥ 1 a comm has threads × sockets-per-thread
+    /// data sockets served by that many helper threads (as NCCL's Socket
+    /// transport). With 0 threads the caller's thread drives
+    /// `NCCL_NSOCKS_PERTHREAD` data sockets itself (0: everything on the
+    /// control socket). Unset values take the measured defaults
+    /// [`AUTO_NTHREADS`] and [`AUTO_NSOCKS_PERTHREAD`].
     pub fn from_env() -> Self {
         let s = hetccl_core::config::get();
         let nthreads = s
@@ -79,9 +86,9 @@ impl TcpOptions {
             .min(16);
         let per = s
             .nsocks_perthread
-            .filter(|&n| n >= 1)
+            .filter(|&n| n >= 0)
             .map_or(AUTO_NSOCKS_PERTHREAD, |n| n as usize);
-        let nsocks = (nthreads * per).min(MAX_SOCKS);
+        let nsocks = if nthreads == 0 { per } else { nthreads * per }.min(MAX_SOCKS);
         Self {
             nsocks,
             nthreads: nthreads.min(nsocks),

@@ -214,6 +214,7 @@ impl TcpRecvComm {
             )));
         };
         let r = &mut st.reqs[pos];
+        let helpers = self.lanes.as_ref().is_some_and(|l| !l.is_inline());
         let mut complete = true;
         let mut error = None;
         for e in &mut r.entries {
@@ -227,7 +228,7 @@ impl TcpRecvComm {
             match &e.st {
                 EntrySt::Done(_) => {}
                 // Lanes finish on their own; control-socket data needs our polling.
-                EntrySt::Matched(_, Some(_)) if r.optional => {}
+                EntrySt::Matched(_, Some(_)) if r.optional && helpers => {}
                 EntrySt::Failed(err) => error = error.or(Some(err.clone())),
                 _ => complete = false,
             }
@@ -399,6 +400,9 @@ impl TcpRecvComm {
                 "control socket stalled for {:?}",
                 self.opts.timeout
             )));
+        }
+        if let Some(l) = &self.lanes {
+            l.poll()?;
         }
         if let Some(e) = self.lanes.as_ref().and_then(Lanes::failure) {
             return Err(e);

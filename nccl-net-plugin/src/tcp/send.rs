@@ -249,6 +249,9 @@ impl TcpSendComm {
                 self.opts.timeout
             )));
         }
+        if let Some(l) = &self.lanes {
+            l.poll()?;
+        }
         if let Some(e) = self.lanes.as_ref().and_then(Lanes::failure) {
             return Err(e);
         }

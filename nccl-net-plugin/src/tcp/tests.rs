@@ -145,6 +145,11 @@ fn sizes_over_lanes() {
 }
 
 #[test]
+fn sizes_over_inline_lanes() {
+    round_trip(3, 0, &[0, 8, 129, 65536, 1 << 20, (8 << 20) + 3, 200_000]);
+}
+
+#[test]
 fn grouped_tags_and_oversize() {
     let net = lo_net(2, 2);
     let (s, r) = pair(&net);
