@@ -8,9 +8,10 @@
 //! - **inline** (`nthreads == 0`): the lanes are non-blocking and the comm's
 //!   own progress (`isend`/`irecv`/`test`) drives them with [`Lanes::poll`],
 //!   like an epoll loop run by the caller's thread. No thread competes with
-//!   a spinning caller for the CPU. Both ends enqueue the tasks of
-//! a message in the same order (the order of CTS frames), so each lane's byte
-//! stream lines up.
+//!   a spinning caller for the CPU.
+//!
+//! Both ends enqueue the tasks of a message in the same order (the order of
+//! CTS frames), so each lane's byte stream lines up.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
