@@ -128,19 +128,26 @@ pub struct Outcome {
 /// An error of a rank: a message, and whether it came from the library
 /// (exit code 2) or from the benchmark itself (exit code 3).
 #[derive(Debug)]
-pub struct RankError(pub String);
+pub struct RankError(pub String, pub Option<i32>);
 
 impl From<String> for RankError {
     fn from(s: String) -> Self {
-        RankError(s)
+        RankError(s, None)
     }
 }
 
 impl From<NcclError> for RankError {
     fn from(e: NcclError) -> Self {
-        RankError(e.to_string())
+        RankError(e.to_string(), Some(e.code))
     }
 }
+
+/// Self-test hook: the rank named here flips one byte of every checked
+/// result before comparing, to prove that wrong results are detected.
+pub const ENV_TEST_CORRUPT: &str = "HETCCL_PERF_TEST_CORRUPT";
+
+/// `ncclInvalidArgument`.
+const NCCL_INVALID_ARGUMENT: i32 = 4;
 
 /// Rank 0's output state.
 struct Printer {
@@ -148,6 +155,7 @@ struct Printer {
     results: Vec<Value>,
     row: Option<Value>,
     line: String,
+    inplace_note: bool,
 }
 
 impl Printer {
@@ -171,6 +179,7 @@ struct Ctx<'a> {
     bw_sum: f64,
     bw_count: u64,
     rep: u64,
+    corrupt: bool,
 }
 
 /// Host name (for the rank lines).
@@ -217,6 +226,7 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
             results: Vec::new(),
             row: None,
             line: String::new(),
+            inplace_note: false,
         };
         if let Some(path) = &opts.json {
             match report::open_json(path) {
@@ -295,7 +305,7 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
     } else {
         let v = ch.get("id")?;
         if v.starts_with(ID_ERR) || v.len() != 2 + 128 {
-            return Err(RankError(format!(
+            return Err(RankError::from(format!(
                 "rank 0 could not create the unique id: {}",
                 String::from_utf8_lossy(&v[2..])
             )));
@@ -308,7 +318,7 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
     let comm = nccl.comm_init_rank(nranks, id, rank, opts.init_config)?;
     let (cn, cr) = nccl.comm_count_rank(comm)?;
     if (cn, cr) != (nranks, rank) {
-        return Err(RankError(format!(
+        return Err(RankError::from(format!(
             "communicator reports rank {cr} of {cn}, expected {rank} of {nranks}"
         )));
     }
@@ -337,6 +347,10 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
         bw_sum: 0.0,
         bw_count: 0,
         rep: 0,
+        corrupt: std::env::var(ENV_TEST_CORRUPT)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            == Some(rank),
     };
     let res = ctx.run_tests();
     if let Err(e) = res {
@@ -405,7 +419,7 @@ impl Ctx<'_> {
         } else if (opts.root as usize) < self.nranks {
             vec![opts.root]
         } else {
-            return Err(RankError(format!(
+            return Err(RankError::from(format!(
                 "root {} is not a rank of {}",
                 opts.root, self.nranks
             )));
@@ -561,7 +575,26 @@ impl Ctx<'_> {
             self.init_data(&step, 99);
         }
         // One synchronising operation, then a barrier, then the timed loop.
-        self.start_coll(dt, op, root, counts, in_place, 0)?;
+        let first = self.start_coll(dt, op, root, counts, in_place, 0);
+        if let Err(RankError(msg, Some(NCCL_INVALID_ARGUMENT))) = &first {
+            if in_place && !opts.coll.checks_in_place() {
+                // NCCL documents in-place alltoall as unsupported and
+                // nccl-tests does not check it; a library that rejects it
+                // (every rank alike) gets N/A columns instead of a failed run.
+                if let Some(p) = self.printer.as_mut() {
+                    if !p.inplace_note {
+                        p.inplace_note = true;
+                        eprintln!("# note: the library rejects in-place {} ({msg}); nccl-tests would stop here, hetccl-perf prints N/A", opts.coll.name());
+                    }
+                    p.line.push_str(&report::row_unsupported());
+                    if let Some(row) = p.row.as_mut() {
+                        row["in_place"] = Value::Null;
+                    }
+                }
+                return Ok(());
+            }
+        }
+        first?;
         self.ch.barrier()?;
         let mut barrier_time = 0.0;
         let t0 = Instant::now();
@@ -598,7 +631,11 @@ impl Ctx<'_> {
             let expected = self.init_data(&step, self.rep);
             self.start_coll(dt, op, root, counts, in_place, 0)?;
             let off = self.opts.unalign * dt.size() + step.check_offset();
-            let got = &self.recv.slice()[off..off + expected.len()];
+            let got = &mut self.recv.slice()[off..off + expected.len()];
+            if self.corrupt && !got.is_empty() {
+                // Self-test hook: damage one result element on this rank.
+                got[0] ^= 0x5a;
+            }
             let wrong = step.count_wrong(got, &expected);
             if report_errors && wrong > 0 {
                 self.errors += 1;

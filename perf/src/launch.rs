@@ -168,7 +168,7 @@ pub fn main_entry(argv: Vec<String>) -> i32 {
         );
         return 64;
     };
-    let ch = Channel::new(store, rank, nranks, timeout);
+    let ch = Channel::new(store.clone(), rank, nranks, timeout);
     let args = RankArgs {
         nccl: &nccl,
         opts: &opts,
@@ -183,7 +183,15 @@ pub fn main_entry(argv: Vec<String>) -> i32 {
             2
         }
     };
+    // The --id-file store is removed by rank 0 once every rank has said it
+    // is leaving (a rank may still be reading the last barrier's keys).
+    if rank != 0 {
+        let _ = store.set(&format!("exit.{rank}"), b"");
+    }
     if let Some(dir) = cleanup {
+        for r in 1..nranks {
+            let _ = store.get(&format!("exit.{r}"), timeout);
+        }
         let _ = std::fs::remove_dir_all(&dir);
         if let Some(idf) = &opts.id_file {
             let _ = std::fs::remove_file(idf);
@@ -227,6 +235,7 @@ fn run_threads(
                         Ok(o) => outcome_code(&o),
                         Err(e) => {
                             eprintln!("hetccl-perf: rank {rank}: {}", e.0);
+                            let _ = std::io::Write::flush(&mut std::io::stdout());
                             // The other threads may wait for this rank forever
                             // inside the library: end the process.
                             // SAFETY: _exit never returns.

@@ -94,6 +94,11 @@ pub fn row_body(time_us: f64, algbw: f64, busbw: f64, wrong: Option<u64>) -> Str
     }
 }
 
+/// The four columns of a variant the library refused (in-place alltoall).
+pub fn row_unsupported() -> String {
+    format!("  {:>7}  {:>6}  {:>6}  {:>6}", "N/A", "N/A", "N/A", "N/A")
+}
+
 /// The footer: out-of-bounds count, average bus bandwidth, the concluding
 /// line, the `#` of `finalizeFooter` and the error line (empty when none).
 pub fn footer(
