@@ -236,3 +236,25 @@ fn plans_print() {
     assert!(text.contains("recv-reduce recv[0..8] = send[0..8] + <- 0/0"));
     assert_eq!(text.lines().count(), p.steps.len() + 1);
 }
+
+#[test]
+fn scratch_stays_small() {
+    // Partials rotate through a few slots instead of mirroring the input.
+    let topo = Topology::flat(17);
+    let ch = Chunking { chunk_bytes: 4096 };
+    let rs = CollArgs::new(Collective::ReduceScatter, 1 << 16, DataType::Float32);
+    let p = generate(&rs, Algorithm::Ring, 5, &topo, &ch).unwrap();
+    assert!(p.scratch_bytes <= 2 * (1 << 18), "{}", p.scratch_bytes);
+    for algo in [Algorithm::Ring, Algorithm::Tree] {
+        let mut red = CollArgs::new(Collective::Reduce, 1 << 20, DataType::Float32);
+        red.root = 3;
+        for r in 0..17 {
+            let p = generate(&red, algo, r, &topo, &ch).unwrap();
+            assert!(
+                p.scratch_bytes <= 8 * 4096,
+                "{algo} rank {r}: {}",
+                p.scratch_bytes
+            );
+        }
+    }
+}

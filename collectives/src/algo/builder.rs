@@ -110,6 +110,18 @@ impl Builder {
         BufRange::new(BufId::Scratch, off, len)
     }
 
+    /// Scratch for staging the chunks of a `total`-byte transfer in
+    /// [`SLOTS`] rotating chunk-sized slots (or less, if `total` is smaller):
+    /// chunk `c` uses slot `c mod SLOTS`, so at most `SLOTS` chunks are in
+    /// flight through it, as with NCCL's `NCCL_STEPS` buffer slots.
+    pub fn slots(&mut self, total: usize) -> Slots {
+        let len = total.min(SLOTS * self.chunk_bytes);
+        Slots {
+            region: self.scratch(len),
+            chunk: self.chunk_bytes,
+        }
+    }
+
     /// Appends a step, inferring its dependencies. Zero-length steps are
     /// dropped (and return `None`).
     pub fn push(&mut self, kind: StepKind) -> Option<StepId> {
@@ -226,6 +238,24 @@ impl Builder {
     /// The steps and the scratch size.
     pub fn finish(self) -> (Vec<Step>, usize) {
         (self.steps, self.scratch)
+    }
+}
+
+/// Rotating chunk slots in scratch; see [`Builder::slots`].
+pub(crate) const SLOTS: usize = 8;
+
+/// See [`Builder::slots`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slots {
+    region: BufRange,
+    chunk: usize,
+}
+
+impl Slots {
+    /// The slot for chunk `c`, `len` bytes long (at most one chunk).
+    pub fn get(&self, c: usize, len: usize) -> BufRange {
+        let n = (self.region.len / self.chunk.max(1)).max(1);
+        self.region.sub((c % n) * self.chunk, len)
     }
 }
 

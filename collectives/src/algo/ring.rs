@@ -53,8 +53,9 @@ pub(crate) fn allreduce(
 }
 
 /// Ring reduce-scatter: `input` holds `n` equal blocks; block `k` ends,
-/// reduced, in `output` on group rank `k`. Partial sums travel through
-/// scratch. `output` may be block `me` of `input` (in place).
+/// reduced, in `output` on group rank `k`. Partial sums travel through two
+/// block-sized scratch slots. `output` may be block `me` of `input` (in
+/// place).
 pub(crate) fn reduce_scatter(
     b: &mut Builder,
     g: &Group,
@@ -70,20 +71,20 @@ pub(crate) fn reduce_scatter(
         return;
     }
     let (next, prev) = (g.at(g.rel(1)), g.at(g.rel(-1)));
-    let partial = b.scratch(input.len);
-    let staged = |k: usize| partial.sub(k * output.len, output.len);
+    // Partials alternate between two block-sized scratch slots: the block
+    // received at step s is forwarded at step s+1, and the slot is reused
+    // at step s+2 once that send is complete.
+    let blk = output.len;
+    let partial = b.scratch(blk * 2.min(n - 2));
+    let staged = |s: usize| partial.sub((s % 2) * blk, blk);
     // At step s send block me-s-1 and receive block me-s-2; the last
     // receive (s = n-2) is block me itself.
     for s in 0..n - 1 {
         let k_send = g.rel(-(s as isize) - 1);
-        let src = if s == 0 {
-            block(k_send)
-        } else {
-            staged(k_send)
-        };
+        let src = if s == 0 { block(k_send) } else { staged(s - 1) };
         b.send(next, 0, src);
         let k_recv = g.rel(-(s as isize) - 2);
-        let dst = if s == n - 2 { output } else { staged(k_recv) };
+        let dst = if s == n - 2 { output } else { staged(s) };
         b.recv_reduce(prev, 0, block(k_recv), dst);
     }
     b.post(post, output);
@@ -131,7 +132,7 @@ pub(crate) fn broadcast(b: &mut Builder, g: &Group, root: Rank, input: BufRange,
 
 /// Chain reduce to `root`: the chain starts at `root+1` and ends at `root`;
 /// each rank adds its input to the partial result flowing past, chunk by
-/// chunk. Non-roots keep partials in scratch.
+/// chunk. Non-roots pass partials through rotating scratch slots.
 pub(crate) fn reduce(
     b: &mut Builder,
     g: &Group,
@@ -148,19 +149,21 @@ pub(crate) fn reduce(
         b.post(post, output);
         return;
     }
-    let acc = if q == n - 1 {
-        output
-    } else {
-        b.scratch(input.len)
-    };
-    for (o, l) in b.pieces(input.len).collect::<Vec<_>>() {
+    let root_here = q == n - 1;
+    let slots = b.slots(if root_here || q == 0 { 0 } else { input.len });
+    for (c, (o, l)) in b.pieces(input.len).enumerate().collect::<Vec<_>>() {
         if q == 0 {
             b.send(next, 0, input.sub(o, l));
             continue;
         }
-        b.recv_reduce(prev, 0, input.sub(o, l), acc.sub(o, l));
-        if q < n - 1 {
-            b.send(next, 0, acc.sub(o, l));
+        let acc = if root_here {
+            output.sub(o, l)
+        } else {
+            slots.get(c, l)
+        };
+        b.recv_reduce(prev, 0, input.sub(o, l), acc);
+        if !root_here {
+            b.send(next, 0, acc);
         }
     }
     if q == n - 1 {

@@ -122,7 +122,8 @@ pub(crate) fn broadcast(b: &mut Builder, g: &Group, root: Rank, input: BufRange,
     }
 }
 
-/// Tree reduce to `root`, chunk by chunk; non-roots accumulate in scratch.
+/// Tree reduce to `root`, chunk by chunk; inner non-roots accumulate in
+/// rotating scratch slots.
 pub(crate) fn reduce(
     b: &mut Builder,
     g: &Group,
@@ -132,14 +133,18 @@ pub(crate) fn reduce(
     post: bool,
 ) {
     let t = rooted(g, root);
-    let acc = if t.parent.is_none() {
-        output
-    } else {
-        b.scratch(input.len)
-    };
+    let root_here = t.parent.is_none();
+    let inner = !t.children.is_empty();
+    let slots = b.slots(if inner && !root_here { input.len } else { 0 });
     let ins = chunks(b, input);
-    let accs = chunks(b, acc);
-    for (i, a) in ins.into_iter().zip(accs) {
-        reduce_up(b, &t, 0, i, a, post);
+    let outs = chunks(b, output);
+    for (c, i) in ins.into_iter().enumerate() {
+        // Leaves send their input as is; inner nodes accumulate in a slot.
+        let acc = if root_here {
+            outs[c]
+        } else {
+            slots.get(c, i.len)
+        };
+        reduce_up(b, &t, 0, i, acc, post);
     }
 }
