@@ -47,11 +47,23 @@ impl NetError {
         Self::System(format!("{what}: {e}"))
     }
 
+    /// The peer closed the connection cleanly (end of stream).
+    pub fn peer_closed() -> Self {
+        Self::Remote(PEER_CLOSED.into())
+    }
+
+    /// Whether this is [`NetError::peer_closed`].
+    pub fn is_peer_closed(&self) -> bool {
+        matches!(self, Self::Remote(m) if m == PEER_CLOSED)
+    }
+
     /// A protocol violation by the peer.
     pub fn proto(what: impl Into<String>) -> Self {
         Self::Remote(format!("protocol violation: {}", what.into()))
     }
 }
+
+const PEER_CLOSED: &str = "connection closed by peer";
 
 /// Result alias of this crate.
 pub type Result<T, E = NetError> = std::result::Result<T, E>;

@@ -109,9 +109,7 @@ pub fn try_write(s: &mut TcpStream, buf: &[u8]) -> Result<Option<usize>> {
 pub fn try_read(s: &mut TcpStream, buf: &mut [u8]) -> Result<Option<usize>> {
     loop {
         match s.read(buf) {
-            Ok(0) if !buf.is_empty() => {
-                return Err(NetError::Remote("connection closed by peer".into()))
-            }
+            Ok(0) if !buf.is_empty() => return Err(NetError::peer_closed()),
             Ok(n) => return Ok(Some(n)),
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,

@@ -101,6 +101,9 @@ struct State {
     unexpected_bytes: usize,
     ctrl_data: VecDeque<CtrlData>,
     failed: Option<NetError>,
+    /// The peer closed the control socket: nothing more will be matched, but
+    /// payloads already on the data sockets may still complete.
+    closed: Option<NetError>,
     /// Inline payloads land here (reused; no allocation per message).
     scratch: Vec<u8>,
 }
@@ -131,6 +134,7 @@ impl TcpRecvComm {
             unexpected_bytes: 0,
             ctrl_data: VecDeque::new(),
             failed: None,
+            closed: None,
             scratch: Vec::new(),
         };
         Self {
@@ -193,6 +197,13 @@ impl TcpRecvComm {
                 self.match_entry(&mut st, ri, idx, u.seq, u.size, u.inline.as_deref());
             }
         }
+        if let Some(c) = st.closed.clone() {
+            let r = st.reqs.back().expect("just pushed");
+            if r.entries.iter().any(|e| matches!(e.st, EntrySt::Open)) {
+                st.reqs.pop_back();
+                return Err(c);
+            }
+        }
         // No read here (test does that); just send any CTS this produced.
         if st.ctrl.has_output() {
             if let Err(e) = st.ctrl.flush(&mut Vec::new()) {
@@ -213,6 +224,7 @@ impl TcpRecvComm {
                 req.0
             )));
         };
+        let closed = st.closed.clone();
         let r = &mut st.reqs[pos];
         let helpers = self.lanes.as_ref().is_some_and(|l| !l.is_inline());
         let mut complete = true;
@@ -231,6 +243,17 @@ impl TcpRecvComm {
                 EntrySt::Matched(_, Some(_)) if r.optional && helpers => {}
                 EntrySt::Failed(err) => error = error.or(Some(err.clone())),
                 _ => complete = false,
+            }
+        }
+        if error.is_none() && !complete {
+            if let Some(c) = &closed {
+                let needs_ctrl = r
+                    .entries
+                    .iter()
+                    .any(|e| matches!(e.st, EntrySt::Open | EntrySt::Matched(_, None)));
+                if needs_ctrl {
+                    error = Some(c.clone());
+                }
             }
         }
         if let Some(err) = error {
@@ -374,14 +397,34 @@ impl TcpRecvComm {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        match self.progress_inner(st) {
+        let r = if st.closed.is_some() {
+            self.poll_lanes()
+        } else {
+            self.progress_inner(st)
+        };
+        match r {
             Ok(()) => Ok(()),
+            Err(e) if e.is_peer_closed() && st.closed.is_none() => {
+                tracing::debug!(target: "hetccl::NET", "receive comm: peer closed the connection");
+                st.closed = Some(e);
+                self.poll_lanes()
+            }
             Err(e) => {
                 tracing::warn!(target: "hetccl::NET", "receive comm failed: {e}");
                 st.failed = Some(e.clone());
                 Err(e)
             }
         }
+    }
+
+    fn poll_lanes(&self) -> Result<()> {
+        if let Some(l) = &self.lanes {
+            l.poll()?;
+            if let Some(e) = l.failure() {
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     fn progress_inner(&self, st: &mut State) -> Result<()> {

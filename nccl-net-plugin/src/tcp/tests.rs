@@ -280,3 +280,55 @@ fn bad_hello_is_rejected() {
         );
     }
 }
+
+#[test]
+fn sender_close_after_completion_still_delivers() {
+    for (nsocks, nthreads) in [(2, 2), (2, 0), (0, 0)] {
+        let net = lo_net(nsocks, nthreads);
+        let (s, r) = pair(&net);
+        let mut dst = vec![0u8; 4 << 20];
+        // Posted first, so the payload goes by CTS over lanes or control socket.
+        let rq = unsafe {
+            r.irecv(
+                &[RecvBuf {
+                    ptr: dst.as_mut_ptr(),
+                    cap: dst.len(),
+                    tag: 0,
+                }],
+                false,
+            )
+        }
+        .unwrap()
+        .unwrap();
+        let src = pattern(4 << 20, 3);
+        let small = pattern(50, 4);
+        let q1 = unsafe { s.isend(src.as_ptr(), src.len(), 0) }
+            .unwrap()
+            .unwrap();
+        let q2 = unsafe { s.isend(small.as_ptr(), small.len(), 1) }
+            .unwrap()
+            .unwrap();
+        let (sent, got) = drive(&s, &[q1, q2], &r, rq);
+        assert!(sent.iter().all(Result::is_ok));
+        assert_eq!(got.unwrap(), vec![4 << 20]);
+        s.close();
+        // The small message arrived before the close: still receivable.
+        let mut b = vec![0u8; 64];
+        let rq = unsafe {
+            r.irecv(
+                &[RecvBuf {
+                    ptr: b.as_mut_ptr(),
+                    cap: 64,
+                    tag: 1,
+                }],
+                false,
+            )
+        }
+        .unwrap()
+        .unwrap();
+        assert_eq!(wait_recv(&r, rq).unwrap(), vec![50], "{nsocks}x{nthreads}");
+        assert_eq!(&b[..50], &small[..]);
+        assert!(dst == src);
+        r.close();
+    }
+}
