@@ -474,3 +474,42 @@ fn split_with_nocolor_and_key_order_then_shrink() {
     assert_eq!(res[3].1, Some((2, 3, 3)));
     destroy(cs);
 }
+
+#[test]
+fn alltoall_by_grouped_p2p_including_self() {
+    // PyTorch's all_to_all_single: a group of sends and receives to every
+    // peer, this rank included.
+    let n = 3usize;
+    let cs = comms(n);
+    let count = 1000usize;
+    let outs = on_all(&cs, |r, c| {
+        let send: Vec<i32> = (0..count * n).map(|i| (r * 100_000 + i) as i32).collect();
+        let mut recv = vec![-1i32; count * n];
+        check(unsafe { ncclGroupStart() });
+        for p in 0..n {
+            let s = unsafe { send.as_ptr().add(p * count) };
+            let d = unsafe { recv.as_mut_ptr().add(p * count) };
+            check(unsafe { ncclSend(s.cast(), count, INT32, p as i32, c.0, null_mut()) });
+            check(unsafe { ncclRecv(d.cast(), count, INT32, p as i32, c.0, null_mut()) });
+        }
+        check(unsafe { ncclGroupEnd() });
+        // An unmatched send to self is refused, not hung.
+        check(unsafe { ncclGroupStart() });
+        check(unsafe { ncclSend(send.as_ptr().cast(), 1, INT32, r as i32, c.0, null_mut()) });
+        let rc = unsafe { ncclGroupEnd() };
+        (recv, rc)
+    });
+    for (r, (recv, rc)) in outs.iter().enumerate() {
+        for p in 0..n {
+            for i in 0..count {
+                assert_eq!(
+                    recv[p * count + i],
+                    (p * 100_000 + r * count + i) as i32,
+                    "rank {r} from {p}"
+                );
+            }
+        }
+        assert_eq!(*rc, 5, "unmatched self send is ncclInvalidUsage");
+    }
+    destroy(cs);
+}

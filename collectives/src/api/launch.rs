@@ -22,7 +22,7 @@ use crate::comm::plan_cache::PlanKey;
 use crate::comm::redop_table::Scalar as OpScalar;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::exec::{drive, Batch, Job, OpBuffers, Patience, Trace};
+use crate::exec::{drive, self_p2p, Batch, Job, OpBuffers, Patience, Trace};
 use crate::reduce::{ReduceOp, Scalar};
 
 /// A queued operation: its communicator and its job.
@@ -119,6 +119,30 @@ pub fn make_job(a: &CollArgs) -> Result<Job> {
         root: a.root as u32,
         in_place: inp,
     };
+    let self_p2p = matches!(coll, Collective::Send | Collective::Recv) && a.root == a.comm.rank;
+    if self_p2p {
+        let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
+        return Ok(Job {
+            plan: Arc::new(self_p2p::half(
+                coll,
+                a.comm.rank,
+                a.comm.nranks,
+                a.dtype,
+                bytes,
+            )),
+            bufs: OpBuffers {
+                send: a.send as *const u8,
+                recv: a.recv as *mut u8,
+                scratch: Vec::new(),
+            },
+            p2p: true,
+            trace: Trace {
+                comm_hash: engine.comm_hash,
+                seq,
+            },
+            self_p2p: true,
+        });
+    }
     let (algorithm, plan) = engine.plans.lock().get_or_try_insert(key, || {
         let algorithm = choose(engine, coll, bytes)?;
         let args = algo::CollArgs {
@@ -160,6 +184,7 @@ pub fn make_job(a: &CollArgs) -> Result<Job> {
             comm_hash: engine.comm_hash,
             seq,
         },
+        self_p2p: false,
     })
 }
 
@@ -311,7 +336,7 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
     let _locks: Vec<_> = engines.iter().map(|e| e.exec_lock.lock()).collect();
     let mut batches = Vec::with_capacity(comms.len());
     for (jobs, e) in jobs.into_iter().zip(&engines) {
-        batches.push(Batch::new(&e.links, jobs)?);
+        batches.push(Batch::new(&e.links, self_p2p::pair(jobs)?)?);
     }
     let r = drive(&mut batches, Patience::from_config());
     if let Err(e) = &r {

@@ -12,6 +12,7 @@
 //! briefly and then sleeping on the rank's doorbell or sockets, and gives up
 //! at the deadline or when the communicator is aborted.
 
+pub mod self_p2p;
 mod step;
 
 use std::collections::VecDeque;
@@ -66,6 +67,9 @@ pub struct Job {
     pub p2p: bool,
     /// What hang reports call it (see [`Job::label`]).
     pub trace: Trace,
+    /// A send to, or receive from, this rank itself: it has no steps until
+    /// `self_p2p::pair` matches it with its counterpart.
+    pub self_p2p: bool,
 }
 
 /// The identity of one operation across ranks: the same on every rank.

@@ -63,6 +63,7 @@ fn recv_job(buf: &mut [u8]) -> Job {
             comm_hash: 0xabc,
             seq: 7,
         },
+        self_p2p: false,
     }
 }
 
