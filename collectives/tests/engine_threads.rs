@@ -331,8 +331,10 @@ fn nonblocking_init_and_allreduce() {
     let mut id = ncclUniqueId::default();
     check(unsafe { ncclGetUniqueId(&mut id) });
     let ok = on_all(&[Comm(null_mut()), Comm(null_mut())], |r, _| {
-        let mut cfg = ncclConfig_t::default();
-        cfg.blocking = 0;
+        let mut cfg = ncclConfig_t {
+            blocking: 0,
+            ..Default::default()
+        };
         let mut c: ncclComm_t = null_mut();
         let rc = unsafe { ncclCommInitRankConfig(&mut c, n as i32, id, r as i32, &mut cfg) };
         assert!(rc == 0 || rc == 7, "init returned {rc}");
@@ -376,7 +378,7 @@ fn abort_unblocks_a_pending_call() {
         let c0 = c0;
         let mut buf = vec![0f32; 16];
         // Rank 1 never joins this allreduce: it can only end by the abort.
-        let send = vec![1f32; 16];
+        let send = [1f32; 16];
         unsafe {
             ncclAllReduce(
                 send.as_ptr().cast(),
