@@ -258,3 +258,17 @@ fn scratch_stays_small() {
         }
     }
 }
+
+#[test]
+fn pre_op_scales_into_the_output_when_it_can() {
+    use hetccl_collectives::reduce::ReduceOp;
+    let topo = Topology::flat(4);
+    let ch = Chunking::default();
+    let mut a = CollArgs::new(Collective::AllReduce, 1000, DataType::Float32);
+    a.op = ReduceOp::Avg;
+    let p = generate(&a, Algorithm::Ring, 1, &topo, &ch).unwrap();
+    assert_eq!(p.scratch_bytes, 0);
+    a.in_place = true;
+    let p = generate(&a, Algorithm::Ring, 1, &topo, &ch).unwrap();
+    assert_eq!(p.scratch_bytes, 4000);
+}

@@ -308,12 +308,24 @@ pub fn generate(
     };
     let post = op.has_post_op(args.dtype);
     let mut input = reg.input;
+    let output = reg.output;
     if coll.reduces() && op.has_pre_op(args.dtype) && input.len > 0 {
-        let staged = b.scratch(input.len);
+        // Scale the input once. Where the output is as large as the input
+        // and separate from it, scale straight into the output and run the
+        // schedule in place there (not for Direct, which would stage the
+        // in-place input again); otherwise stage in scratch.
+        let into_output = output.len == input.len
+            && !output.overlaps(&input)
+            && algorithm != Algorithm::Direct
+            && matches!(coll, Collective::AllReduce | Collective::Reduce);
+        let staged = if into_output {
+            output
+        } else {
+            b.scratch(input.len)
+        };
         b.pre(input, staged);
         input = staged;
     }
-    let output = reg.output;
     let g = Group::all(nranks, rank);
     let root = args.root;
     match (coll, algorithm) {
