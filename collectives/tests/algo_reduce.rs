@@ -300,20 +300,27 @@ fn avg_and_premulsum() {
 }
 
 #[test]
-fn premul_rounding_matches_reference() {
+fn premul_matches_reference() {
     let mut rng = Rng(77);
-    for dt in DataType::ALL.into_iter().filter(|d| d.is_float()) {
+    for dt in DataType::ALL {
         let s_bytes = rand_bytes(&mut rng, dt.size());
         let s = Scalar::from_bytes(dt, &s_bytes).unwrap();
-        let n = 97 * dt.size();
+        let n = 600 * dt.size();
         let src = rand_bytes(&mut rng, n);
         let mut dst = vec![0u8; n + 1];
         pre_op(&mut dst[1..], &src, dt, ReduceOp::PreMulSum(s), 5).unwrap();
-        let sv = decode(dt, &s_bytes);
-        for i in 0..97 {
+        let mut inplace = src.clone();
+        scale(&mut inplace, dt, s).unwrap();
+        for i in 0..600 {
             let r = i * dt.size()..(i + 1) * dt.size();
-            let want = encode(dt, decode(dt, &src[r.clone()]) * sv);
-            assert!(same(dt, &dst[1..][r], &want), "{}", dt.name());
+            let want = if dt.is_float() {
+                encode(dt, decode(dt, &src[r.clone()]) * decode(dt, &s_bytes))
+            } else {
+                let p = (int(dt, &src[r.clone()]) as u128).wrapping_mul(int(dt, &s_bytes) as u128);
+                int_bytes(dt, p as i128)
+            };
+            assert!(same(dt, &dst[1..][r.clone()], &want), "{}", dt.name());
+            assert!(same(dt, &inplace[r], &want), "{} in place", dt.name());
         }
     }
 }
