@@ -14,3 +14,5 @@ bash scripts/check-header.sh
 echo "== cargo test"
 cargo build -p hetccl
 cargo test --workspace --no-fail-fast
+echo "== hwloc topology probe (feature hwloc)"
+cargo test -p hetccl-collectives --features hwloc --lib topo

@@ -338,7 +338,13 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
     for (jobs, e) in jobs.into_iter().zip(&engines) {
         batches.push(Batch::new(&e.links, self_p2p::pair(jobs)?)?);
     }
-    let r = drive(&mut batches, Patience::from_config());
+    let mut patience = Patience::from_config();
+    patience.spin = engines
+        .iter()
+        .map(|e| e.spin)
+        .min()
+        .unwrap_or(patience.spin);
+    let r = drive(&mut batches, patience);
     if let Err(e) = &r {
         for c in &comms {
             let code = match e {

@@ -36,6 +36,9 @@ pub struct Engine {
     pub aborted: Arc<AtomicBool>,
     /// Number of operations run so far (the sequence part of trace ids).
     pub seq: std::sync::atomic::AtomicU64,
+    /// How long a waiting rank spins before it sleeps (0 when the node is
+    /// oversubscribed).
+    pub spin: std::time::Duration,
     /// Algorithms and plans already made for this communicator.
     pub plans: Mutex<super::plan_cache::PlanCache>,
 }

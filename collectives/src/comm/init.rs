@@ -116,6 +116,14 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         .collect();
     tracing::info!(target: "hetccl::INIT",
         "comm {comm_hash:016x} rank {rank}/{nranks}: nodes {:?}, links {:?}", node_of, kinds);
+    let hw = topo::host::host_info();
+    let mut spin = std::time::Duration::from_micros(u64::from(cfg.spin_us));
+    if local.len() > hw.pus {
+        spin = std::time::Duration::ZERO;
+    }
+    tracing::info!(target: "hetccl::INIT",
+        "rank {rank}: {} local ranks on {} PUs / {} cores / {} NUMA nodes ({}); spin {:?}",
+        local.len(), hw.pus, hw.cores, hw.numa_nodes, hw.source, spin);
     let engine = Engine {
         id: id.clone(),
         comm_hash,
@@ -128,6 +136,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         aborted,
         seq: AtomicU64::new(0),
         plans: Mutex::new(Default::default()),
+        spin,
     };
     comm.engine
         .set(engine)

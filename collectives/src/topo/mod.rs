@@ -2,8 +2,10 @@
 //!
 //! A node is named by a host hash: a hash of the hostname and the kernel's
 //! boot id, or of `HETCCL_HOST_ID` when set (tests use it to make "nodes" out
-//! of network namespaces or plain processes). NUMA, GPU and NIC placement
-//! through hwloc come later.
+//! of network namespaces or plain processes). [`host`] counts processing
+//! units and NUMA nodes through hwloc; GPU and NIC placement come later.
+
+pub mod host;
 
 use sha2::{Digest, Sha256};
 
