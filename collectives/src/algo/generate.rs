@@ -8,8 +8,10 @@ use super::plan::{BufId, BufRange, Plan, Rank};
 use super::{direct, halving, hier, ring, tree, Algorithm, Collective};
 use crate::reduce::ReduceOp;
 
-/// The arguments of one collective call, as NCCL takes them.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The arguments of one collective call, as NCCL takes them. Plans are
+/// pure functions of these, the algorithm, the rank, the topology and the
+/// chunking, all hashable, so an executor can cache them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CollArgs {
     /// The collective.
     pub collective: Collective,
@@ -48,7 +50,7 @@ impl CollArgs {
 }
 
 /// How data is cut into messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Chunking {
     /// Largest message in bytes (rounded down to whole elements, at least
     /// one element). Pipelined algorithms move each chunk independently.
@@ -64,7 +66,7 @@ impl Default for Chunking {
 }
 
 /// Where ranks live: a node id (and optionally a process id) per rank.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Topology {
     node_of: Vec<u32>,
     process_of: Option<Vec<u32>>,
