@@ -73,12 +73,16 @@ pub fn find_library(opt: Option<&Path>) -> Result<PathBuf, String> {
         })
 }
 
+/// Ends the process when a rank makes no progress for `-T` seconds plus a
+/// margin (so that store waits, which say what they waited for, time out
+/// first).
 fn watchdog(progress: Arc<Progress>, timeout_s: u64) {
+    let limit = timeout_s as f64 * 1.1 + 5.0;
     std::thread::Builder::new()
         .name("hetccl-perf-watchdog".into())
         .spawn(move || loop {
             std::thread::sleep(Duration::from_millis(200));
-            if progress.idle_s() > timeout_s as f64 {
+            if progress.idle_s() > limit {
                 eprintln!(
                     "{}: Test timeout ({timeout_s}s): no progress; exiting",
                     crate::bench::hostname()

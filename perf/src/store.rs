@@ -178,9 +178,7 @@ impl Channel {
 
     /// Waits for a named value (not numbered).
     pub fn get(&self, key: &str) -> Result<Vec<u8>, String> {
-        self.store
-            .get(key, self.timeout)
-            .map_err(|e| format!("rank {}: {e}", self.rank))
+        self.store.get(key, self.timeout)
     }
 
     /// Every rank sends `value`; rank 0 receives all of them in rank order

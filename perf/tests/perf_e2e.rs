@@ -402,3 +402,24 @@ fn a_failing_rank_stops_the_others() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot load"));
 }
+
+#[test]
+fn a_missing_rank_times_out_after_t_seconds() {
+    // Rank 0 of 2 alone: its wait for rank 1 must end after -T seconds.
+    let dir = std::env::temp_dir().join(format!("hetccl-perf-to-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = std::time::Instant::now();
+    let o = Command::new(perf_bin())
+        .args(["all_reduce", "-b", "8", "-e", "8", "-T", "2", "--id-file"])
+        .arg(dir.join("id"))
+        .env("HETCCL_PERF_LIB", hetccl_so())
+        .env("PMI_RANK", "0")
+        .env("PMI_SIZE", "2")
+        .output()
+        .unwrap();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("timed out after 2 s"), "{err}");
+    assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}
