@@ -53,32 +53,34 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), String> {
         .map_err(|e| format!("cannot rename {} to {}: {e}", tmp.display(), path.display()))
 }
 
-/// Polls `f` until it returns `Some`, spinning briefly, then sleeping with a
-/// growing interval (capped at 2 ms), for at most `timeout`.
+/// Polls `f` until it returns `Some`, for at most `timeout`: yielding for
+/// the first 5 ms (ranks arriving together leave a barrier microseconds
+/// apart, which keeps the skew out of the timed loop), then sleeping with a
+/// growing interval capped at 1 ms.
 pub fn poll<T>(
     timeout: Duration,
     what: &str,
     mut f: impl FnMut() -> Option<T>,
 ) -> Result<T, String> {
+    const SPIN: Duration = Duration::from_millis(5);
     let start = Instant::now();
     let mut sleep = Duration::from_micros(20);
-    let mut spins = 0u32;
     loop {
         if let Some(v) = f() {
             return Ok(v);
         }
-        if start.elapsed() >= timeout {
+        let waited = start.elapsed();
+        if waited >= timeout {
             return Err(format!(
                 "timed out after {:.0} s waiting for {what}",
                 timeout.as_secs_f64()
             ));
         }
-        if spins < 200 {
-            spins += 1;
+        if waited < SPIN {
             std::thread::yield_now();
         } else {
             std::thread::sleep(sleep);
-            sleep = (sleep * 2).min(Duration::from_millis(2));
+            sleep = (sleep * 2).min(Duration::from_millis(1));
         }
     }
 }
