@@ -1,12 +1,17 @@
 //! One conformance suite, run over every transport: each transport's test
 //! module instantiates the same tests with its own connected pair.
+//!
+//! The contract (see `transport/mod.rs`): both sides agree on every
+//! message's size and order; a sender passes the unsent rest of the current
+//! message until it is taken; a receiver asks for what remains of the
+//! current message and gets whole elements, never bytes of the next one.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hetccl_collectives::transport::{arena::Arena, shm, tcp, Conn};
+use hetccl_collectives::transport::{arena::Arena, net, shm, Conn};
 
-/// A connected pair and whatever keeps it alive.
+/// A connected pair.
 struct Pair {
     a: Conn,
     b: Conn,
@@ -28,12 +33,10 @@ fn shm_pair() -> Pair {
 }
 
 fn tcp_pair() -> Pair {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let s = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (t, _) = l.accept().unwrap();
+    let (mut a, mut b) = net::loopback_pair(1).unwrap();
     Pair {
-        a: tcp::connect(s).unwrap(),
-        b: tcp::connect(t).unwrap(),
+        a: a.remove(0),
+        b: b.remove(0),
     }
 }
 
@@ -41,43 +44,53 @@ fn deadline() -> Instant {
     Instant::now() + Duration::from_secs(30)
 }
 
-/// Sends all of `data` (spinning), failing at the deadline.
-fn send_all(c: &Conn, data: &[u8], piece: usize) {
+/// Sends one message (spinning), failing at the deadline.
+fn send_msg(c: &Conn, msg: &[u8]) {
     let dl = deadline();
     let mut off = 0;
-    while off < data.len() {
-        let end = (off + piece).min(data.len());
-        off += c.tx.try_send(&data[off..end]).unwrap();
+    while off < msg.len() {
+        off += c.tx.try_send(&msg[off..]).unwrap();
         assert!(Instant::now() < dl, "send stalled at {off}");
     }
 }
 
-/// Receives exactly `n` bytes in pieces of at most `piece`.
-fn recv_n(c: &Conn, n: usize, piece: usize, elem: usize) -> Vec<u8> {
+/// Receives one message of `n` bytes in `elem`-byte elements.
+fn recv_msg(c: &Conn, n: usize, elem: usize) -> Vec<u8> {
     let dl = deadline();
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
-        let want = (n - out.len()).min(piece);
+        let want = n - out.len();
         let got =
             c.rx.try_recv_with(want, elem, &mut |s| {
                 assert_eq!(s.len() % elem, 0, "only whole elements");
                 out.extend_from_slice(s);
             })
             .unwrap();
-        assert!(got <= want, "never more than asked for");
+        assert!(got <= want, "never more than the message");
         assert!(Instant::now() < dl, "recv stalled at {}", out.len());
     }
     out
 }
 
-fn ordered_stream(p: Pair) {
-    let data: Vec<u8> = (0..5_000_003u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
-        .collect();
+fn messages(sizes: &[usize]) -> Vec<Vec<u8>> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|i| ((i * 31 + k * 7) % 251) as u8).collect())
+        .collect()
+}
+
+fn ordered_messages(p: Pair) {
+    let msgs = messages(&[1, 3, 4096, 77_777, 0, 1 << 20, 128, 129, 5_000_003]);
     std::thread::scope(|s| {
-        s.spawn(|| send_all(&p.a, &data, 77_777));
-        let got = recv_n(&p.b, data.len(), 50_021, 1);
-        assert!(got == data, "bytes arrive in order and intact");
+        s.spawn(|| msgs.iter().for_each(|m| send_msg(&p.a, m)));
+        for m in &msgs {
+            assert!(
+                recv_msg(&p.b, m.len(), 1) == *m,
+                "message of {} bytes intact and in order",
+                m.len()
+            );
+        }
     });
 }
 
@@ -86,70 +99,68 @@ fn both_directions_at_once(p: Pair) {
     let n = 3 << 20;
     let x: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
     let y: Vec<u8> = (0..n).map(|i| (i % 241) as u8).collect();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let dl = deadline();
-            let (mut off, mut got) = (0, Vec::new());
-            while off < n || got.len() < n {
-                if off < n {
-                    off += p.a.tx.try_send(&x[off..]).unwrap();
-                }
-                p.a.rx
-                    .try_recv_with(n - got.len(), 1, &mut |s| got.extend_from_slice(s))
-                    .unwrap();
-                assert!(Instant::now() < dl);
-            }
-            assert!(got == y);
-        });
+    let exchange = |c: &Conn, out: &[u8]| {
         let dl = deadline();
         let (mut off, mut got) = (0, Vec::new());
         while off < n || got.len() < n {
             if off < n {
-                off += p.b.tx.try_send(&y[off..]).unwrap();
+                off += c.tx.try_send(&out[off..]).unwrap();
             }
-            p.b.rx
-                .try_recv_with(n - got.len(), 1, &mut |s| got.extend_from_slice(s))
-                .unwrap();
+            if got.len() < n {
+                c.rx.try_recv_with(n - got.len(), 1, &mut |s| got.extend_from_slice(s))
+                    .unwrap();
+            }
             assert!(Instant::now() < dl);
         }
-        assert!(got == x);
+        got
+    };
+    std::thread::scope(|s| {
+        let h = s.spawn(|| exchange(&p.a, &x));
+        assert!(exchange(&p.b, &y) == x);
+        assert!(h.join().unwrap() == y);
     });
 }
 
-fn message_boundaries_and_elements(p: Pair) {
-    // Two messages back to back: 3 bytes, then 1000 8-byte elements. The
-    // receiver asks for exactly each message; nothing of the second may be
-    // handed to the first, and the second arrives in whole elements even
-    // though it starts misaligned in the stream.
+fn elements_of_misaligned_messages(p: Pair) {
+    // A 3-byte message, then 1000 8-byte elements that start misaligned in
+    // a byte stream: the receiver still gets whole elements only.
     let m1 = [1u8, 2, 3];
     let m2: Vec<u8> = (0..8000u32).map(|i| i as u8).collect();
     std::thread::scope(|s| {
         s.spawn(|| {
-            send_all(&p.a, &m1, 3);
-            send_all(&p.a, &m2, 999);
+            send_msg(&p.a, &m1);
+            send_msg(&p.a, &m2);
         });
-        assert_eq!(recv_n(&p.b, 3, 3, 1), m1);
-        assert_eq!(recv_n(&p.b, 8000, 8000, 8), m2);
+        assert_eq!(recv_msg(&p.b, 3, 1), m1);
+        assert_eq!(recv_msg(&p.b, 8000, 8), m2);
     });
 }
 
-fn zero_length_and_empty_polls(p: Pair) {
+fn empty_polls(p: Pair) {
     assert_eq!(p.a.tx.try_send(&[]).unwrap(), 0);
     assert_eq!(
         p.b.rx
-            .try_recv_with(16, 1, &mut |_| panic!("nothing was sent"))
+            .try_recv_with(1, 1, &mut |_| panic!("nothing was sent"))
             .unwrap(),
         0
     );
-    send_all(&p.a, b"x", 1);
-    assert_eq!(recv_n(&p.b, 1, 1, 1), b"x");
+    std::thread::scope(|s| {
+        s.spawn(|| send_msg(&p.a, b"x"));
+        assert_eq!(recv_msg(&p.b, 1, 1), b"x");
+    });
 }
 
 fn close_is_seen_by_the_peer(p: Pair) {
-    p.a.tx.close();
+    let Pair { a, b } = p;
+    a.tx.close();
+    assert!(
+        a.tx.try_send(b"late").is_err(),
+        "a closed link refuses work"
+    );
+    drop(a);
     let dl = deadline();
     loop {
-        match p.b.rx.try_recv_with(16, 1, &mut |_| {}) {
+        match b.rx.try_recv_with(16, 1, &mut |_| {}) {
             Err(_) => break,
             Ok(_) => assert!(Instant::now() < dl, "peer never saw the close"),
         }
@@ -162,20 +173,20 @@ macro_rules! conformance {
         mod $name {
             use super::*;
             #[test]
-            fn ordered_stream() {
-                super::ordered_stream($make);
+            fn ordered_messages() {
+                super::ordered_messages($make);
             }
             #[test]
             fn both_directions_at_once() {
                 super::both_directions_at_once($make);
             }
             #[test]
-            fn message_boundaries_and_elements() {
-                super::message_boundaries_and_elements($make);
+            fn elements_of_misaligned_messages() {
+                super::elements_of_misaligned_messages($make);
             }
             #[test]
-            fn zero_length_and_empty_polls() {
-                super::zero_length_and_empty_polls($make);
+            fn empty_polls() {
+                super::empty_polls($make);
             }
             #[test]
             fn close_is_seen_by_the_peer() {

@@ -4,10 +4,8 @@
 //! one rank (say, the shm arena cannot be created) reaches the others as an
 //! error or a timeout rather than a hang.
 
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -16,12 +14,12 @@ use super::Comm;
 use crate::algo::Topology;
 use crate::api::config_read::CommConfig;
 use crate::bootstrap::id::UniqueId;
-use crate::bootstrap::{self, Bootstrap, Purpose};
+use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::exec::{Links, NCHAN};
 use crate::topo;
 use crate::transport::arena::{self, Arena};
-use crate::transport::{shm, tcp, Conn};
+use crate::transport::{net, shm, Conn};
 
 /// The data bytes of one shm ring: NCCL_BUFFSIZE split over the channels,
 /// a power of two between 64 KiB and 64 MiB.
@@ -97,7 +95,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let tcp_peers: Vec<usize> = (0..nranks)
         .filter(|&p| p != rank && peers[p].is_none())
         .collect();
-    for (p, conns) in connect_tcp(&bs, rank, &tcp_peers)? {
+    for (p, conns) in net::setup(&mut bs, &tcp_peers, NCHAN)? {
         peers[p] = Some(conns);
     }
     bs.barrier()?;
@@ -164,76 +162,4 @@ fn setup_arena(bs: &mut Bootstrap, comm_hash: u64, local: &[usize], node: usize)
         Arena::unlink(&path);
     }
     arena
-}
-
-/// Opens `NCHAN` authenticated sockets to each peer in `peers`: the lower
-/// rank connects, the higher accepts.
-fn connect_tcp(bs: &Bootstrap, rank: usize, peers: &[usize]) -> Result<Vec<(usize, Vec<Conn>)>> {
-    let dl = bootstrap::deadline();
-    let lower: Vec<usize> = peers.iter().copied().filter(|&p| p < rank).collect();
-    let higher: Vec<usize> = peers.iter().copied().filter(|&p| p > rank).collect();
-    let expected = lower.len() * NCHAN;
-    let (accepted, connected) = std::thread::scope(|sc| {
-        let acc = sc.spawn(|| accept_all(bs, &lower, expected, dl));
-        let con: Result<Vec<(usize, Vec<TcpStream>)>> = higher
-            .iter()
-            .map(|&p| {
-                let socks = (0..NCHAN)
-                    .map(|c| bs.connect_to(bs.cards[p].addr, Purpose::Data(c as u32), dl))
-                    .collect::<Result<Vec<_>>>()?;
-                Ok((p, socks))
-            })
-            .collect();
-        (
-            acc.join()
-                .unwrap_or_else(|_| Err(Error::Internal("accept thread panicked".into()))),
-            con,
-        )
-    });
-    let mut out = Vec::new();
-    for (p, socks) in accepted?.into_iter().chain(connected?) {
-        let conns = socks
-            .into_iter()
-            .map(tcp::connect)
-            .collect::<Result<Vec<_>>>()?;
-        out.push((p, conns));
-    }
-    Ok(out)
-}
-
-fn accept_all(
-    bs: &Bootstrap,
-    lower: &[usize],
-    expected: usize,
-    dl: Instant,
-) -> Result<Vec<(usize, Vec<TcpStream>)>> {
-    let mut slots: Vec<Vec<Option<TcpStream>>> = lower
-        .iter()
-        .map(|_| (0..NCHAN).map(|_| None).collect())
-        .collect();
-    for _ in 0..expected {
-        let (s, p, r) = bs.accept_any(dl, |p, r| {
-            matches!(p, Purpose::Data(c) if (c as usize) < NCHAN) && lower.contains(&r)
-        })?;
-        let Purpose::Data(c) = p else {
-            return Err(Error::Internal("accepted a non-data connection".into()));
-        };
-        let i = lower.iter().position(|&x| x == r).expect("filtered");
-        if slots[i][c as usize].replace(s).is_some() {
-            return Err(Error::Remote(format!(
-                "rank {r} opened data channel {c} twice"
-            )));
-        }
-    }
-    lower
-        .iter()
-        .zip(slots)
-        .map(|(&p, v)| {
-            let socks = v
-                .into_iter()
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| Error::Internal("missing data socket".into()))?;
-            Ok((p, socks))
-        })
-        .collect()
 }

@@ -402,62 +402,35 @@ pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
 }
 
 /// Sleeps until a link may have moved: on the doorbell when every blocked
-/// link is shm, else on the sockets (with a zero timeout when shm links are
-/// also blocked, so they are not starved). Each sleep is bounded, so aborts
-/// are seen within ~10 ms.
+/// link rings one (shm), else briefly (links that must be polled, like TCP
+/// driven from this thread). Each sleep is bounded, so aborts and deadlines
+/// are noticed within ~10 ms.
 fn wait(batches: &mut [Batch<'_>], sources: &[WaitSource], deadline: Instant) -> Result<()> {
     let max = deadline
         .saturating_duration_since(Instant::now())
         .min(Duration::from_millis(10));
-    let mut fds: Vec<libc::pollfd> = sources
-        .iter()
-        .filter_map(|s| match *s {
-            WaitSource::Fd(fd, ev) => Some(libc::pollfd {
-                fd,
-                events: ev,
-                revents: 0,
-            }),
-            WaitSource::Bell => None,
-        })
-        .collect();
-    if fds.is_empty() {
-        let Some(bell) = batches.iter().find_map(|b| b.links.bell) else {
-            std::thread::sleep(Duration::from_micros(50));
-            return Ok(());
-        };
-        // Announce the sleep, then poll once more: a peer that publishes
-        // after `prepare` changes the sequence, so the sleep cannot miss it.
-        let seq = bell.prepare();
-        let mut moved = Ok(false);
-        for b in batches.iter_mut() {
-            if !b.finished() {
-                match b.poll() {
-                    Ok(m) => moved = moved.map(|x| x | m),
-                    Err(e) => moved = Err(e),
-                }
+    let bell = batches.iter().find_map(|b| b.links.bell);
+    let Some(bell) = bell.filter(|_| !sources.contains(&WaitSource::Poll)) else {
+        std::thread::sleep(Duration::from_micros(20).min(max));
+        return Ok(());
+    };
+    // Announce the sleep, then poll once more: a peer that publishes after
+    // `prepare` changes the sequence, so the sleep cannot miss it.
+    let seq = bell.prepare();
+    let mut moved = Ok(false);
+    for b in batches.iter_mut() {
+        if !b.finished() {
+            match b.poll() {
+                Ok(m) => moved = moved.map(|x| x | m),
+                Err(e) => moved = Err(e),
             }
         }
-        if matches!(moved, Ok(false)) {
-            bell.sleep(seq, max);
-        }
-        bell.done();
-        return moved.map(drop);
     }
-    let has_shm = sources.contains(&WaitSource::Bell);
-    let ms = if has_shm {
-        0
-    } else {
-        max.as_millis().max(1) as i32
-    };
-    // SAFETY: a valid array of pollfds.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-    if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-        return Err(Error::last_os("poll"));
+    if matches!(moved, Ok(false)) {
+        bell.sleep(seq, max);
     }
-    if has_shm {
-        std::thread::yield_now();
-    }
-    Ok(())
+    bell.done();
+    moved.map(drop)
 }
 
 impl Batch<'_> {

@@ -1,9 +1,12 @@
 //! Transports: how bytes move between two ranks.
 //!
-//! Every connection is a pair of ordered byte streams, one per direction,
-//! split into a [`SendLink`] and a [`RecvLink`]. The plans that run over them
-//! (see `algo`) are symmetric: both sides know every message's size and
-//! order, so the data path carries no headers. Links never block: `try_*`
+//! Every connection is a pair of ordered message streams, one per
+//! direction, split into a [`SendLink`] and a [`RecvLink`]. The plans that
+//! run over them (see `algo`) are symmetric: both sides know every
+//! message's size and order, so a receive always asks for exactly the bytes
+//! of the matching send. Byte-stream transports (shm) may deliver a message
+//! in pieces; message transports (TCP through `hetccl-net`) deliver it
+//! whole. Links never block: `try_*`
 //! calls move what they can and return; the executor waits on the links'
 //! [`WaitSource`]s when nothing moves.
 //!
@@ -12,11 +15,9 @@
 
 pub mod arena;
 pub mod doorbell;
+pub mod net;
 pub mod ring;
 pub mod shm;
-pub mod tcp;
-
-use std::os::fd::RawFd;
 
 use crate::error::Result;
 
@@ -109,13 +110,17 @@ pub fn choose(reach: Reach, bytes: usize, disabled: &[&str]) -> Option<&'static 
 pub enum WaitSource {
     /// The rank's doorbell (shm peers ring it).
     Bell,
-    /// A socket becoming readable or writable.
-    Fd(RawFd, i16),
+    /// Nothing to sleep on: the link must be polled (its sockets are driven
+    /// by its `try_*` calls).
+    Poll,
 }
 
-/// The sending half of a connection: an ordered byte stream to one peer.
+/// The sending half of a connection: an ordered message stream to one peer.
 pub trait SendLink: Send + Sync + std::fmt::Debug {
-    /// Copies as much of `src` as can go now; returns the bytes taken.
+    /// Moves what it can of the message `src` (the rest of the current
+    /// message: the caller passes the unsent remainder, the same range until
+    /// it is taken); returns the bytes taken. Byte-stream links may take a
+    /// part; message links return 0 until they take it all.
     fn try_send(&self, src: &[u8]) -> Result<usize>;
     /// What to wait on when `try_send` takes nothing.
     fn wait_source(&self) -> WaitSource;
@@ -125,8 +130,9 @@ pub trait SendLink: Send + Sync + std::fmt::Debug {
 
 /// The receiving half of a connection.
 pub trait RecvLink: Send + Sync + std::fmt::Debug {
-    /// Hands up to `max` received bytes, in whole `elem`-byte elements, to
-    /// `f` (possibly in several slices, in order); returns the bytes taken.
+    /// Hands up to `max` received bytes of the current message (`max` is
+    /// what remains of it), in whole `elem`-byte elements, to `f` (possibly
+    /// in several slices, in order); returns the bytes taken.
     fn try_recv_with(&self, max: usize, elem: usize, f: &mut dyn FnMut(&[u8])) -> Result<usize>;
     /// What to wait on when nothing is ready.
     fn wait_source(&self) -> WaitSource;

@@ -1,0 +1,313 @@
+//! The engine's TCP links over `hetccl-net`'s transport (the same code that
+//! serves NVIDIA's NCCL as `ncclNetPlugin_v*`): several data sockets per
+//! connection for large messages, payloads up to `NCCL_SOCKET_INLINE` inline
+//! with their header, nonce-checked accepts, and a bounded timeout.
+//!
+//! One send comm and one receive comm join each ordered pair of ranks; the
+//! three link channels are told apart by tag (the transport matches a
+//! message with the oldest receive of its tag). Messages are whole: a send
+//! posts the step's entire range, and a receive posts a staging buffer of the
+//! step's length, which it hands to the executor once filled.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use hetccl_net::tcp::{RecvBuf, RecvRequest, SendRequest, TcpNet, TcpRecvComm, TcpSendComm};
+use hetccl_net::NetError;
+use parking_lot::Mutex;
+
+use super::{Conn, RecvLink, SendLink, WaitSource};
+use crate::error::{Error, Result};
+
+fn closed() -> Error {
+    Error::Remote("tcp link closed (abort)".into())
+}
+
+fn net_err(e: NetError) -> Error {
+    match e {
+        NetError::Timeout(m) => Error::Timeout(format!("tcp: {m}")),
+        NetError::InvalidArgument(m) | NetError::InvalidUsage(m) | NetError::Internal(m) => {
+            Error::Internal(format!("tcp: {m}"))
+        }
+        other => Error::Remote(format!("tcp: {other}")),
+    }
+}
+
+/// The sending half of one channel.
+struct NetSend {
+    comm: Arc<TcpSendComm>,
+    /// The transport context; its data lanes live as long as it does.
+    _net: Arc<TcpNet>,
+    closed: Arc<AtomicBool>,
+    tag: i32,
+    /// The send in flight: its request and its length.
+    inflight: Mutex<Option<(SendRequest, usize)>>,
+}
+
+/// The receiving half of one channel.
+struct NetRecv {
+    comm: Arc<TcpRecvComm>,
+    _net: Arc<TcpNet>,
+    closed: Arc<AtomicBool>,
+    tag: i32,
+    /// The receive in flight and its staging buffer.
+    st: Mutex<RecvState>,
+}
+
+#[derive(Default)]
+struct RecvState {
+    req: Option<(RecvRequest, usize)>,
+    stage: Vec<u8>,
+}
+
+impl std::fmt::Debug for NetSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NetSend(tag {})", self.tag)
+    }
+}
+
+impl std::fmt::Debug for NetRecv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NetRecv(tag {})", self.tag)
+    }
+}
+
+impl SendLink for NetSend {
+    fn try_send(&self, src: &[u8]) -> Result<usize> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        if src.is_empty() {
+            return Ok(0);
+        }
+        let mut st = self.inflight.lock();
+        if st.is_none() {
+            // SAFETY: the executor passes the same unfinished range on every
+            // call until the whole of it is reported sent, and the user's
+            // buffer stays valid until the operation completes.
+            match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag) }.map_err(net_err)? {
+                Some(req) => *st = Some((req, src.len())),
+                None => return Ok(0),
+            }
+        }
+        let (req, len) = st.expect("set above");
+        match self.comm.test(req).map_err(net_err)? {
+            Some(_) => {
+                *st = None;
+                Ok(len)
+            }
+            None => Ok(0),
+        }
+    }
+    fn wait_source(&self) -> WaitSource {
+        WaitSource::Poll
+    }
+    fn close(&self) {
+        // The peer sees the sockets close when the connection is dropped.
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+impl RecvLink for NetRecv {
+    fn try_recv_with(&self, max: usize, elem: usize, f: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        if max == 0 {
+            return Ok(0);
+        }
+        let mut st = self.st.lock();
+        let st = &mut *st;
+        if st.req.is_none() {
+            if st.stage.len() < max {
+                st.stage.resize(max, 0);
+            }
+            let buf = RecvBuf {
+                ptr: st.stage.as_mut_ptr(),
+                cap: max,
+                tag: self.tag,
+            };
+            // SAFETY: the staging buffer lives in this link and is neither
+            // moved nor resized while the receive is in flight.
+            match unsafe { self.comm.irecv(&[buf], false) }.map_err(net_err)? {
+                Some(req) => st.req = Some((req, max)),
+                None => return Ok(0),
+            }
+        }
+        let (req, want) = st.req.expect("set above");
+        let Some(sizes) = self.comm.test(req).map_err(net_err)? else {
+            return Ok(0);
+        };
+        st.req = None;
+        let n = sizes.first().copied().unwrap_or(0);
+        if n != want || n % elem != 0 {
+            return Err(Error::Remote(format!(
+                "tcp: received a message of {n} bytes where {want} were expected"
+            )));
+        }
+        f(&st.stage[..n]);
+        Ok(n)
+    }
+    fn wait_source(&self) -> WaitSource {
+        WaitSource::Poll
+    }
+    fn close(&self) {
+        // The peer sees the sockets close when the connection is dropped.
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// The `nchan` channels of one peer connection, over one send comm and one
+/// receive comm of `net`.
+pub fn connect(net: &Arc<TcpNet>, send: TcpSendComm, recv: TcpRecvComm, nchan: usize) -> Vec<Conn> {
+    let (s, r) = (Arc::new(send), Arc::new(recv));
+    let closed = Arc::new(AtomicBool::new(false));
+    (0..nchan)
+        .map(|c| Conn {
+            tx: Box::new(NetSend {
+                comm: s.clone(),
+                _net: net.clone(),
+                closed: closed.clone(),
+                tag: c as i32,
+                inflight: Mutex::new(None),
+            }),
+            rx: Box::new(NetRecv {
+                comm: r.clone(),
+                _net: net.clone(),
+                closed: closed.clone(),
+                tag: c as i32,
+                st: Mutex::new(RecvState::default()),
+            }),
+            transport: "tcp",
+        })
+        .collect()
+}
+
+/// Sets up TCP links to `peers` (ranks on other nodes, or every rank when shm
+/// is off): each rank listens once per peer, the 128-byte handles travel
+/// through the authenticated bootstrap, then connects and accepts are polled
+/// from this thread until all are up. Every rank must call this (it runs a
+/// bootstrap all-gather), with or without peers.
+pub fn setup(
+    bs: &mut crate::bootstrap::Bootstrap,
+    peers: &[usize],
+    nchan: usize,
+) -> Result<Vec<(usize, Vec<Conn>)>> {
+    use hetccl_net::tcp::TcpOptions;
+    use hetccl_net::wire::HANDLE_BYTES;
+    let n = bs.nranks();
+    let rank = bs.rank;
+    let cfg = hetccl_core::config::get();
+    let mut listens: Vec<Option<hetccl_net::tcp::TcpListenComm>> = (0..n).map(|_| None).collect();
+    let mut blob = vec![0u8; n * HANDLE_BYTES];
+    let net = if peers.is_empty() {
+        None
+    } else {
+        let devs = hetccl_net::iface::discover(cfg.socket_ifname.as_deref());
+        if devs.is_empty() {
+            return Err(Error::System(
+                "no usable network interface for TCP links".into(),
+            ));
+        }
+        let mut opts = TcpOptions::from_env();
+        // The engine drives the sockets from the calling thread: no helper
+        // threads (ranks may outnumber cores).
+        opts.nthreads = 0;
+        let net = Arc::new(TcpNet::new(Arc::new(devs), opts));
+        for &p in peers {
+            let (l, h) = net.listen(0).map_err(net_err)?;
+            blob[p * HANDLE_BYTES..(p + 1) * HANDLE_BYTES].copy_from_slice(&h);
+            listens[p] = Some(l);
+        }
+        Some(net)
+    };
+    let all = bs.allgather(&blob, n * HANDLE_BYTES)?;
+    let Some(net) = net else {
+        return Ok(Vec::new());
+    };
+    let mut handles: Vec<[u8; HANDLE_BYTES]> = Vec::with_capacity(peers.len());
+    for &p in peers {
+        let theirs = all[p]
+            .get(rank * HANDLE_BYTES..(rank + 1) * HANDLE_BYTES)
+            .ok_or_else(|| Error::Remote(format!("rank {p} sent no TCP handles")))?;
+        handles.push(theirs.try_into().expect("sized"));
+    }
+    let mut sends: Vec<Option<TcpSendComm>> = peers.iter().map(|_| None).collect();
+    let mut recvs: Vec<Option<TcpRecvComm>> = peers.iter().map(|_| None).collect();
+    let deadline = crate::bootstrap::deadline();
+    loop {
+        let mut pending = false;
+        for (i, &p) in peers.iter().enumerate() {
+            if sends[i].is_none() {
+                sends[i] = net.connect(0, &mut handles[i]).map_err(net_err)?;
+                pending |= sends[i].is_none();
+            }
+            if recvs[i].is_none() {
+                let l = listens[p].as_mut().expect("listening");
+                recvs[i] = net.accept(l).map_err(net_err)?;
+                pending |= recvs[i].is_none();
+            }
+        }
+        if !pending {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Timeout(
+                "TCP links were not all connected in time".into(),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    Ok(peers
+        .iter()
+        .zip(sends.into_iter().zip(recvs))
+        .map(|(&p, (s, r))| {
+            (
+                p,
+                connect(&net, s.expect("connected"), r.expect("accepted"), nchan),
+            )
+        })
+        .collect())
+}
+
+/// Two connected ends of `nchan` channels over loopback (tests and
+/// benchmarks).
+pub fn loopback_pair(nchan: usize) -> Result<(Vec<Conn>, Vec<Conn>)> {
+    use hetccl_net::iface::NetDevice;
+    use hetccl_net::tcp::TcpOptions;
+    let dev = NetDevice {
+        name: "lo".into(),
+        addr: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        speed_mbps: 10_000,
+        pci_path: None,
+        loopback: true,
+    };
+    let mut opts = TcpOptions::from_env();
+    opts.nthreads = 0;
+    let net = Arc::new(TcpNet::new(Arc::new(vec![dev]), opts));
+    let (mut la, mut ha) = net.listen(0).map_err(net_err)?;
+    let (mut lb, mut hb) = net.listen(0).map_err(net_err)?;
+    let (mut sa, mut ra, mut sb, mut rb) = (None, None, None, None);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while sa.is_none() || ra.is_none() || sb.is_none() || rb.is_none() {
+        if sa.is_none() {
+            sa = net.connect(0, &mut hb).map_err(net_err)?;
+        }
+        if sb.is_none() {
+            sb = net.connect(0, &mut ha).map_err(net_err)?;
+        }
+        if ra.is_none() {
+            ra = net.accept(&mut la).map_err(net_err)?;
+        }
+        if rb.is_none() {
+            rb = net.accept(&mut lb).map_err(net_err)?;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Timeout("loopback pair".into()));
+        }
+    }
+    Ok((
+        connect(&net, sa.expect("set"), ra.expect("set"), nchan),
+        connect(&net, sb.expect("set"), rb.expect("set"), nchan),
+    ))
+}
