@@ -553,12 +553,18 @@ impl Ctx<'_> {
         }
     }
 
-    /// Fills the buffers for a check; returns the expected checked region.
-    fn init_data(&self, step: &Step, rep: u64) -> Vec<u8> {
+    /// Fills the buffers for a check; returns the expected checked region
+    /// (empty unless `want_expected`).
+    fn init_data(&self, step: &Step, rep: u64, want_expected: bool) -> Vec<u8> {
         let off = self.opts.unalign * step.dt.size();
         let send = &mut self.send.slice()[off..];
         let recv = &mut self.recv.slice()[off..];
-        step.init(send, recv, rep)
+        if want_expected {
+            step.init(send, recv, rep)
+        } else {
+            step.init_inputs(send, recv, rep);
+            Vec::new()
+        }
     }
 
     fn bench_time(
@@ -572,7 +578,7 @@ impl Ctx<'_> {
         let opts = self.opts;
         let step = self.step(dt, op, root, counts, in_place);
         if opts.check > 0 {
-            self.init_data(&step, 99);
+            self.init_data(&step, 99, false);
         }
         // One synchronising operation, then a barrier, then the timed loop.
         let first = self.start_coll(dt, op, root, counts, in_place, 0);
@@ -628,7 +634,7 @@ impl Ctx<'_> {
         self.rep += 1;
         let mut wrong_total = 0u64;
         for _ in 0..opts.check {
-            let expected = self.init_data(&step, self.rep);
+            let expected = self.init_data(&step, self.rep, true);
             self.start_coll(dt, op, root, counts, in_place, 0)?;
             let off = self.opts.unalign * dt.size() + step.check_offset();
             let got = &mut self.recv.slice()[off..off + expected.len()];

@@ -198,176 +198,88 @@ impl Step {
     /// region (`counts.recv` elements starting at the in-place result offset
     /// for in-place runs, at `recv` otherwise).
     pub fn init(&self, send: &mut [u8], recv: &mut [u8], rep: u64) -> Vec<u8> {
+        self.init_inner(send, recv, rep, true)
+    }
+
+    /// [`Step::init`] without computing the expected data (for the fill
+    /// before the timed loop, whose results are not checked).
+    pub fn init_inputs(&self, send: &mut [u8], recv: &mut [u8], rep: u64) {
+        self.init_inner(send, recv, rep, false);
+    }
+
+    fn init_inner(&self, send: &mut [u8], recv: &mut [u8], rep: u64, want: bool) -> Vec<u8> {
         let dt = self.dt;
         let es = dt.size();
         let c = self.counts;
-        let (n, rank) = (self.nranks, self.rank);
+        let (n, rank, op) = (self.nranks, self.rank, self.op);
         recv[..c.recv * es].fill(0);
-        let mut expected = vec![0u8; c.recv * es];
         // Where this rank's input goes.
         let in_off = if self.in_place {
             rank * c.send_inplace_offset * es
         } else {
             0
         };
-        macro_rules! input_buf {
-            () => {
-                if self.in_place {
-                    &mut recv[in_off..]
-                } else {
-                    &mut send[..]
+        {
+            let buf: &mut [u8] = if self.in_place {
+                &mut recv[in_off..]
+            } else {
+                &mut send[..]
+            };
+            let mut fill = |f: &dyn Fn(usize) -> u64| {
+                for i in 0..c.send {
+                    dt.store(buf, i, f(i));
                 }
             };
+            match self.coll {
+                Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce => {
+                    fill(&|i| verifiable::input(dt, op, n, rank, rep, i as u64))
+                }
+                Coll::AllGather | Coll::AlltoAll => {
+                    fill(&|i| verifiable::copy_value(dt, 33 * rep + rank as u64, i as u64))
+                }
+                Coll::Broadcast | Coll::Scatter => {
+                    if rank == self.root {
+                        fill(&|i| verifiable::copy_value(dt, rep, i as u64))
+                    }
+                }
+                Coll::Gather | Coll::SendRecv => {
+                    fill(&|i| verifiable::copy_value(dt, rep, (rank * c.send + i) as u64))
+                }
+            }
         }
-        match self.coll {
-            Coll::AllReduce => {
-                let buf = input_buf!();
-                for i in 0..c.send {
-                    dt.store(
-                        buf,
-                        i,
-                        verifiable::input(dt, self.op, n, rank, rep, i as u64),
-                    );
+        if !want {
+            return Vec::new();
+        }
+        // Non-root receive buffers of reduce and gather must be left alone:
+        // their expected content is what init left there.
+        if matches!(self.coll, Coll::Reduce | Coll::Gather) && rank != self.root {
+            return recv[..c.recv * es].to_vec();
+        }
+        let part = c.param.max(1);
+        let send_n = c.send.max(1);
+        let peer = (rank + n - 1) % n;
+        let value = |i: usize| -> u64 {
+            match self.coll {
+                Coll::AllReduce | Coll::Reduce => verifiable::expected(dt, op, n, rep, i as u64),
+                Coll::ReduceScatter => {
+                    verifiable::expected(dt, op, n, rep, (rank * c.recv + i) as u64)
                 }
-                for i in 0..c.recv {
-                    dt.store(
-                        &mut expected,
-                        i,
-                        verifiable::expected(dt, self.op, n, rep, i as u64),
-                    );
+                Coll::AllGather => {
+                    verifiable::copy_value(dt, 33 * rep + (i / send_n) as u64, (i % send_n) as u64)
                 }
+                Coll::Broadcast | Coll::Gather => verifiable::copy_value(dt, rep, i as u64),
+                Coll::AlltoAll => verifiable::copy_value(
+                    dt,
+                    33 * rep + (i / part) as u64,
+                    (rank * part + i % part) as u64,
+                ),
+                Coll::Scatter => verifiable::copy_value(dt, rep, (rank * c.recv + i) as u64),
+                Coll::SendRecv => verifiable::copy_value(dt, rep, (peer * c.recv + i) as u64),
             }
-            Coll::ReduceScatter => {
-                let buf = input_buf!();
-                for i in 0..c.send {
-                    dt.store(
-                        buf,
-                        i,
-                        verifiable::input(dt, self.op, n, rank, rep, i as u64),
-                    );
-                }
-                for i in 0..c.recv {
-                    let idx = (rank * c.recv + i) as u64;
-                    dt.store(
-                        &mut expected,
-                        i,
-                        verifiable::expected(dt, self.op, n, rep, idx),
-                    );
-                }
-            }
-            Coll::Reduce => {
-                let buf = input_buf!();
-                for i in 0..c.send {
-                    dt.store(
-                        buf,
-                        i,
-                        verifiable::input(dt, self.op, n, rank, rep, i as u64),
-                    );
-                }
-                if rank == self.root {
-                    for i in 0..c.recv {
-                        dt.store(
-                            &mut expected,
-                            i,
-                            verifiable::expected(dt, self.op, n, rep, i as u64),
-                        );
-                    }
-                } else {
-                    // Non-root receive buffers must be left alone.
-                    expected.copy_from_slice(&recv[..c.recv * es]);
-                }
-            }
-            Coll::AllGather => {
-                let seed = |r: usize| 33 * rep + r as u64;
-                let buf = input_buf!();
-                for i in 0..c.send {
-                    dt.store(buf, i, verifiable::copy_value(dt, seed(rank), i as u64));
-                }
-                for j in 0..n {
-                    for i in 0..c.send {
-                        dt.store(
-                            &mut expected,
-                            j * c.send + i,
-                            verifiable::copy_value(dt, seed(j), i as u64),
-                        );
-                    }
-                }
-            }
-            Coll::Broadcast => {
-                if rank == self.root {
-                    let buf = input_buf!();
-                    for i in 0..c.send {
-                        dt.store(buf, i, verifiable::copy_value(dt, rep, i as u64));
-                    }
-                }
-                for i in 0..c.recv {
-                    dt.store(&mut expected, i, verifiable::copy_value(dt, rep, i as u64));
-                }
-            }
-            Coll::AlltoAll => {
-                let seed = |r: usize| 33 * rep + r as u64;
-                let buf = input_buf!();
-                for i in 0..c.send {
-                    dt.store(buf, i, verifiable::copy_value(dt, seed(rank), i as u64));
-                }
-                let part = c.param;
-                for j in 0..n {
-                    for i in 0..part {
-                        let v = verifiable::copy_value(dt, seed(j), (rank * part + i) as u64);
-                        dt.store(&mut expected, j * part + i, v);
-                    }
-                }
-            }
-            Coll::Gather => {
-                let buf = input_buf!();
-                for i in 0..c.send {
-                    dt.store(
-                        buf,
-                        i,
-                        verifiable::copy_value(dt, rep, (rank * c.send + i) as u64),
-                    );
-                }
-                if rank == self.root {
-                    for i in 0..c.recv {
-                        dt.store(&mut expected, i, verifiable::copy_value(dt, rep, i as u64));
-                    }
-                } else {
-                    expected.copy_from_slice(&recv[..c.recv * es]);
-                }
-            }
-            Coll::Scatter => {
-                if rank == self.root {
-                    let buf = input_buf!();
-                    for i in 0..c.send {
-                        dt.store(buf, i, verifiable::copy_value(dt, rep, i as u64));
-                    }
-                }
-                for i in 0..c.recv {
-                    dt.store(
-                        &mut expected,
-                        i,
-                        verifiable::copy_value(dt, rep, (rank * c.recv + i) as u64),
-                    );
-                }
-            }
-            Coll::SendRecv => {
-                let buf = input_buf!();
-                for i in 0..c.send {
-                    dt.store(
-                        buf,
-                        i,
-                        verifiable::copy_value(dt, rep, (rank * c.send + i) as u64),
-                    );
-                }
-                let peer = (rank + n - 1) % n;
-                for i in 0..c.recv {
-                    dt.store(
-                        &mut expected,
-                        i,
-                        verifiable::copy_value(dt, rep, (peer * c.recv + i) as u64),
-                    );
-                }
-            }
+        };
+        let mut expected = vec![0u8; c.recv * es];
+        for i in 0..c.recv {
+            dt.store(&mut expected, i, value(i));
         }
         expected
     }

@@ -26,9 +26,16 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A 64-bit random value from (seed, index, salt).
+/// A 64-bit random value from (seed, index, salt): one splitmix64 finaliser
+/// over a mix of the three (cheap enough to regenerate every rank's input
+/// per element).
+#[inline]
 pub fn rng(seed: u64, index: u64, salt: u64) -> u64 {
-    mix64(mix64(mix64(seed) ^ index) ^ salt.wrapping_mul(0xd6e8_feb8_6659_fd93))
+    mix64(
+        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ index.wrapping_mul(0xc2b2_ae3d_27d4_eb4f).rotate_left(23)
+            ^ salt.wrapping_mul(0xd6e8_feb8_6659_fd93),
+    )
 }
 
 /// Random finite, non-zero float bits in the middle of the exponent range
