@@ -11,17 +11,18 @@ use hetccl_abi::{
     cudaStream_t, ncclCollConfig_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t,
 };
 
-use super::coll_args::{validate, CollKind};
+use super::coll_args::validate;
 use super::config_read::read_coll_config;
 use super::guard::guard;
 use super::launch::submit;
+use crate::algo::Collective;
 use crate::export;
 
 /// Validates and submits; shared by every entry point in this file.
 #[allow(clippy::too_many_arguments)]
 unsafe fn run(
     name: &'static str,
-    kind: CollKind,
+    kind: Collective,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
@@ -45,7 +46,7 @@ export! {
     /// Reduces `count` elements across ranks; every rank gets the result.
     fn ncclAllReduce / pncclAllReduce(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclAllReduce", CollKind::AllReduce, send, recv, count, dtype, op, 0, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclAllReduce", Collective::AllReduce, send, recv, count, dtype, op, 0, comm, stream, std::ptr::null()) }
     }
 }
 export! {
@@ -53,14 +54,14 @@ export! {
     fn ncclAllReduceConfig / pncclAllReduceConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
-        unsafe { run("ncclAllReduceConfig", CollKind::AllReduce, send, recv, count, dtype, op, 0, comm, stream, config) }
+        unsafe { run("ncclAllReduceConfig", Collective::AllReduce, send, recv, count, dtype, op, 0, comm, stream, config) }
     }
 }
 export! {
     /// Copies `count` elements from the root's `send` to every rank's `recv`.
     fn ncclBroadcast / pncclBroadcast(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclBroadcast", CollKind::Broadcast, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclBroadcast", Collective::Broadcast, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
     }
 }
 export! {
@@ -68,21 +69,21 @@ export! {
     fn ncclBroadcastConfig / pncclBroadcastConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
-        unsafe { run("ncclBroadcastConfig", CollKind::Broadcast, send, recv, count, dtype, 0, root, comm, stream, config) }
+        unsafe { run("ncclBroadcastConfig", Collective::Broadcast, send, recv, count, dtype, 0, root, comm, stream, config) }
     }
 }
 export! {
     /// In-place broadcast (the legacy API).
     fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, dtype: ncclDataType_t, root: i32,
         comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclBcast", CollKind::Broadcast, buff, buff, count, dtype, 0, root, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclBcast", Collective::Broadcast, buff, buff, count, dtype, 0, root, comm, stream, std::ptr::null()) }
     }
 }
 export! {
     /// Reduces `count` elements across ranks into the root's `recv`.
     fn ncclReduce / pncclReduce(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclReduce", CollKind::Reduce, send, recv, count, dtype, op, root, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclReduce", Collective::Reduce, send, recv, count, dtype, op, root, comm, stream, std::ptr::null()) }
     }
 }
 export! {
@@ -90,14 +91,14 @@ export! {
     fn ncclReduceConfig / pncclReduceConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
-        unsafe { run("ncclReduceConfig", CollKind::Reduce, send, recv, count, dtype, op, root, comm, stream, config) }
+        unsafe { run("ncclReduceConfig", Collective::Reduce, send, recv, count, dtype, op, root, comm, stream, config) }
     }
 }
 export! {
     /// Gathers `sendcount` elements from every rank into every rank's `recv`.
     fn ncclAllGather / pncclAllGather(send: *const c_void, recv: *mut c_void, sendcount: usize,
         dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclAllGather", CollKind::AllGather, send, recv, sendcount, dtype, 0, 0, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclAllGather", Collective::AllGather, send, recv, sendcount, dtype, 0, 0, comm, stream, std::ptr::null()) }
     }
 }
 export! {
@@ -105,14 +106,14 @@ export! {
     fn ncclAllGatherConfig / pncclAllGatherConfig(send: *const c_void, recv: *mut c_void, sendcount: usize,
         dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
-        unsafe { run("ncclAllGatherConfig", CollKind::AllGather, send, recv, sendcount, dtype, 0, 0, comm, stream, config) }
+        unsafe { run("ncclAllGatherConfig", Collective::AllGather, send, recv, sendcount, dtype, 0, 0, comm, stream, config) }
     }
 }
 export! {
     /// Reduces, then scatters `recvcount` elements to each rank.
     fn ncclReduceScatter / pncclReduceScatter(send: *const c_void, recv: *mut c_void, recvcount: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclReduceScatter", CollKind::ReduceScatter, send, recv, recvcount, dtype, op, 0, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclReduceScatter", Collective::ReduceScatter, send, recv, recvcount, dtype, op, 0, comm, stream, std::ptr::null()) }
     }
 }
 export! {
@@ -120,14 +121,14 @@ export! {
     fn ncclReduceScatterConfig / pncclReduceScatterConfig(send: *const c_void, recv: *mut c_void, recvcount: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
-        unsafe { run("ncclReduceScatterConfig", CollKind::ReduceScatter, send, recv, recvcount, dtype, op, 0, comm, stream, config) }
+        unsafe { run("ncclReduceScatterConfig", Collective::ReduceScatter, send, recv, recvcount, dtype, op, 0, comm, stream, config) }
     }
 }
 export! {
     /// Sends `count` elements to each peer and receives `count` from each.
     fn ncclAlltoAll / pncclAlltoAll(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclAlltoAll", CollKind::AlltoAll, send, recv, count, dtype, 0, 0, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclAlltoAll", Collective::AlltoAll, send, recv, count, dtype, 0, 0, comm, stream, std::ptr::null()) }
     }
 }
 export! {
@@ -135,14 +136,14 @@ export! {
     fn ncclAlltoAllConfig / pncclAlltoAllConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
-        unsafe { run("ncclAlltoAllConfig", CollKind::AlltoAll, send, recv, count, dtype, 0, 0, comm, stream, config) }
+        unsafe { run("ncclAlltoAllConfig", Collective::AlltoAll, send, recv, count, dtype, 0, 0, comm, stream, config) }
     }
 }
 export! {
     /// Gathers `count` elements from every rank into the root's `recv`.
     fn ncclGather / pncclGather(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclGather", CollKind::Gather, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclGather", Collective::Gather, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
     }
 }
 export! {
@@ -150,14 +151,14 @@ export! {
     fn ncclGatherConfig / pncclGatherConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
-        unsafe { run("ncclGatherConfig", CollKind::Gather, send, recv, count, dtype, 0, root, comm, stream, config) }
+        unsafe { run("ncclGatherConfig", Collective::Gather, send, recv, count, dtype, 0, root, comm, stream, config) }
     }
 }
 export! {
     /// Scatters `count` elements per rank from the root's `send`.
     fn ncclScatter / pncclScatter(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclScatter", CollKind::Scatter, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclScatter", Collective::Scatter, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
     }
 }
 export! {
@@ -165,20 +166,20 @@ export! {
     fn ncclScatterConfig / pncclScatterConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
-        unsafe { run("ncclScatterConfig", CollKind::Scatter, send, recv, count, dtype, 0, root, comm, stream, config) }
+        unsafe { run("ncclScatterConfig", Collective::Scatter, send, recv, count, dtype, 0, root, comm, stream, config) }
     }
 }
 export! {
     /// Sends `count` elements to `peer` (matched by the peer's `ncclRecv`).
     fn ncclSend / pncclSend(send: *const c_void, count: usize, dtype: ncclDataType_t, peer: i32,
         comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclSend", CollKind::Send, send, std::ptr::null_mut(), count, dtype, 0, peer, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclSend", Collective::Send, send, std::ptr::null_mut(), count, dtype, 0, peer, comm, stream, std::ptr::null()) }
     }
 }
 export! {
     /// Receives `count` elements from `peer`.
     fn ncclRecv / pncclRecv(recv: *mut c_void, count: usize, dtype: ncclDataType_t, peer: i32,
         comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
-        unsafe { run("ncclRecv", CollKind::Recv, std::ptr::null(), recv, count, dtype, 0, peer, comm, stream, std::ptr::null()) }
+        unsafe { run("ncclRecv", Collective::Recv, std::ptr::null(), recv, count, dtype, 0, peer, comm, stream, std::ptr::null()) }
     }
 }

@@ -7,72 +7,33 @@ use std::sync::Arc;
 use hetccl_abi::{ncclComm_t, DataType, RedOp};
 
 use super::check;
+use crate::algo::Collective;
 use crate::comm::{handle, Comm};
 use crate::error::{Error, Result};
 
-/// The collective (or point-to-point) operation, named as nccl-tests names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CollKind {
-    /// `ncclAllReduce`.
-    AllReduce,
-    /// `ncclBroadcast` / `ncclBcast`.
-    Broadcast,
-    /// `ncclReduce`.
-    Reduce,
-    /// `ncclAllGather`.
-    AllGather,
-    /// `ncclReduceScatter`.
-    ReduceScatter,
-    /// `ncclAlltoAll`.
-    AlltoAll,
-    /// `ncclGather`.
-    Gather,
-    /// `ncclScatter`.
-    Scatter,
-    /// `ncclSend`.
-    Send,
-    /// `ncclRecv`.
-    Recv,
-}
-
-impl CollKind {
-    /// Whether the operation reduces (takes an op).
-    pub fn reduces(self) -> bool {
-        matches!(self, Self::AllReduce | Self::Reduce | Self::ReduceScatter)
-    }
-
-    /// Whether the operation has a root.
-    pub fn rooted(self) -> bool {
-        matches!(
-            self,
-            Self::Broadcast | Self::Reduce | Self::Gather | Self::Scatter
-        )
-    }
-
-    /// (send elements, recv elements) as multiples of `count` for `nranks`:
-    /// what each rank's buffers must hold (at the root for rooted kinds).
-    fn extents(self, count: usize, nranks: usize, is_root: bool) -> Option<(usize, usize)> {
-        let n = |x: usize| x.checked_mul(nranks);
-        Some(match self {
-            Self::AllReduce => (count, count),
-            Self::Broadcast => (if is_root { count } else { 0 }, count),
-            Self::Reduce => (count, if is_root { count } else { 0 }),
-            Self::AllGather => (count, n(count)?),
-            Self::ReduceScatter => (n(count)?, count),
-            Self::AlltoAll => (n(count)?, n(count)?),
-            Self::Gather => (count, if is_root { n(count)? } else { 0 }),
-            Self::Scatter => (if is_root { n(count)? } else { 0 }, count),
-            Self::Send => (count, 0),
-            Self::Recv => (0, count),
-        })
-    }
+/// What each rank's buffers must hold for `coll`, in elements: (send,
+/// recv), at the root for rooted kinds.
+fn extents(coll: Collective, count: usize, nranks: usize, is_root: bool) -> Option<(usize, usize)> {
+    let n = |x: usize| x.checked_mul(nranks);
+    Some(match coll {
+        Collective::AllReduce => (count, count),
+        Collective::Broadcast => (if is_root { count } else { 0 }, count),
+        Collective::Reduce => (count, if is_root { count } else { 0 }),
+        Collective::AllGather => (count, n(count)?),
+        Collective::ReduceScatter => (n(count)?, count),
+        Collective::AlltoAll => (n(count)?, n(count)?),
+        Collective::Gather => (count, if is_root { n(count)? } else { 0 }),
+        Collective::Scatter => (if is_root { n(count)? } else { 0 }, count),
+        Collective::Send => (count, 0),
+        Collective::Recv => (0, count),
+    })
 }
 
 /// A validated call.
 #[derive(Debug, Clone)]
 pub struct CollArgs {
     /// The operation.
-    pub kind: CollKind,
+    pub kind: Collective,
     /// The communicator.
     pub comm: Arc<Comm>,
     /// Send buffer (may be NULL where nothing is sent).
@@ -98,7 +59,7 @@ pub struct CollArgs {
 /// Validates the raw arguments of any collective or point-to-point call.
 #[allow(clippy::too_many_arguments)]
 pub fn validate(
-    kind: CollKind,
+    kind: Collective,
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
@@ -129,13 +90,12 @@ pub fn validate(
     };
     let nranks = comm.nranks;
     let root = match kind {
-        CollKind::Send | CollKind::Recv => check::rank_in(root, nranks as i32, "peer")?,
+        Collective::Send | Collective::Recv => check::rank_in(root, nranks as i32, "peer")?,
         k if k.rooted() => check::rank_in(root, nranks as i32, "root")?,
         _ => 0,
     };
     let is_root = kind.rooted() && root == comm.rank;
-    let (se, re) = kind
-        .extents(count, nranks, is_root)
+    let (se, re) = extents(kind, count, nranks, is_root)
         .ok_or_else(|| Error::arg(format!("count {count} x {nranks} ranks overflows")))?;
     let send_bytes = check::bytes(se, dtype, "sendbuff")?;
     let recv_bytes = check::bytes(re, dtype, "recvbuff")?;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use hetccl_abi::{NcclResult, RedOp};
 
-use super::coll_args::{CollArgs, CollKind};
+use super::coll_args::CollArgs;
 use crate::algo::{self, AlgoFilter, Chunking, Collective, CostModel};
 use crate::comm::engine::Engine;
 use crate::comm::plan_cache::PlanKey;
@@ -42,34 +42,19 @@ thread_local! {
     static QUEUE: RefCell<GroupQueue> = RefCell::new(GroupQueue::default());
 }
 
-fn collective(kind: CollKind) -> Collective {
-    match kind {
-        CollKind::AllReduce => Collective::AllReduce,
-        CollKind::Broadcast => Collective::Broadcast,
-        CollKind::Reduce => Collective::Reduce,
-        CollKind::AllGather => Collective::AllGather,
-        CollKind::ReduceScatter => Collective::ReduceScatter,
-        CollKind::AlltoAll => Collective::AlltoAll,
-        CollKind::Gather => Collective::Gather,
-        CollKind::Scatter => Collective::Scatter,
-        CollKind::Send => Collective::Send,
-        CollKind::Recv => Collective::Recv,
-    }
-}
-
 /// Whether the call uses NCCL's in-place layout for its kind.
 fn in_place(a: &CollArgs) -> bool {
     let (s, r) = (a.send as usize, a.recv as usize);
     let block = a.count * a.dtype.size();
     let is_root = a.root == a.comm.rank;
     match a.kind {
-        CollKind::AllReduce | CollKind::Broadcast => s == r,
-        CollKind::Reduce => is_root && s == r,
-        CollKind::AllGather => s == r + a.comm.rank * block,
-        CollKind::Gather => is_root && s == r + a.comm.rank * block,
-        CollKind::ReduceScatter => r == s + a.comm.rank * block,
-        CollKind::Scatter => is_root && r == s + a.comm.rank * block,
-        CollKind::AlltoAll | CollKind::Send | CollKind::Recv => false,
+        Collective::AllReduce | Collective::Broadcast => s == r,
+        Collective::Reduce => is_root && s == r,
+        Collective::AllGather => s == r + a.comm.rank * block,
+        Collective::Gather => is_root && s == r + a.comm.rank * block,
+        Collective::ReduceScatter => r == s + a.comm.rank * block,
+        Collective::Scatter => is_root && r == s + a.comm.rank * block,
+        Collective::AlltoAll | Collective::Send | Collective::Recv => false,
     }
 }
 
@@ -97,9 +82,11 @@ fn reduce_op(a: &CollArgs) -> Result<ReduceOp> {
 /// Builds the job (plan and buffers) for one validated call.
 pub fn make_job(a: &CollArgs) -> Result<Job> {
     let engine = a.comm.engine()?;
-    let coll = collective(a.kind);
+    let coll = a.kind;
     let inp = in_place(a);
-    if a.kind == CollKind::AlltoAll && a.send_bytes > 0 && std::ptr::eq(a.send, a.recv.cast_const())
+    if a.kind == Collective::AlltoAll
+        && a.send_bytes > 0
+        && std::ptr::eq(a.send, a.recv.cast_const())
     {
         return Err(Error::arg(
             "in-place ncclAlltoAll is not supported (as in NCCL)",
