@@ -272,7 +272,11 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
         for (r, l) in lines.iter().enumerate() {
             let l = String::from_utf8_lossy(l).into_owned();
             p.print(&l);
-            devices.push(json!({"rank": r, "group": 0, "hostname": hostname(), "device": -1, "device_hex": "cpu", "device_info": "host", "line": l}));
+            // As nccl-tests' parseRankInfo: "#  Rank R Group G Pid P on HOST device D [HEX] INFO".
+            let t: Vec<&str> = l.split_whitespace().collect();
+            let pid = t.get(6).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+            let host = t.get(8).copied().unwrap_or("");
+            devices.push(json!({"rank": r, "group": 0, "pid": pid, "hostname": host, "device": -1, "device_hex": "cpu", "device_info": "host"}));
         }
         if let Some((_, doc)) = p.json.as_mut() {
             doc["config"] = json!({

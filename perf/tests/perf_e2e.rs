@@ -320,6 +320,11 @@ fn argv0_alias_and_json() {
         0.0_f64.max(0.0) as u64
     );
     assert_eq!(doc["out_of_bounds"]["count"], 0);
+    let devices = doc["config"]["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[1]["rank"], 1);
+    assert!(devices[1]["pid"].as_u64().unwrap() > 0);
+    assert_eq!(devices[0]["hostname"], hetccl_perf::bench::hostname());
     assert!(doc["average_bus_bandwidth"]["bandwidth"].is_number());
     let _ = std::fs::remove_dir_all(&dir);
 }
