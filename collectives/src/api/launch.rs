@@ -154,11 +154,7 @@ pub fn make_job(a: &CollArgs) -> Result<Job> {
     tracing::info!(target: "hetccl::TUNING",
         "comm {:016x} seq {seq} rank {}: {coll} count {} {} bytes {bytes} algo={}",
         engine.comm_hash, a.comm.rank, a.count, a.dtype.name(), algorithm.name());
-    let scratch = if plan.scratch_bytes > 0 {
-        vec![0u8; plan.scratch_bytes]
-    } else {
-        Vec::new()
-    };
+    let scratch = take_scratch(engine, plan.scratch_bytes);
     Ok(Job {
         plan,
         bufs: OpBuffers {
@@ -187,6 +183,35 @@ fn choose(engine: &Engine, coll: Collective, bytes: usize) -> Result<algo::Algor
     };
     algo::select(coll, bytes, &engine.topo, &CostModel::default(), &filter)
         .map_err(|e| Error::usage(e.to_string()))
+}
+
+/// A scratch buffer of at least `bytes` from the communicator's pool.
+fn take_scratch(engine: &Engine, bytes: usize) -> Vec<u8> {
+    if bytes == 0 {
+        return Vec::new();
+    }
+    let mut pool = engine.scratch_pool.lock();
+    let mut v = match pool.iter().position(|b| b.len() >= bytes) {
+        Some(i) => pool.swap_remove(i),
+        None => pool.pop().unwrap_or_default(),
+    };
+    if v.len() < bytes {
+        v.resize(bytes, 0);
+    }
+    v
+}
+
+/// The most scratch buffers a communicator keeps.
+const SCRATCH_POOL: usize = 4;
+
+/// Gives finished jobs' scratch buffers back to their communicator's pool.
+fn return_scratch(engine: &Engine, jobs: Vec<Job>) {
+    let mut pool = engine.scratch_pool.lock();
+    for j in jobs {
+        if j.bufs.scratch.capacity() > 0 && pool.len() < SCRATCH_POOL {
+            pool.push(j.bufs.scratch);
+        }
+    }
 }
 
 /// Runs (or queues, inside a group) one validated call.
@@ -332,6 +357,9 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
         .min()
         .unwrap_or(patience.spin);
     let r = drive(&mut batches, patience);
+    for (b, e) in batches.into_iter().zip(&engines) {
+        return_scratch(e, b.into_jobs());
+    }
     if let Err(e) = &r {
         for c in &comms {
             let code = match e {

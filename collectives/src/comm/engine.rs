@@ -39,6 +39,9 @@ pub struct Engine {
     /// How long a waiting rank spins before it sleeps (0 when the node is
     /// oversubscribed).
     pub spin: std::time::Duration,
+    /// Scratch buffers kept between operations (plans never read scratch
+    /// they did not write, so the buffers are reused as they are).
+    pub scratch_pool: Mutex<Vec<Vec<u8>>>,
     /// Algorithms and plans already made for this communicator.
     pub plans: Mutex<super::plan_cache::PlanCache>,
 }

@@ -134,6 +134,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         aborted,
         seq: AtomicU64::new(0),
         plans: Mutex::new(Default::default()),
+        scratch_pool: Mutex::new(Vec::new()),
         spin,
     };
     comm.engine
