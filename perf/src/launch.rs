@@ -172,6 +172,15 @@ pub fn main_entry(argv: Vec<String>) -> i32 {
         );
         return 64;
     };
+    // Ranks of a -np run share this host; launcher ranks may not, so count
+    // the local ones from the launcher's variables when it gives them.
+    let local = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+        .or_else(|_| std::env::var("LOCAL_WORLD_SIZE"))
+        .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(nranks);
+    crate::store::set_spin(local);
     let ch = Channel::new(store.clone(), rank, nranks, timeout);
     let args = RankArgs {
         nccl: &nccl,

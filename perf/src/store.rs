@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,16 +54,31 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), String> {
         .map_err(|e| format!("cannot rename {} to {}: {e}", tmp.display(), path.display()))
 }
 
+static SPIN_US: AtomicU64 = AtomicU64::new(5000);
+
+/// Sets how long [`poll`] yields before it starts sleeping: 5 ms when every
+/// local rank has a core, 0 when ranks outnumber cores (spinning would take
+/// the CPU from the ranks doing work).
+pub fn set_spin(local_ranks: usize) {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    SPIN_US.store(
+        if local_ranks <= cores { 5000 } else { 0 },
+        Ordering::Relaxed,
+    );
+}
+
 /// Polls `f` until it returns `Some`, for at most `timeout`: yielding for
 /// the first 5 ms (ranks arriving together leave a barrier microseconds
-/// apart, which keeps the skew out of the timed loop), then sleeping with a
-/// growing interval capped at 1 ms.
+/// apart, which keeps the skew out of the timed loop; see [`set_spin`]),
+/// then sleeping with a growing interval capped at 1 ms.
 pub fn poll<T>(
     timeout: Duration,
     what: &str,
     mut f: impl FnMut() -> Option<T>,
 ) -> Result<T, String> {
-    const SPIN: Duration = Duration::from_millis(5);
+    let spin = Duration::from_micros(SPIN_US.load(Ordering::Relaxed));
     let start = Instant::now();
     let mut sleep = Duration::from_micros(20);
     loop {
@@ -76,7 +92,7 @@ pub fn poll<T>(
                 timeout.as_secs_f64()
             ));
         }
-        if waited < SPIN {
+        if waited < spin {
             std::thread::yield_now();
         } else {
             std::thread::sleep(sleep);
