@@ -69,35 +69,39 @@ tcplat() {
 
 # iperf3 LINK STREAMS [EXTRA...] -> bytes/s received
 iperf() {
-    local link=$1 p=$2; shift 2
-    local port=$((20000 + RANDOM % 20000)) srv=() cli=() addr=127.0.0.1
+    local link=$1 p=$2
+    shift 2
+    local port=$((20000 + RANDOM % 20000)) addr=127.0.0.1
+    local srv=() cli=()
     if [[ $link == veth ]]; then
         srv=(ip netns exec "$NS_A"); cli=(ip netns exec "$NS_B"); addr=$ADDR_A
     fi
     "${srv[@]}" iperf3 -s -1 -B $addr -p $port >/dev/null 2>&1 &
-    local spid=$!
-    local json=""
-    for _ in 1 2 3 4 5 6 7 8 9 10; do
-        sleep 0.2
-        if json=$("${cli[@]}" iperf3 -c $addr -p $port -P "$p" -t 3 -J "$@" 2>/dev/null); then break; fi
-        json=""
+    local spid=$! json="" tries
+    for tries in $(seq 50); do # wait (at most 5 s) until the server listens
+        "${srv[@]}" ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break
+        sleep 0.1
     done
+    json=$("${cli[@]}" iperf3 -c $addr -p $port -P "$p" -t 3 -J "$@" 2>/dev/null) || true
+    kill $spid 2>/dev/null || true
     wait $spid 2>/dev/null || true
     python3 -c 'import sys,json
-try: print("%.0f" % json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8)
+try: print("%.0f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8))
 except Exception: print("nan")' <<<"$json"
 }
 
 log() { echo "$*" | tee -a "$RAW"; }
 
 if [[ $TUNE == 1 ]]; then
-    # NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD, 64 MiB throughput, alternated.
+    # NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD (0 threads: the caller drives
+    # the sockets), 1 MiB and 64 MiB throughput, configurations interleaved.
     for r in $(seq 1 "$ROUNDS"); do
         for link in lo veth; do
-            for cfg in 0x1 1x1 2x1 1x2 4x1 2x2 1x4; do
+            for cfg in 0x0 0x1 0x2 0x4 1x1 2x1 1x2 4x1 2x2; do
                 t=${cfg%x*}; s=${cfg#*x}
-                res=$(NCCL_SOCKET_NTHREADS=$t NCCL_NSOCKS_PERTHREAD=$s plugin $link tput 67108864 | head -1)
-                log "round=$r link=$link load=$(c2c) tune=$cfg $res"
+                while read -r res; do
+                    log "round=$r link=$link load=$(c2c) tune=$cfg $res"
+                done < <(NCCL_SOCKET_NTHREADS=$t NCCL_NSOCKS_PERTHREAD=$s plugin $link tput 1048576,67108864)
             done
         done
     done

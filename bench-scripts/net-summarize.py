@@ -127,20 +127,30 @@ def plot(sweep, result, path):
 
 
 def tune(rows, out):
-    per = defaultdict(lambda: defaultdict(list))
-    base = defaultdict(dict)
+    per = defaultdict(list)  # (link, size, cfg) -> [(round, B/s)]
+    base = defaultdict(dict)  # (round, link, size) -> cfg -> B/s
     for r in rows:
         if r["kind"] != "tput":
             continue
-        per[r["link"]][r["tune"]].append((r["round"], float(r["bytes_per_s"])))
-        base[(r["round"], r["link"])][r["tune"]] = float(r["bytes_per_s"])
-    lines = ["| link | threads x socks/thread | median 64 MiB (GB/s) | median ratio to 1x1 (same round) | rounds |",
-             "|---|---|---:|---:|---:|"]
-    for link in sorted(per):
-        for cfg in sorted(per[link], key=lambda c: (int(c.split("x")[0]) * int(c.split("x")[1]), c)):
-            v = [x for _, x in per[link][cfg]]
-            rat = [base[(rd, link)][cfg] / base[(rd, link)]["1x1"] for rd, _ in per[link][cfg] if "1x1" in base[(rd, link)]]
-            lines.append(f"| {link} | {cfg} | {gbs(med(v)):.2f} | {med(rat):.2f} | {len(v)} |")
+        size = int(r["size"])
+        per[(r["link"], size, r["tune"])].append(float(r["bytes_per_s"]))
+        base[(r["round"], r["link"], size)][r["tune"]] = float(r["bytes_per_s"])
+    ref = "0x0"
+    lines = [
+        "Throughput by data-socket setup: `t x s` = NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD "
+        "(0 threads: the caller's progress drives s sockets; 0x0: everything on the control socket).",
+        "",
+        f"| link | size | t x s | median (GB/s) | median ratio to {ref} (same round) | rounds |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    def order(c):
+        t, s_ = (int(x) for x in c.split("x"))
+        return (t > 0, t * max(s_, 1) if t else s_, c)
+    for (link, size) in sorted({(k[0], k[1]) for k in per}):
+        for cfg in sorted({k[2] for k in per if k[0] == link and k[1] == size}, key=order):
+            v = per[(link, size, cfg)]
+            rat = [b[cfg] / b[ref] for (rd, l, sz), b in base.items() if l == link and sz == size and cfg in b and ref in b]
+            lines.append(f"| {link} | {size} | {cfg} | {gbs(med(v)):.2f} | {med(rat):.2f} | {len(v)} |")
     md = "\n".join(lines) + "\n"
     with open(os.path.join(out, "net-tune.md"), "w") as f:
         f.write(md)
