@@ -515,3 +515,24 @@ fn alltoall_by_grouped_p2p_including_self() {
     }
     destroy(cs);
 }
+
+#[test]
+fn in_place_alltoall() {
+    let n = 3usize;
+    let cs = comms(n);
+    let count = 777usize;
+    let outs = on_all(&cs, |r, c| {
+        let mut buf: Vec<i32> = (0..count * n).map(|i| (r * 100_000 + i) as i32).collect();
+        let p = buf.as_mut_ptr();
+        check(unsafe { ncclAlltoAll(p.cast(), p.cast(), count, INT32, c.0, null_mut()) });
+        buf
+    });
+    for (r, buf) in outs.iter().enumerate() {
+        for p in 0..n {
+            for i in 0..count {
+                assert_eq!(buf[p * count + i], (p * 100_000 + r * count + i) as i32);
+            }
+        }
+    }
+    destroy(cs);
+}

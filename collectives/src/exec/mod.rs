@@ -54,6 +54,9 @@ pub struct OpBuffers {
     pub recv: *mut u8,
     /// Scratch space the plan asked for.
     pub scratch: Vec<u8>,
+    /// A private copy of the input when `send` points into it (in-place
+    /// all-to-all); empty otherwise.
+    pub staged_send: Vec<u8>,
 }
 
 /// One operation of a batch.

@@ -106,6 +106,7 @@ pub fn pair(jobs: Vec<Job>) -> Result<Vec<Job>> {
                 send: s.bufs.send,
                 recv: r.bufs.recv,
                 scratch: Vec::new(),
+                staged_send: Vec::new(),
             },
             p2p: true,
             trace: r.trace,

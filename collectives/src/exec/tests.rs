@@ -49,6 +49,7 @@ fn recv_job(buf: &mut [u8]) -> Job {
             send: std::ptr::null(),
             recv: buf.as_mut_ptr(),
             scratch: Vec::new(),
+            staged_send: Vec::new(),
         },
         p2p: true,
         trace: Trace {
