@@ -1,7 +1,9 @@
 //! Benchmark driver of the net plugin (not a timed test: `#[ignore]`d, run
 //! by `bench-scripts/net-bench.sh`). Two processes, over loopback or two
 //! network namespaces, measure through the dlopen'd v12 table:
-//! - throughput of a message-size sweep (up to 64 MiB), 4 sends in flight;
+//! - throughput of a message-size sweep (up to 64 MiB), 4 sends in flight,
+//!   the polling loop yielding the CPU when a pass completes nothing (as
+//!   NCCL's proxy thread does);
 //! - 8-byte ping-pong round-trip time;
 //! and, as the baseline, a plain TCP 8-byte ping-pong with busy-polled
 //! non-blocking reads (what NCCL's progress thread does with `test`).
@@ -105,6 +107,7 @@ fn plugin_server(api: &Api, s: P, r: P) {
             let mut posted = reqs.len();
             let mut done = 0;
             while done < n {
+                let before = done;
                 for (k, q) in reqs.iter_mut().enumerate() {
                     if q.is_null() || !api.test(*q, None).unwrap() {
                         continue;
@@ -116,6 +119,10 @@ fn plugin_server(api: &Api, s: P, r: P) {
                     } else {
                         P::null()
                     };
+                }
+                if done == before {
+                    // Like NCCL's proxy thread: yield the CPU when idle.
+                    std::thread::yield_now();
                 }
             }
             spin(api, post_send(api, s, &ctl, TAG_CTRL)); // done
@@ -149,7 +156,12 @@ fn plugin_client(api: &Api, s: P, r: P) {
                     reqs.push(post_send(api, s, &src, TAG_DATA));
                     sent += 1;
                 }
+                let before = reqs.len();
                 reqs.retain(|q| !api.test(*q, None).unwrap());
+                if reqs.len() == before {
+                    // Like NCCL's proxy thread: yield the CPU when idle.
+                    std::thread::yield_now();
+                }
             }
             spin(api, done_q);
             let dt = t0.elapsed().as_secs_f64();
