@@ -111,7 +111,7 @@ fi
 
 # iperf3 gets as many streams as the plugin has data sockets: NCCL_SOCKET_NTHREADS
 # x NCCL_NSOCKS_PERTHREAD, else the defaults tcp::AUTO_NTHREADS x AUTO_NSOCKS_PERTHREAD.
-STREAMS=$(( ${NCCL_SOCKET_NTHREADS:-2} * ${NCCL_NSOCKS_PERTHREAD:-1} ))
+STREAMS=$(( ${NCCL_SOCKET_NTHREADS:-4} * ${NCCL_NSOCKS_PERTHREAD:-1} ))
 for r in $(seq 1 "$ROUNDS"); do
     for link in lo veth; do
         while read -r line; do log "round=$r link=$link load=$(c2c) $line"; done < <(plugin $link tput 4096,65536,262144,1048576,4194304,16777216,67108864)

@@ -35,7 +35,7 @@ pub const MAX_RECVS: usize = 8;
 /// Most requests outstanding per comm: `NCCL_NET_MAX_REQUESTS` × `maxRecvs`.
 pub const MAX_REQUESTS: usize = 32 * MAX_RECVS;
 /// Helper threads per comm when `NCCL_SOCKET_NTHREADS` is unset (see docs/net-plugin.md).
-pub const AUTO_NTHREADS: usize = 2;
+pub const AUTO_NTHREADS: usize = 4;
 /// Sockets per helper thread when `NCCL_NSOCKS_PERTHREAD` is unset.
 pub const AUTO_NSOCKS_PERTHREAD: usize = 1;
 
