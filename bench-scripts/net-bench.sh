@@ -58,10 +58,12 @@ plugin() {
         timeout 600 "$BIN" --ignored --nocapture --exact net_bench 2>/dev/null | grep '^RESULT' || echo "RESULT failed"
 }
 
+# tcplat LINK [SOCKS]: SOCKS=2 replies on a second connection, like a
+# plugin's separate send and receive comms.
 tcplat() {
-    local link=$1 envs=(BENCH_ADDRS=127.0.0.1)
+    local link=$1 envs=(BENCH_ADDRS=127.0.0.1 BENCH_TCP_SOCKS=${2:-1})
     if [[ $link == veth ]]; then
-        envs=(BENCH_NETNS=$NS_A,$NS_B BENCH_ADDRS=$ADDR_A)
+        envs=(BENCH_NETNS=$NS_A,$NS_B BENCH_ADDRS=$ADDR_A BENCH_TCP_SOCKS=${2:-1})
     fi
     env "${envs[@]}" BENCH_MODE=tcp timeout 300 "$BIN" --ignored --nocapture --exact net_bench 2>/dev/null |
         grep '^RESULT' || echo "RESULT failed"
@@ -119,6 +121,7 @@ for r in $(seq 1 "$ROUNDS"); do
         log "round=$r link=$link load=$(c2c) RESULT iperf3_l1m streams=$STREAMS bytes_per_s=$(iperf $link "$STREAMS" -l 1M)"
         while read -r line; do log "round=$r link=$link load=$(c2c) $line"; done < <(plugin $link lat 8)
         log "round=$r link=$link load=$(c2c) $(tcplat $link)"
+        log "round=$r link=$link load=$(c2c) $(tcplat $link 2)"
     done
 done
 python3 "$ROOT/bench-scripts/net-summarize.py" "$RAW" "$OUT"

@@ -51,12 +51,13 @@ def summarize(rows, out):
             by[key]["streams"] = int(r["streams"])
         elif k == "lat":
             by[key]["lat"] = float(r["rtt_us"])
-        elif k == "tcplat":
-            by[key]["tcplat"] = float(r["rtt_us"])
+        elif k in ("tcplat", "tcplat2"):
+            by[key][k] = float(r["rtt_us"])
     result = {"links": {}}
     lines = [
-        "| link | plugin 64 MiB (GB/s) | iperf3 -P n (GB/s) | ratio | iperf3 -P n -l 1M (GB/s) | ratio | plugin 8 B RTT (µs) | TCP ping-pong RTT (µs) | ratio | rounds |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| link | plugin 64 MiB (GB/s) | iperf3 -P n (GB/s) | ratio | iperf3 -P n -l 1M (GB/s) | ratio "
+        "| plugin 8 B RTT (µs) | TCP ping-pong, 1 socket (µs) | ratio | TCP ping-pong, 2 sockets (µs) | ratio | rounds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for link in sorted({k[1] for k in by}):
         ms = [m for (rd, l), m in sorted(by.items()) if l == link]
@@ -73,6 +74,8 @@ def summarize(rows, out):
             "plugin_rtt_us": med(vals("lat")),
             "tcp_rtt_us": med(vals("tcplat")),
             "lat_ratio_vs_tcp": med(ratios("lat", "tcplat")),
+            "tcp2_rtt_us": med(vals("tcplat2")),
+            "lat_ratio_vs_tcp2": med(ratios("lat", "tcplat2")),
             "streams": (vals("streams") or [0])[0],
             "rounds": len(ms),
             "per_round": ms,
@@ -82,7 +85,8 @@ def summarize(rows, out):
         lines.append(
             f"| {link} | {gbs(d['plugin_Bps']):.2f} | {gbs(d['iperf3_Bps']):.2f} | **{d['tput_ratio_vs_iperf3']:.2f}** "
             f"| {gbs(d['iperf3_l1m_Bps']):.2f} | {d['tput_ratio_vs_iperf3_l1m']:.2f} "
-            f"| {d['plugin_rtt_us']:.1f} | {d['tcp_rtt_us']:.1f} | **{d['lat_ratio_vs_tcp']:.2f}** | {d['rounds']} |"
+            f"| {d['plugin_rtt_us']:.1f} | {d['tcp_rtt_us']:.1f} | **{d['lat_ratio_vs_tcp']:.2f}** "
+            f"| {d['tcp2_rtt_us']:.1f} | {d['lat_ratio_vs_tcp2']:.2f} | {d['rounds']} |"
         )
     sw = ["", "Throughput by message size (median over rounds, GB/s):", "",
           "| size | " + " | ".join(sorted(sweep)) + " |", "|---:|" + "---:|" * len(sweep)]
