@@ -1047,7 +1047,7 @@ impl Figures {
             0.0
         };
         println!(
-            "SOAK mode={} ranks={NRANKS} trials={} hangs={} crashes={} wrong={} errors={} \
+            "\nSOAK mode={} ranks={NRANKS} trials={} hangs={} crashes={} wrong={} errors={} \
              fds_before={} fds_after={} shm_left={} rss_warm_mib={:.1} rss_end_mib={:.1} \
              rss_growth_pct={growth:.2} secs={:.1}",
             self.mode,
