@@ -576,7 +576,7 @@ fn run_rank(
                 }
             }
             Err((code, msg)) => {
-                rep.timed_out = code == 9 || msg.contains("timed out") || msg.contains("timeout");
+                rep.timed_out = code == 8 || msg.contains("timed out") || msg.contains("timeout");
                 rep.error = Some(format!("rank {rank} {}: code {code}: {msg}", op.describe()));
                 sh.stop.store(true, Ordering::Release);
                 // Release the other ranks at once instead of at the timeout.
@@ -1340,7 +1340,7 @@ fn soak_processes() {
                 fig.mismatches.push(m.to_string());
             }
             if let Some(e) = l.strip_prefix("CHILD error ") {
-                if e.contains("timed out") || e.contains("code 9") {
+                if e.contains("timed out") || e.contains("code 8") {
                     fig.hangs += 1;
                 }
                 fig.errors.push(e.to_string());
