@@ -1243,7 +1243,7 @@ fn soak_processes() {
     // Hard deadline: hetccl's own timeout, the watchdog budget, and slack
     // per operation.
     let deadline = t0 + Duration::from_secs(hang_s * 2 + 60 + nops / 2);
-    let mut status = vec![None; NRANKS];
+    let mut status = [None; NRANKS];
     let mut killed = false;
     while status.iter().any(|s| s.is_none()) {
         for (r, k) in kids.iter_mut().enumerate() {
