@@ -211,14 +211,9 @@ fn outstanding_requests_and_null_retry() {
         }
         for (g, x) in res[max..].iter().enumerate() {
             let sizes = x.as_ref().unwrap();
-            for k in 0..per {
+            for (k, &size) in sizes.iter().enumerate().take(per) {
                 let i = g * per + k;
-                assert_eq!(
-                    sizes[k] as usize,
-                    1000 + i,
-                    "{:?}: per-buffer size",
-                    api.ver
-                );
+                assert_eq!(size as usize, 1000 + i, "{:?}: per-buffer size", api.ver);
                 assert!(
                     bufs[i][..1000 + i] == msgs[i][..],
                     "{:?}: FIFO order, message {i}",
@@ -338,8 +333,15 @@ fn optional_completion_hint_and_iflush() {
         assert!(res.iter().all(Result::is_ok));
         // With the hint, completion may come before the payload: like NCCL's
         // LL protocol, wait for the data itself.
+        // The helper threads write the buffer behind the compiler's back:
+        // read it with volatile loads, as C code polling LL flags would.
+        let arrived = |b: &[u8]| {
+            let p = b.as_ptr();
+            // SAFETY: in-bounds reads of a live buffer.
+            (0..b.len()).all(|i| unsafe { std::ptr::read_volatile(p.add(i)) } == msg[i])
+        };
         let t0 = Instant::now();
-        while buf != msg {
+        while !arrived(&buf) {
             assert!(t0.elapsed() < LIMIT, "payload never arrived");
             std::thread::sleep(Duration::from_millis(1));
         }

@@ -4,9 +4,11 @@
 //! - throughput of a message-size sweep (up to 64 MiB), 4 sends in flight,
 //!   the polling loop yielding the CPU when a pass completes nothing (as
 //!   NCCL's proxy thread does);
-//! - 8-byte ping-pong round-trip time;
-//! and, as the baseline, a plain TCP 8-byte ping-pong with busy-polled
-//! non-blocking reads (what NCCL's progress thread does with `test`).
+//! - 8-byte ping-pong round-trip time.
+//!
+//! As baselines, plain TCP 8-byte ping-pongs with busy-polled non-blocking
+//! reads (what NCCL's progress thread does with `test`), over one two-way
+//! socket or two one-way connections (`BENCH_TCP_SOCKS=2`).
 //!
 //! Driver environment: `BENCH_MODE` = `plugin` | `tcp`; `BENCH_WHAT` =
 //! `tput` | `lat` | `both`; `BENCH_SIZES` (comma list); `BENCH_ITERS`;

@@ -164,7 +164,7 @@ fn role_reload() {
             0,
             "round {round}: helper threads left after finalize/close"
         );
-        drop(api);
+        let _ = api;
         drop(lib);
         println!("UNLOADED {round} {}", !lib_mapped());
     }
@@ -208,9 +208,11 @@ fn role_logger() {
         *const std::ffi::c_char,
         *const std::ffi::c_char,
     );
+    type Variadic =
+        unsafe extern "C" fn(i32, u64, *const std::ffi::c_char, i32, *const std::ffi::c_char, ...);
     // SAFETY: see fake_logger; only the pointer's type changes.
     let logger: hetccl::abi::net::ncclDebugLogger_t =
-        Some(unsafe { std::mem::transmute::<Fixed, _>(fake_logger as Fixed) });
+        Some(unsafe { std::mem::transmute::<Fixed, Variadic>(fake_logger as Fixed) });
     let api = Api::v12_with_logger(net::lib(), logger);
     let b = [0u8; 8];
     assert!(api.isend(P::null(), b.as_ptr(), 8, 0, P::null()).is_err());

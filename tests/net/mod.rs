@@ -375,7 +375,9 @@ impl Api {
         let mut mh: Vec<*mut c_void> = mhs.iter().map(|m| m.0).collect();
         mh.resize(bufs.len(), std::ptr::null_mut());
         let mut req: *mut c_void = if hint {
-            1 as *mut c_void
+            std::ptr::without_provenance_mut::<c_void>(
+                hetccl::abi::net::NCCL_NET_OPTIONAL_RECV_COMPLETION,
+            )
         } else {
             std::ptr::null_mut()
         };
