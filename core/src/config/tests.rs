@@ -121,7 +121,7 @@ fn garbage_values_keep_defaults_and_warn() {
         ("NCCL_SOCKET_FAMILY", "ipx"),
         ("NCCL_COMM_ID", "nohost"),
         ("NCCL_SHM_DISABLE", "perhaps"),
-        ("NCCL_NSOCKS_PERTHREAD", "0"),
+        ("NCCL_NSOCKS_PERTHREAD", "-7"),
         ("NCCL_MAX_NCHANNELS", "0"),
         ("NCCL_SOCKET_MIN_TASKSIZE", "0"),
     ]);

@@ -35,8 +35,8 @@ fn ok<T>(r: Result<T, String>, set: impl FnOnce(T)) -> Applied {
 fn auto_count(s: &str) -> Result<Option<i32>, String> {
     match parse::int(s) {
         Ok(-2) => Ok(None),
-        Ok(v) if v >= 1 && v <= i64::from(i32::MAX) => Ok(Some(v as i32)),
-        _ => Err("a positive integer, or -2 for auto".to_string()),
+        Ok(v) if v >= 0 && v <= i64::from(i32::MAX) => Ok(Some(v as i32)),
+        _ => Err("an integer >= 0, or -2 for auto".to_string()),
     }
 }
 

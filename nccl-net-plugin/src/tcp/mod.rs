@@ -79,21 +79,13 @@ impl TcpOptions {
     /// [`AUTO_NTHREADS`] and [`AUTO_NSOCKS_PERTHREAD`].
     pub fn from_env() -> Self {
         let s = hetccl_core::config::get();
-        // hetccl-core reads 0 as invalid ("auto"); NCCL's Socket transport
-        // takes 0 threads to mean "the caller moves the data". Honour an
-        // explicit 0 here until the shared config accepts it.
-        let zero = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "0");
-        let nthreads_set = s
+        let nthreads = s
             .socket_nthreads
-            .or(zero("NCCL_SOCKET_NTHREADS").then_some(0));
-        let per_set = s
-            .nsocks_perthread
-            .or(zero("NCCL_NSOCKS_PERTHREAD").then_some(0));
-        let nthreads = nthreads_set
             .filter(|&n| n >= 0)
             .map_or(AUTO_NTHREADS, |n| n as usize)
             .min(16);
-        let per = per_set
+        let per = s
+            .nsocks_perthread
             .filter(|&n| n >= 0)
             .map_or(AUTO_NSOCKS_PERTHREAD, |n| n as usize);
         let nsocks = if nthreads == 0 { per } else { nthreads * per }.min(MAX_SOCKS);
