@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus: a few valid and invalid inputs per fuzz target.
+
+Run from anywhere: python3 fuzz/seeds/make_seeds.py. The formats are those
+of collectives/src/bootstrap/{id,card,frame,auth}.rs, api/config_read.rs and
+nccl-net-plugin/src/wire.rs.
+"""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def put(target, name, data):
+    d = os.path.join(HERE, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(bytes(data))
+
+
+def unique_id(fam=4, ip=bytes([127, 0, 0, 1]), port=29500, magic=b"HCID", ver=1, tail=b""):
+    b = bytearray(128)
+    b[0:4] = magic
+    b[4] = ver
+    b[5] = fam
+    b[6:8] = struct.pack(">H", port)
+    b[8:8 + len(ip)] = ip
+    b[24:56] = bytes(range(32))
+    b[56:56 + len(tail)] = tail
+    return b
+
+
+put("unique_id", "valid_v4", unique_id())
+put("unique_id", "valid_v6", unique_id(6, bytes(15) + b"\x01"))
+put("unique_id", "bad_magic", unique_id(magic=b"NCCL"))
+put("unique_id", "port0", unique_id(port=0))
+put("unique_id", "reserved_garbage", unique_id(tail=b"\x01"))
+put("unique_id", "family9", unique_id(fam=9))
+put("unique_id", "short", b"HCID\x01")
+
+
+def card(rank=0, nranks=2, fam=4, ip=bytes([127, 0, 0, 1]), port=40000):
+    b = bytearray(48)
+    b[0:4] = struct.pack(">I", rank)
+    b[4:8] = struct.pack(">I", nranks)
+    b[8:16] = struct.pack(">Q", 0x1234567890ABCDEF)
+    b[16:20] = struct.pack(">I", 4242)
+    b[20:28] = struct.pack(">Q", 77)
+    b[28:30] = struct.pack(">H", port)
+    b[30] = fam
+    b[32:32 + len(ip)] = ip
+    return b
+
+
+put("card", "valid_v4", card())
+put("card", "valid_v6", card(1, 3, 6, bytes(15) + b"\x01"))
+put("card", "rank_ge_nranks", card(2, 2))
+put("card", "nranks0", card(0, 0))
+put("card", "port0", card(port=0))
+put("card", "47_bytes", card()[:47])
+
+put("card_table", "valid_3", struct.pack("<H", 3) + b"".join(card(r, 3) for r in range(3)))
+put("card_table", "valid_1", struct.pack("<H", 1) + card(0, 1))
+put("card_table", "out_of_order", struct.pack("<H", 2) + card(1, 2) + card(0, 2))
+put("card_table", "size_mismatch", struct.pack("<H", 2) + card(0, 3) + card(1, 3))
+put("card_table", "short", struct.pack("<H", 2) + card(0, 2))
+put("card_table", "zero_ranks", struct.pack("<H", 0))
+
+# frame_recv: first byte selects max (0,1,7,48,256,4096,MAX_FRAME,usize::MAX).
+put("frame_recv", "valid_small", b"\x04" + struct.pack(">I", 5) + b"hello")
+put("frame_recv", "valid_empty", b"\x06" + struct.pack(">I", 0))
+put("frame_recv", "over_bound", b"\x02" + struct.pack(">I", 8) + b"12345678")
+put("frame_recv", "truncated", b"\x06" + struct.pack(">I", 100) + b"abc")
+put("frame_recv", "huge_len", b"\x07" + struct.pack(">I", 0xFFFFFFFF))
+put("frame_recv", "short_len", b"\x06\x00\x00")
+
+# auth_verify: first byte even = raw forged answer, odd = honest prover.
+put("auth_verify", "honest_hello", b"\x01" + b"ROOT" + card())
+put("auth_verify", "honest_empty", b"\x01")
+put("auth_verify", "honest_too_long", b"\x01" + b"x" * 300)
+put("auth_verify", "forged", b"\x00" + struct.pack(">I", 36) + bytes(32) + b"rank")
+put("auth_verify", "short_answer", b"\x00" + struct.pack(">I", 4) + b"abcd")
+put("auth_verify", "oversized", b"\x00" + struct.pack(">I", 100000))
+
+MAGIC = 0xCAFEBEEF
+UNDEF = -2147483648
+
+
+def comm_config(size=120, magic=MAGIC, ver=23203, blocking=UNDEF, net=0, split=UNDEF, comm=2):
+    # size, magic, version, blocking, cga, minCTAs, maxCTAs, netName*,
+    # splitShare, trafficClass, commName*, then 16 ints.
+    b = struct.pack("<QIIiiiiQiiQ", size, magic, ver, blocking, UNDEF, UNDEF, UNDEF,
+                    net, split, UNDEF, comm)
+    b += struct.pack("<16i", *([UNDEF] * 16))
+    return b[:max(size, 16)] if size <= len(b) else b
+
+
+put("comm_config", "valid_2_32", comm_config())
+put("comm_config", "valid_2_21_size56", comm_config(56, ver=22105, blocking=0))
+put("comm_config", "valid_2_14_size40", comm_config(40, ver=21403, net=2))
+put("comm_config", "long_string", comm_config(comm=3))
+put("comm_config", "unterminated_4096", comm_config(comm=4))
+put("comm_config", "bad_magic", comm_config(magic=0))
+put("comm_config", "bad_size", comm_config(size=12345))
+put("comm_config", "old_version", comm_config(ver=21000))
+put("comm_config", "blocking7", comm_config(blocking=7))
+
+
+def coll_config(size=72, magic=MAGIC, ver=23200, alg=2):
+    # size, magic, version, ext*, minCTAs, maxCTAs, nvlsCTAs, cga,
+    # algSelection*, forceAlgSelection, CTAPolicy, userProfilerTag, event*.
+    return struct.pack("<QIIQiiiiQiiQQ", size, magic, ver, 0, UNDEF, UNDEF, UNDEF, UNDEF,
+                       alg, UNDEF, UNDEF, 42, 0)
+
+
+put("coll_config", "valid", coll_config())
+put("coll_config", "valid_no_alg", coll_config(alg=0))
+put("coll_config", "empty_alg", coll_config(alg=1))
+put("coll_config", "long_alg", coll_config(alg=3))
+put("coll_config", "size_16", coll_config(size=16))
+put("coll_config", "bad_magic", coll_config(magic=1))
+put("coll_config", "size_65536", coll_config(size=65536))
+put("coll_config", "size_65544", coll_config(size=65544))
+
+
+def handle(fam=4, ip=bytes([127, 0, 0, 1]), port=43000, magic=b"HCN1", ver=1):
+    b = bytearray(128)
+    b[0:4] = magic
+    b[4] = ver
+    b[5] = fam
+    b[6:8] = struct.pack(">H", port)
+    b[8:8 + len(ip)] = ip
+    b[24:32] = struct.pack("<Q", 0xDEADBEEF)
+    b[64:72] = struct.pack("<Q", 5)
+    return b
+
+
+put("net_handle", "valid_v4", handle())
+put("net_handle", "valid_v6", handle(6, bytes(15) + b"\x01"))
+put("net_handle", "unspecified", handle(ip=bytes(4)))
+put("net_handle", "multicast", handle(ip=bytes([224, 0, 0, 1])))
+put("net_handle", "port0", handle(port=0))
+put("net_handle", "bad_magic", handle(magic=b"XXXX"))
+
+
+def hello(kind=0, idx=0, nsocks=2, pad=bytes(6)):
+    return (b"HCNh" + bytes([1, kind]) + struct.pack("<HH", idx, nsocks) + pad
+            + struct.pack("<QQ", 0x1111, 0x2222))
+
+
+put("net_hello", "ctrl", hello())
+put("net_hello", "data1", hello(1, 1, 2))
+put("net_hello", "data_idx_ge_nsocks", hello(1, 2, 2))
+put("net_hello", "too_many_socks", hello(1, 0, 65))
+put("net_hello", "padding_set", hello(pad=b"\x00\x00\x01\x00\x00\x00"))
+put("net_hello", "ctrl_idx1", hello(0, 1, 2))
+
+
+def frame(kind, flags, tag, seq, size, pad=b"\x00\x00"):
+    return bytes([kind, flags]) + pad + struct.pack("<iQQ", tag, seq, size)
+
+
+put("net_frame", "msg_inline", frame(1, 1, 7, 3, 100))
+put("net_frame", "msg", frame(1, 0, -1, 0, 1 << 20))
+put("net_frame", "data", frame(2, 0, 0, 9, 4096))
+put("net_frame", "cts_ctrl", frame(3, 0, 0, 1, 0))
+put("net_frame", "cts_lanes", frame(3, 1, 0, 1, 65536))
+put("net_frame", "reject", frame(4, 0, 0, 5, 0))
+put("net_frame", "too_big", frame(1, 0, 0, 0, (1 << 40) + 1))
+put("net_frame", "bad_kind", frame(9, 0, 0, 0, 0))
+put("net_frame", "pad_set", frame(1, 0, 0, 0, 0, b"\x01\x00"))
