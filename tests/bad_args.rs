@@ -467,10 +467,6 @@ fn coll_rows(t: &mut Table, fx: Fx) {
             }
         }
     }
-    // In-place alltoall is refused (as in NCCL).
-    t.add("ncclAlltoAll: in place", e, "in-place", move || unsafe {
-        ncclAlltoAll(fx.sbuf, fx.sbuf, 4, FLOAT, fx.c1, null_mut())
-    });
 }
 
 /// The rows for everything but the collectives.
