@@ -169,7 +169,7 @@ impl Op {
         } else {
             0
         };
-        if matches!(kind, Kind::AlltoAll | Kind::SendRecv) {
+        if kind == Kind::SendRecv {
             in_place = false;
         }
         Op {
@@ -483,7 +483,7 @@ fn sweep_ops(seed: u64) -> Vec<Op> {
             kind,
             Kind::Broadcast | Kind::Reduce | Kind::Gather | Kind::Scatter
         );
-        let in_places: &[bool] = if matches!(kind, Kind::AlltoAll | Kind::SendRecv) {
+        let in_places: &[bool] = if kind == Kind::SendRecv {
             &[false]
         } else {
             &[false, true]
@@ -749,10 +749,17 @@ fn run_op(
                 ));
             }
             Kind::AlltoAll => {
-                fill_input(sb, rank, 0, n * op.count);
-                send_check = Some(n * op.count);
+                // In place (supported since fd0c558): send == recv.
+                let send = if op.in_place {
+                    fill_input(rb, rank, 0, n * op.count);
+                    rp
+                } else {
+                    fill_input(sb, rank, 0, n * op.count);
+                    send_check = Some(n * op.count);
+                    sp
+                };
                 code = ncclAlltoAll(
-                    sp as *const c_void,
+                    send as *const c_void,
                     rp as *mut c_void,
                     op.count,
                     op.dtype,
