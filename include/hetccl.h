@@ -21,4 +21,27 @@
 #include <stdlib.h>
 #include <nccl.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/**
+ * Writes the algorithm each collective would use on `comm`, per message-size
+ * range, with the cost model's estimate (like UCX's protocol table), as
+ * text into `buf` of `len` bytes, NUL-terminated and truncated if needed.
+ * `*needed` (if not NULL) receives the full length without the NUL, as
+ * snprintf does. `NCCL_ALGO` restrictions are applied.
+ */
+ncclResult_t hetcclCommSelectionTable(ncclComm_t comm, char *buf, size_t len, size_t *needed);
+
+/**
+ * Returns hetccl's version string, e.g. "hetccl 0.1.0 (NCCL API 2.28.0)".
+ * The string is static.
+ */
+const char *hetcclGetVersionString(void);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
 #endif  /* HETCCL_H */

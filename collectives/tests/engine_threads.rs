@@ -536,3 +536,34 @@ fn in_place_alltoall() {
     }
     destroy(cs);
 }
+
+#[test]
+fn selection_table_and_version_string() {
+    use hetccl_collectives::api::ext::*;
+    let v = unsafe { CStr::from_ptr(hetcclGetVersionString()) };
+    assert!(v.to_str().unwrap().starts_with("hetccl "));
+    let cs = comms(2);
+    let mut needed = 0usize;
+    check(unsafe { hetcclCommSelectionTable(cs[0].0, null_mut(), 0, &mut needed) });
+    assert!(needed > 100);
+    let mut buf = vec![0 as std::ffi::c_char; needed + 1];
+    check(unsafe { hetcclCommSelectionTable(cs[0].0, buf.as_mut_ptr(), buf.len(), null_mut()) });
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(text.len(), needed);
+    assert!(
+        text.contains("allreduce") && text.contains("Ring"),
+        "{text}"
+    );
+    // Truncation keeps the NUL.
+    let mut small = [1 as std::ffi::c_char; 8];
+    check(unsafe { hetcclCommSelectionTable(cs[0].0, small.as_mut_ptr(), 8, null_mut()) });
+    assert_eq!(small[7], 0);
+    assert_eq!(
+        unsafe { hetcclCommSelectionTable(null_mut(), null_mut(), 0, null_mut()) },
+        4
+    );
+    destroy(cs);
+}

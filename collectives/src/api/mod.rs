@@ -21,6 +21,7 @@ pub mod comm_life;
 pub mod config_read;
 pub mod device;
 pub mod engine_gate;
+pub mod ext;
 pub mod group;
 pub mod guard;
 pub mod launch;
