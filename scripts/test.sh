@@ -14,5 +14,7 @@ bash scripts/check-header.sh
 echo "== cargo test"
 cargo build -p hetccl
 cargo test --workspace --no-fail-fast
+echo "== fuzz seeds and random inputs through every decoder (stable replay)"
+bash scripts/fuzz.sh --replay
 echo "== hwloc topology probe (feature hwloc)"
 cargo test -p hetccl-collectives --features hwloc --lib topo

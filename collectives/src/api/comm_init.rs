@@ -115,6 +115,9 @@ unsafe fn create(
 
 /// The most ranks one communicator may have.
 pub const MAX_RANKS: i32 = 1 << 20;
+/// The most ranks `ncclCommInitAll` creates in one process (one thread each
+/// while they rendezvous).
+pub const MAX_INIT_ALL: i32 = 1024;
 
 fn check_nranks(nranks: i32) -> Result<()> {
     if !(1..=MAX_RANKS).contains(&nranks) {
@@ -184,6 +187,11 @@ export! {
         guard("ncclCommInitAll", || {
             check::non_null(comms, "comms")?;
             check_nranks(ndev)?;
+            if ndev > MAX_INIT_ALL {
+                return Err(Error::arg(format!(
+                    "ndev {ndev} is more than the {MAX_INIT_ALL} ranks one process may create"
+                )));
+            }
             let _ = devlist; // host ranks: the device list only names them
             let n = ndev as usize;
             let id = bootstrap::new_root()?;

@@ -56,6 +56,12 @@ impl Card {
         let u32_at = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_be_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         let port = u16::from_be_bytes([b[28], b[29]]);
+        // Padding must be zero, as in the unique id: byte 31, and the unused
+        // tail of an IPv4 address.
+        let pad_ok = b[31] == 0 && (b[30] != 4 || b[36..48].iter().all(|&x| x == 0));
+        if !pad_ok {
+            return Err(Error::Remote("card with garbage in its padding".into()));
+        }
         let ip = match b[30] {
             4 => IpAddr::V4(Ipv4Addr::new(b[32], b[33], b[34], b[35])),
             6 => IpAddr::V6(Ipv6Addr::from(
@@ -88,7 +94,7 @@ pub fn encode_table(cards: &[Card]) -> Vec<u8> {
 
 /// Decodes and validates a table of `nranks` cards.
 pub fn decode_table(b: &[u8], nranks: usize) -> Result<Vec<Card>> {
-    if b.len() != nranks * CARD_BYTES {
+    if nranks.checked_mul(CARD_BYTES) != Some(b.len()) {
         return Err(Error::Remote(format!(
             "card table of {} bytes for {nranks} ranks",
             b.len()
