@@ -1,0 +1,722 @@
+//! The bad-argument rows for every entry point but the collectives (see
+//! `tests/bad_args.rs` for the table and the collective rows).
+
+use super::*;
+
+/// The rows for everything but the collectives.
+pub(super) fn other_rows(t: &mut Table, fx: Fx) {
+    let e = INVALID_ARGUMENT;
+    let u = INVALID_USAGE;
+    let mut id = ncclUniqueId::default();
+    check(unsafe { ncclGetUniqueId(&mut id) }, "ncclGetUniqueId");
+    let out: *mut ncclComm_t = leak(null_mut());
+    let iout: *mut c_int = leak(0);
+    let ids: *mut ncclUniqueId = leak(id);
+    let zero_id = ncclUniqueId::default();
+    let mut garbage_id = id;
+    garbage_id.internal[100] = 1; // reserved bytes must be zero
+    let mut bad_family = id;
+    bad_family.internal[5] = 9;
+
+    // Version, errors, memory.
+    t.add("ncclGetVersion: version NULL", e, "version", || unsafe {
+        ncclGetVersion(null_mut())
+    });
+    t.add("ncclGetUniqueId: uniqueId NULL", e, "uniqueId", || unsafe {
+        ncclGetUniqueId(null_mut())
+    });
+    t.add("ncclMemAlloc: ptr NULL", e, "ptr", || unsafe {
+        ncclMemAlloc(null_mut(), 64)
+    });
+    let pslot: *mut *mut c_void = leak(null_mut());
+    t.add("ncclMemAlloc: size 0", e, "size", move || unsafe {
+        ncclMemAlloc(pslot, 0)
+    });
+    t.add("ncclMemAlloc: size usize::MAX", e, "size", move || unsafe {
+        ncclMemAlloc(pslot, usize::MAX)
+    });
+    t.add(
+        "ncclMemFree: pointer not from ncclMemAlloc",
+        e,
+        "ncclMemAlloc",
+        move || unsafe { ncclMemFree(fx.sbuf) },
+    );
+
+    // Init.
+    t.add("ncclCommInitRank: comm NULL", e, "comm", move || unsafe {
+        ncclCommInitRank(null_mut(), 2, id, 0)
+    });
+    for (n, r, sub) in [
+        (0, 0, "nranks"),
+        (-1, 0, "nranks"),
+        (i32::MAX, 0, "nranks"),
+        (2, -1, "rank"),
+        (2, 2, "rank"),
+    ] {
+        t.add(
+            format!("ncclCommInitRank: nranks {n} rank {r}"),
+            e,
+            sub,
+            move || unsafe { ncclCommInitRank(out, n, id, r) },
+        );
+    }
+    for (what, bad, sub) in [
+        ("all-zero id", zero_id, "unique id"),
+        ("reserved bytes set", garbage_id, "unique id"),
+        ("address family 9", bad_family, "unique id"),
+    ] {
+        t.add(
+            format!("ncclCommInitRank: {what}"),
+            e,
+            sub,
+            move || unsafe { ncclCommInitRank(out, 2, bad, 0) },
+        );
+    }
+    for (what, k, sub) in bad_comm_configs() {
+        let k = leak(k);
+        t.add(
+            format!("ncclCommInitRankConfig: config {what}"),
+            e,
+            sub,
+            move || unsafe { ncclCommInitRankConfig(out, 2, id, 0, k) },
+        );
+    }
+    t.add("ncclCommInitAll: comms NULL", e, "comms", || unsafe {
+        ncclCommInitAll(null_mut(), 1, null())
+    });
+    for n in [0, -5] {
+        t.add(
+            format!("ncclCommInitAll: ndev {n}"),
+            e,
+            "nranks",
+            move || unsafe { ncclCommInitAll(out, n, null()) },
+        );
+    }
+    t.add(
+        "ncclCommInitRankScalable: newcomm NULL",
+        e,
+        "newcomm",
+        move || unsafe { ncclCommInitRankScalable(null_mut(), 2, 0, 1, ids, null_mut()) },
+    );
+    t.add(
+        "ncclCommInitRankScalable: commIds NULL",
+        e,
+        "commIds",
+        move || unsafe { ncclCommInitRankScalable(out, 2, 0, 1, null_mut(), null_mut()) },
+    );
+    t.add(
+        "ncclCommInitRankScalable: nId 0",
+        e,
+        "nId",
+        move || unsafe { ncclCommInitRankScalable(out, 2, 0, 0, ids, null_mut()) },
+    );
+    t.add(
+        "ncclCommInitRankScalable: nId > nranks",
+        e,
+        "nId",
+        move || unsafe { ncclCommInitRankScalable(out, 2, 0, 3, ids, null_mut()) },
+    );
+    t.add(
+        "ncclCommInitRankScalable: myrank 2 of 2",
+        e,
+        "myrank",
+        move || unsafe { ncclCommInitRankScalable(out, 2, 2, 1, ids, null_mut()) },
+    );
+    let zero_ids = leak(zero_id);
+    t.add(
+        "ncclCommInitRankScalable: garbage id",
+        e,
+        "unique id",
+        move || unsafe { ncclCommInitRankScalable(out, 2, 0, 1, zero_ids, null_mut()) },
+    );
+    for (what, k, sub) in bad_comm_configs() {
+        let k = leak(k);
+        t.add(
+            format!("ncclCommInitRankScalable: config {what}"),
+            e,
+            sub,
+            move || unsafe { ncclCommInitRankScalable(out, 2, 0, 1, ids, k) },
+        );
+    }
+
+    // Comm-taking functions: every bad handle for every one.
+    type CommFn = Box<dyn Fn(ncclComm_t) -> i32>;
+    let uid_out: *mut ncclUniqueId = leak(ncclUniqueId::default());
+    let u64_out: *mut u64 = leak(0);
+    let res_out: *mut i32 = leak(0);
+    let op_out: *mut i32 = leak(0);
+    let scalar: *mut c_void = leak(1.0f32) as *mut c_void;
+    let handle_out: *mut *mut c_void = leak(null_mut());
+    let win_out: *mut *mut c_void = leak(null_mut());
+    let desc: *mut ncclWaitSignalDesc_t = leak(ncclWaitSignalDesc_t::default());
+    let comm_fns: Vec<(&str, CommFn)> = vec![
+        (
+            "ncclCommCount",
+            Box::new(move |c| unsafe { ncclCommCount(c, iout) }),
+        ),
+        (
+            "ncclCommUserRank",
+            Box::new(move |c| unsafe { ncclCommUserRank(c, iout) }),
+        ),
+        (
+            "ncclCommCuDevice",
+            Box::new(move |c| unsafe { ncclCommCuDevice(c, iout) }),
+        ),
+        (
+            "ncclCommGetAsyncError",
+            Box::new(move |c| unsafe { ncclCommGetAsyncError(c, res_out) }),
+        ),
+        (
+            "ncclCommGetUniqueId",
+            Box::new(move |c| unsafe { ncclCommGetUniqueId(c, uid_out) }),
+        ),
+        (
+            "ncclCommFinalize",
+            Box::new(|c| unsafe { ncclCommFinalize(c) }),
+        ),
+        (
+            "ncclCommRevoke",
+            Box::new(|c| unsafe { ncclCommRevoke(c, 0) }),
+        ),
+        (
+            "ncclCommSuspend",
+            Box::new(|c| unsafe { ncclCommSuspend(c, 0) }),
+        ),
+        ("ncclCommResume", Box::new(|c| unsafe { ncclCommResume(c) })),
+        (
+            "ncclCommMemStats",
+            Box::new(move |c| unsafe { ncclCommMemStats(c, 0, u64_out) }),
+        ),
+        (
+            "ncclCommSplit",
+            Box::new(move |c| unsafe { ncclCommSplit(c, 0, 0, out, null_mut()) }),
+        ),
+        (
+            "ncclCommShrink",
+            Box::new(move |c| unsafe { ncclCommShrink(c, null_mut(), 0, out, null_mut(), 0) }),
+        ),
+        (
+            "ncclCommRegister",
+            Box::new(move |c| unsafe { ncclCommRegister(c, fx.sbuf, 64, handle_out) }),
+        ),
+        (
+            "ncclCommDeregister",
+            Box::new(move |c| unsafe { ncclCommDeregister(c, 0x1000 as *mut c_void) }),
+        ),
+        (
+            "ncclCommWindowRegister",
+            Box::new(move |c| unsafe { ncclCommWindowRegister(c, fx.sbuf, 64, win_out, 0) }),
+        ),
+        (
+            "ncclCommWindowDeregister",
+            Box::new(move |c| unsafe { ncclCommWindowDeregister(c, fx.dummy) }),
+        ),
+        (
+            "ncclWinGetUserPtr",
+            Box::new(move |c| unsafe { ncclWinGetUserPtr(c, fx.dummy, win_out) }),
+        ),
+        (
+            "ncclDevCommCreate",
+            Box::new(move |c| unsafe { ncclDevCommCreate(c, fx.dummy, fx.dummy) }),
+        ),
+        (
+            "ncclDevCommDestroy",
+            Box::new(move |c| unsafe { ncclDevCommDestroy(c, fx.dummy) }),
+        ),
+        (
+            "ncclPutSignal",
+            Box::new(move |c| unsafe {
+                ncclPutSignal(fx.sbuf, 4, FLOAT, 0, fx.dummy, 0, 0, 0, 0, c, null_mut())
+            }),
+        ),
+        (
+            "ncclSignal",
+            Box::new(|c| unsafe { ncclSignal(0, 0, 0, 0, c, null_mut()) }),
+        ),
+        (
+            "ncclWaitSignal",
+            Box::new(move |c| unsafe { ncclWaitSignal(1, desc, c, null_mut()) }),
+        ),
+        (
+            "ncclRedOpCreatePreMulSum",
+            Box::new(move |c| unsafe { ncclRedOpCreatePreMulSum(op_out, scalar, FLOAT, 1, c) }),
+        ),
+        (
+            "ncclRedOpDestroy",
+            Box::new(|c| unsafe { ncclRedOpDestroy(5, c) }),
+        ),
+        (
+            "ncclCommGrow",
+            Box::new(move |c| unsafe { ncclCommGrow(c, 2, ids, 0, out, null_mut()) }),
+        ),
+    ];
+    let comm_fns: Vec<(&str, std::rc::Rc<CommFn>)> = comm_fns
+        .into_iter()
+        .map(|(n, f)| (n, std::rc::Rc::new(f)))
+        .collect();
+    for (name, f) in &comm_fns {
+        // ncclCommGrow takes a NULL parent (new ranks joining).
+        if *name != "ncclCommGrow" {
+            let g = f.clone();
+            t.add(format!("{name}: comm NULL"), e, "comm", move || {
+                g(null_mut())
+            });
+        }
+        let g = f.clone();
+        t.add(
+            format!("{name}: destroyed comm"),
+            e,
+            "destroyed",
+            move || g(fx.dead),
+        );
+        let g = f.clone();
+        t.add(
+            format!("{name}: never a comm"),
+            e,
+            "not a communicator",
+            move || g(fx.foreign),
+        );
+    }
+
+    // Destroy and abort.
+    t.add(
+        "ncclCommDestroy: double destroy",
+        e,
+        "destroyed",
+        move || unsafe { ncclCommDestroy(fx.dead) },
+    );
+    t.add(
+        "ncclCommDestroy: never a comm",
+        e,
+        "not a communicator",
+        move || unsafe { ncclCommDestroy(fx.foreign) },
+    );
+    t.add(
+        "ncclCommAbort: destroyed comm",
+        e,
+        "destroyed",
+        move || unsafe { ncclCommAbort(fx.dead) },
+    );
+    t.add(
+        "ncclCommAbort: never a comm",
+        e,
+        "not a communicator",
+        move || unsafe { ncclCommAbort(fx.foreign) },
+    );
+
+    // NULL outputs and bad values on a live comm.
+    let c1 = fx.c1;
+    let c2 = fx.c2;
+    t.add("ncclCommCount: count NULL", e, "count", move || unsafe {
+        ncclCommCount(c1, null_mut())
+    });
+    t.add("ncclCommUserRank: rank NULL", e, "rank", move || unsafe {
+        ncclCommUserRank(c1, null_mut())
+    });
+    t.add(
+        "ncclCommCuDevice: device NULL",
+        e,
+        "device",
+        move || unsafe { ncclCommCuDevice(c1, null_mut()) },
+    );
+    t.add(
+        "ncclCommGetAsyncError: asyncError NULL",
+        e,
+        "asyncError",
+        move || unsafe { ncclCommGetAsyncError(c1, null_mut()) },
+    );
+    t.add(
+        "ncclCommGetUniqueId: uniqueId NULL",
+        e,
+        "uniqueId",
+        move || unsafe { ncclCommGetUniqueId(c1, null_mut()) },
+    );
+    t.add(
+        "ncclCommRevoke: flags 1",
+        e,
+        "revokeFlags",
+        move || unsafe { ncclCommRevoke(c1, 1) },
+    );
+    t.add("ncclCommSuspend: flags 2", e, "flags", move || unsafe {
+        ncclCommSuspend(c1, 2)
+    });
+    t.add(
+        "ncclCommResume: not suspended",
+        u,
+        "not suspended",
+        move || unsafe { ncclCommResume(c1) },
+    );
+    for stat in [7, -1, 4] {
+        t.add(
+            format!("ncclCommMemStats: stat {stat}"),
+            e,
+            "ncclCommMemStat_t",
+            move || unsafe { ncclCommMemStats(c1, stat, u64_out) },
+        );
+    }
+    t.add("ncclCommMemStats: value NULL", e, "value", move || unsafe {
+        ncclCommMemStats(c1, 0, null_mut())
+    });
+    t.add(
+        "ncclCommSplit: newcomm NULL",
+        e,
+        "newcomm",
+        move || unsafe { ncclCommSplit(c1, 0, 0, null_mut(), null_mut()) },
+    );
+    t.add("ncclCommSplit: color -2", e, "color", move || unsafe {
+        ncclCommSplit(c1, -2, 0, out, null_mut())
+    });
+    for (what, k, sub) in bad_comm_configs() {
+        let k = leak(k);
+        t.add(
+            format!("ncclCommSplit: config {what}"),
+            e,
+            sub,
+            move || unsafe { ncclCommSplit(c1, 0, 0, out, k) },
+        );
+    }
+    t.add(
+        "ncclCommShrink: newcomm NULL",
+        e,
+        "newcomm",
+        move || unsafe { ncclCommShrink(c1, null_mut(), 0, null_mut(), null_mut(), 0) },
+    );
+    t.add("ncclCommShrink: flags 2", e, "flags", move || unsafe {
+        ncclCommShrink(c1, null_mut(), 0, out, null_mut(), 2)
+    });
+    t.add(
+        "ncclCommShrink: excludeRanksCount -1",
+        e,
+        "excludeRanksCount",
+        move || unsafe { ncclCommShrink(c2, null_mut(), -1, out, null_mut(), 0) },
+    );
+    t.add(
+        "ncclCommShrink: excludeRanksCount = nranks",
+        e,
+        "excludeRanksCount",
+        move || unsafe { ncclCommShrink(c2, null_mut(), 2, out, null_mut(), 0) },
+    );
+    t.add(
+        "ncclCommShrink: excludeRanksList NULL",
+        e,
+        "excludeRanksList",
+        move || unsafe { ncclCommShrink(c2, null_mut(), 1, out, null_mut(), 0) },
+    );
+    let excl_bad: *mut c_int = leak(2);
+    t.add(
+        "ncclCommShrink: excluded rank = nranks",
+        e,
+        "excluded rank",
+        move || unsafe { ncclCommShrink(c2, excl_bad, 1, out, null_mut(), 0) },
+    );
+    let excl_neg: *mut c_int = leak(-1);
+    t.add(
+        "ncclCommShrink: excluded rank -1",
+        e,
+        "excluded rank",
+        move || unsafe { ncclCommShrink(c2, excl_neg, 1, out, null_mut(), 0) },
+    );
+    for (what, k, sub) in bad_comm_configs() {
+        let k = leak(k);
+        let excl = leak(1 as c_int);
+        t.add(
+            format!("ncclCommShrink: config {what}"),
+            e,
+            sub,
+            move || unsafe { ncclCommShrink(c2, excl, 1, out, k, 0) },
+        );
+    }
+    t.add("ncclCommGrow: newcomm NULL", e, "newcomm", move || unsafe {
+        ncclCommGrow(c1, 2, ids, 0, null_mut(), null_mut())
+    });
+    t.add("ncclCommGrow: nranks 0", e, "nranks", move || unsafe {
+        ncclCommGrow(c1, 0, ids, 0, out, null_mut())
+    });
+    t.add("ncclCommGrow: rank -1", e, "rank", move || unsafe {
+        ncclCommGrow(c1, 2, ids, -1, out, null_mut())
+    });
+    t.add(
+        "ncclCommGrow: uniqueId NULL",
+        e,
+        "uniqueId",
+        move || unsafe { ncclCommGrow(c1, 2, null(), 0, out, null_mut()) },
+    );
+    for (what, k, sub) in bad_comm_configs() {
+        let k = leak(k);
+        t.add(
+            format!("ncclCommGrow: config {what}"),
+            e,
+            sub,
+            move || unsafe { ncclCommGrow(c1, 2, ids, 0, out, k) },
+        );
+    }
+
+    // Registration.
+    t.add(
+        "ncclCommRegister: handle NULL",
+        e,
+        "handle",
+        move || unsafe { ncclCommRegister(c1, fx.sbuf, 64, null_mut()) },
+    );
+    t.add("ncclCommRegister: buff NULL", e, "buff", move || unsafe {
+        ncclCommRegister(c1, null_mut(), 64, handle_out)
+    });
+    t.add(
+        "ncclCommRegister: size usize::MAX",
+        e,
+        "size",
+        move || unsafe { ncclCommRegister(c1, fx.sbuf, usize::MAX, handle_out) },
+    );
+    t.add(
+        "ncclCommDeregister: never registered",
+        e,
+        "not registered",
+        move || unsafe { ncclCommDeregister(c1, 0x7777 as *mut c_void) },
+    );
+    t.add(
+        "ncclCommDeregister: handle NULL",
+        e,
+        "not registered",
+        move || unsafe { ncclCommDeregister(c1, null_mut()) },
+    );
+    t.add(
+        "ncclCommWindowRegister: win NULL",
+        e,
+        "win",
+        move || unsafe { ncclCommWindowRegister(c1, fx.sbuf, 64, null_mut(), 0) },
+    );
+    t.add(
+        "ncclCommWindowRegister: buff NULL",
+        e,
+        "buff",
+        move || unsafe { ncclCommWindowRegister(c1, null_mut(), 64, win_out, 0) },
+    );
+    t.add(
+        "ncclCommWindowDeregister: win NULL",
+        e,
+        "win",
+        move || unsafe { ncclCommWindowDeregister(c1, null_mut()) },
+    );
+    t.add("ncclWinGetUserPtr: win NULL", e, "win", move || unsafe {
+        ncclWinGetUserPtr(c1, null_mut(), win_out)
+    });
+    t.add(
+        "ncclWinGetUserPtr: outUserPtr NULL",
+        e,
+        "outUserPtr",
+        move || unsafe { ncclWinGetUserPtr(c1, fx.dummy, null_mut()) },
+    );
+
+    // Device-side API: argument errors come before "device-only".
+    t.add("ncclDevCommCreate: reqs NULL", e, "reqs", move || unsafe {
+        ncclDevCommCreate(c1, null(), fx.dummy)
+    });
+    t.add(
+        "ncclDevCommCreate: outDevComm NULL",
+        e,
+        "outDevComm",
+        move || unsafe { ncclDevCommCreate(c1, fx.dummy, null_mut()) },
+    );
+    t.add(
+        "ncclDevCommDestroy: devComm NULL",
+        e,
+        "devComm",
+        move || unsafe { ncclDevCommDestroy(c1, null()) },
+    );
+    t.add(
+        "ncclGetLsaMultimemDevicePointer: window NULL",
+        e,
+        "window",
+        move || unsafe { ncclGetLsaMultimemDevicePointer(null_mut(), 0, win_out) },
+    );
+    t.add(
+        "ncclGetLsaMultimemDevicePointer: outPtr NULL",
+        e,
+        "outPtr",
+        move || unsafe { ncclGetLsaMultimemDevicePointer(fx.dummy, 0, null_mut()) },
+    );
+    t.add(
+        "ncclGetPeerDevicePointer: window NULL",
+        e,
+        "window",
+        move || unsafe { ncclGetPeerDevicePointer(null_mut(), 0, 0, win_out) },
+    );
+    t.add(
+        "ncclGetPeerDevicePointer: outPtr NULL",
+        e,
+        "outPtr",
+        move || unsafe { ncclGetPeerDevicePointer(fx.dummy, 0, 0, null_mut()) },
+    );
+    let put = move |buf: *const c_void, count: usize, dt: i32, peer: i32, win: *mut c_void| unsafe {
+        ncclPutSignal(buf, count, dt, peer, win, 0, 0, 0, 0, c1, null_mut())
+    };
+    t.add("ncclPutSignal: localbuff NULL", e, "localbuff", move || {
+        put(null(), 4, FLOAT, 0, fx.dummy)
+    });
+    t.add("ncclPutSignal: datatype 12", e, "datatype", move || {
+        put(fx.sbuf, 4, 12, 0, fx.dummy)
+    });
+    t.add(
+        "ncclPutSignal: count overflows",
+        e,
+        "overflows",
+        move || put(fx.sbuf, usize::MAX / 2, FLOAT, 0, fx.dummy),
+    );
+    t.add("ncclPutSignal: peer -1", e, "peer", move || {
+        put(fx.sbuf, 4, FLOAT, -1, fx.dummy)
+    });
+    t.add("ncclPutSignal: peer = nranks", e, "peer", move || {
+        put(fx.sbuf, 4, FLOAT, 1, fx.dummy)
+    });
+    t.add("ncclPutSignal: peerWin NULL", e, "peerWin", move || {
+        put(fx.sbuf, 4, FLOAT, 0, null_mut())
+    });
+    for peer in [-1, 1] {
+        t.add(
+            format!("ncclSignal: peer {peer}"),
+            e,
+            "peer",
+            move || unsafe { ncclSignal(peer, 0, 0, 0, c1, null_mut()) },
+        );
+    }
+    t.add("ncclWaitSignal: nDesc -1", e, "nDesc", move || unsafe {
+        ncclWaitSignal(-1, desc, c1, null_mut())
+    });
+    t.add(
+        "ncclWaitSignal: signalDescs NULL",
+        e,
+        "signalDescs",
+        move || unsafe { ncclWaitSignal(1, null_mut(), c1, null_mut()) },
+    );
+    let bad_desc = leak(ncclWaitSignalDesc_t {
+        opCnt: 1,
+        peer: 3,
+        sigIdx: 0,
+        ctx: 0,
+    });
+    t.add("ncclWaitSignal: desc peer 3", e, "peer", move || unsafe {
+        ncclWaitSignal(1, bad_desc, c1, null_mut())
+    });
+
+    // Reduction ops.
+    t.add(
+        "ncclRedOpCreatePreMulSum: op NULL",
+        e,
+        "op",
+        move || unsafe { ncclRedOpCreatePreMulSum(null_mut(), scalar, FLOAT, 1, c1) },
+    );
+    t.add(
+        "ncclRedOpCreatePreMulSum: scalar NULL",
+        e,
+        "scalar",
+        move || unsafe { ncclRedOpCreatePreMulSum(op_out, null_mut(), FLOAT, 1, c1) },
+    );
+    for dt in [12, -1] {
+        t.add(
+            format!("ncclRedOpCreatePreMulSum: datatype {dt}"),
+            e,
+            "datatype",
+            move || unsafe { ncclRedOpCreatePreMulSum(op_out, scalar, dt, 1, c1) },
+        );
+    }
+    for res in [2, -1] {
+        t.add(
+            format!("ncclRedOpCreatePreMulSum: residence {res}"),
+            e,
+            "ncclScalarResidence_t",
+            move || unsafe { ncclRedOpCreatePreMulSum(op_out, scalar, FLOAT, res, c1) },
+        );
+    }
+    for op in [-1, 99, 5] {
+        let sub = if op < 0 { "operation" } else { "op" };
+        t.add(
+            format!("ncclRedOpDestroy: op {op}"),
+            e,
+            sub,
+            move || unsafe { ncclRedOpDestroy(op, c1) },
+        );
+    }
+    t.add(
+        "ncclRedOpDestroy: built-in op (sum)",
+        e,
+        "op 0",
+        move || unsafe { ncclRedOpDestroy(SUM, c1) },
+    );
+
+    // Groups.
+    t.add(
+        "ncclGroupEnd: without ncclGroupStart",
+        u,
+        "ncclGroupStart",
+        || unsafe { ncclGroupEnd() },
+    );
+    t.add(
+        "ncclGroupSimulateEnd: simInfo NULL",
+        e,
+        "simInfo",
+        || unsafe { ncclGroupSimulateEnd(null_mut()) },
+    );
+    let si_bad_magic = leak(ncclSimInfo_t {
+        size: size_of::<ncclSimInfo_t>(),
+        magic: 0,
+        version: 23203,
+        estimatedTime: 0.0,
+    });
+    t.add(
+        "ncclGroupSimulateEnd: bad magic",
+        e,
+        "magic",
+        move || unsafe { ncclGroupSimulateEnd(si_bad_magic) },
+    );
+    let si_bad_size = leak(ncclSimInfo_t {
+        size: 1 << 40,
+        magic: hetccl_abi::NCCL_SIM_INFO_MAGIC,
+        version: 23203,
+        estimatedTime: 0.0,
+    });
+    t.add(
+        "ncclGroupSimulateEnd: bad size",
+        e,
+        "size",
+        move || unsafe { ncclGroupSimulateEnd(si_bad_size) },
+    );
+
+    // A revoked comm refuses work with ncclInvalidUsage (kept last: it uses
+    // a comm of its own).
+    let revoked = {
+        let mut c: ncclComm_t = null_mut();
+        check(
+            unsafe { ncclCommInitAll(&mut c, 1, null()) },
+            "ncclCommInitAll",
+        );
+        check(unsafe { ncclCommRevoke(c, 0) }, "ncclCommRevoke");
+        c
+    };
+    t.add(
+        "ncclAllReduce: revoked comm",
+        u,
+        "revoked",
+        move || unsafe { ncclAllReduce(fx.sbuf, fx.rbuf, 4, FLOAT, SUM, revoked, null_mut()) },
+    );
+    t.add(
+        "ncclCommSplit: revoked comm",
+        u,
+        "revoked",
+        move || unsafe { ncclCommSplit(revoked, 0, 0, out, null_mut()) },
+    );
+    let suspended = {
+        let mut c: ncclComm_t = null_mut();
+        check(
+            unsafe { ncclCommInitAll(&mut c, 1, null()) },
+            "ncclCommInitAll",
+        );
+        check(unsafe { ncclCommSuspend(c, 1) }, "ncclCommSuspend");
+        c
+    };
+    t.add(
+        "ncclBroadcast: suspended comm",
+        u,
+        "suspended",
+        move || unsafe { ncclBroadcast(fx.sbuf, fx.rbuf, 4, FLOAT, 0, suspended, null_mut()) },
+    );
+}
