@@ -567,3 +567,58 @@ fn selection_table_and_version_string() {
     );
     destroy(cs);
 }
+
+#[test]
+fn a_failed_operation_poisons_the_communicator() {
+    let cs = comms(2);
+    let c0 = cs[0];
+    let h = std::thread::spawn(move || {
+        let c0 = c0;
+        let send = [1f32; 1024];
+        let mut recv = [0f32; 1024];
+        // Rank 1 never joins: it aborts instead, closing its links.
+        unsafe {
+            ncclAllReduce(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                1024,
+                FLOAT,
+                SUM,
+                c0.0,
+                null_mut(),
+            )
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    check(unsafe { ncclCommAbort(cs[1].0) });
+    let rc = h.join().unwrap();
+    assert_eq!(
+        rc, 6,
+        "the pending call sees the peer's abort as ncclRemoteError"
+    );
+    // Later calls fail at once instead of reading stray bytes or hanging.
+    let t = std::time::Instant::now();
+    let send = [1f32; 4];
+    let mut recv = [0f32; 4];
+    let rc = unsafe {
+        ncclAllReduce(
+            send.as_ptr().cast(),
+            recv.as_mut_ptr().cast(),
+            4,
+            FLOAT,
+            SUM,
+            cs[0].0,
+            null_mut(),
+        )
+    };
+    assert_eq!(rc, 6);
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    let msg = unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
+        .to_string_lossy()
+        .into_owned();
+    assert!(msg.contains("must be aborted"), "{msg}");
+    let mut st = 0;
+    check(unsafe { ncclCommGetAsyncError(cs[0].0, &mut st) });
+    assert_eq!(st, 6);
+    check(unsafe { ncclCommAbort(cs[0].0) });
+}

@@ -377,6 +377,9 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
                 other => other.code().raw(),
             };
             c.async_error.store(code, Ordering::Release);
+            // Messages may have moved part-way: poison the communicator so
+            // that no later operation reads stray bytes.
+            c.failure.lock().get_or_insert_with(|| e.to_string());
         }
     }
     r

@@ -39,6 +39,9 @@ pub struct Comm {
     pub suspended: AtomicBool,
     /// Buffers registered with `ncclCommRegister`: handle token -> (address, bytes).
     pub registrations: Mutex<HashMap<usize, (usize, usize)>>,
+    /// Set when an operation failed part-way: the links may hold stray
+    /// bytes, so every later operation fails at once with this reason.
+    pub failure: Mutex<Option<String>>,
     /// The data-moving part: set once init completes (at once for blocking
     /// init, later for nonblocking init); never set for unit-test comms.
     pub engine: once_cell::sync::OnceCell<engine::Engine>,
@@ -57,6 +60,7 @@ impl Comm {
             suspended: AtomicBool::new(false),
             registrations: Mutex::new(HashMap::new()),
             engine: once_cell::sync::OnceCell::new(),
+            failure: Mutex::new(None),
         }
     }
 
@@ -71,6 +75,11 @@ impl Comm {
 
     /// Fails unless the comm accepts new operations.
     pub fn check_usable(&self) -> Result<()> {
+        if let Some(why) = self.failure.lock().as_ref() {
+            return Err(Error::Remote(format!(
+                "an earlier operation failed ({why}); the communicator must be aborted"
+            )));
+        }
         if self.revoked.load(Ordering::Acquire) {
             return Err(Error::usage("the communicator was revoked or aborted"));
         }
