@@ -86,11 +86,7 @@ export! {
             if let Some(e) = c.engine.get() {
                 // Operations running on other threads see the flag within
                 // one bounded wait; peers see the closed links.
-                e.aborted.store(true, Ordering::Release);
-                for conn in e.links.peers.iter().flatten().flatten() {
-                    conn.tx.close();
-                    conn.rx.close();
-                }
+                e.links.close_all();
             }
             Ok(())
         })

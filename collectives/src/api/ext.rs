@@ -11,9 +11,8 @@ use hetccl_abi::{ncclComm_t, ncclResult_t};
 
 use super::check;
 use super::guard::{guard, guard_value};
-use crate::algo::{selection_table, AlgoFilter, Collective, CostModel};
+use crate::algo::{selection_table, Collective, CostModel};
 use crate::comm::handle;
-use crate::error::Error;
 
 /// The largest message size the selection table covers (1 GiB).
 const TABLE_MAX_BYTES: usize = 1 << 30;
@@ -47,10 +46,7 @@ pub unsafe extern "C" fn hetcclCommSelectionTable(
             check::non_null(buf, "buf")?;
         }
         let e = c.engine()?;
-        let filter = match hetccl_core::config::get().algo.as_deref() {
-            Some(s) => AlgoFilter::parse(s).map_err(|e| Error::arg(format!("NCCL_ALGO: {e}")))?,
-            None => AlgoFilter::all(),
-        };
+        let filter = super::launch::algo_filter()?;
         let colls: Vec<Collective> = Collective::ALL
             .into_iter()
             .filter(|c| !matches!(c, Collective::Send | Collective::Recv))

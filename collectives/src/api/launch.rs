@@ -187,12 +187,22 @@ fn choose(engine: &Engine, coll: Collective, bytes: usize) -> Result<algo::Algor
     if matches!(coll, Collective::Send | Collective::Recv) {
         return Ok(algo::Algorithm::Direct);
     }
-    let filter = match hetccl_core::config::get().algo.as_deref() {
-        Some(s) => AlgoFilter::parse(s).map_err(|e| Error::arg(format!("NCCL_ALGO: {e}")))?,
-        None => AlgoFilter::all(),
-    };
-    algo::select(coll, bytes, &engine.topo, &CostModel::default(), &filter)
-        .map_err(|e| Error::usage(e.to_string()))
+    algo::select(
+        coll,
+        bytes,
+        &engine.topo,
+        &CostModel::default(),
+        &algo_filter()?,
+    )
+    .map_err(|e| Error::usage(e.to_string()))
+}
+
+/// The `NCCL_ALGO` restriction in force (everything when unset).
+pub fn algo_filter() -> Result<AlgoFilter> {
+    match hetccl_core::config::get().algo.as_deref() {
+        Some(s) => AlgoFilter::parse(s).map_err(|e| Error::arg(format!("NCCL_ALGO: {e}"))),
+        None => Ok(AlgoFilter::all()),
+    }
 }
 
 /// A scratch buffer of at least `bytes` from the communicator's pool.

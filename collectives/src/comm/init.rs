@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::exec::{Links, NCHAN};
 use crate::topo;
 use crate::transport::arena::{self, Arena};
-use crate::transport::{net, shm, Conn};
+use crate::transport::{self, net, shm, Conn, Reach};
 
 /// The data bytes of one shm ring: NCCL_BUFFSIZE split over the channels,
 /// a power of two between 64 KiB and 64 MiB.
@@ -62,7 +62,23 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let local: Vec<usize> = (0..nranks)
         .filter(|&r| node_of[r] == node_of[rank])
         .collect();
-    let use_shm = !cfg.shm_disable && local.len() > 1;
+    // The channel factory: the cheapest registered transport that can reach
+    // each peer (`NCCL_SHM_DISABLE` takes shm out of the running).
+    let disabled: &[&str] = if cfg.shm_disable { &["shm"] } else { &[] };
+    let mut choice: Vec<&str> = Vec::with_capacity(nranks);
+    for p in 0..nranks {
+        let reach = if node_of[p] != node_of[rank] {
+            Reach::CrossNode
+        } else if topology.same_process(rank as u32, p as u32) {
+            Reach::SameProcess
+        } else {
+            Reach::SameNode
+        };
+        let t = transport::choose(reach, cfg.buffsize, disabled)
+            .ok_or_else(|| Error::usage(format!("no enabled transport can reach rank {p}")))?;
+        choice.push(if p == rank { "self" } else { t.name });
+    }
+    let use_shm = local.iter().any(|&p| choice[p] == "shm");
     let arena = if use_shm {
         Some(Arc::new(setup_arena(
             &mut bs,
@@ -83,7 +99,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         .expect("rank is local to itself");
     if let Some(a) = &arena {
         for (li, &peer) in local.iter().enumerate() {
-            if peer != rank {
+            if choice[peer] == "shm" {
                 peers[peer] = Some(
                     (0..NCHAN)
                         .map(|c| shm::connect(a, me_local, li, c))
@@ -92,9 +108,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
             }
         }
     }
-    let tcp_peers: Vec<usize> = (0..nranks)
-        .filter(|&p| p != rank && peers[p].is_none())
-        .collect();
+    let tcp_peers: Vec<usize> = (0..nranks).filter(|&p| choice[p] == "tcp").collect();
     for (p, conns) in net::setup(&mut bs, &tcp_peers, NCHAN)? {
         peers[p] = Some(conns);
     }

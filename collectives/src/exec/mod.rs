@@ -20,16 +20,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::algo::{BufId, Plan, StepKind};
+use crate::algo::{BufId, Plan};
 use crate::error::{Error, Result};
 use crate::transport::doorbell::Doorbell;
 use crate::transport::{Conn, WaitSource};
 
 /// The link channel reserved for point-to-point operations, so that sends
 /// and receives never interleave with a collective's messages.
-pub const P2P_CHAN: usize = 2;
+pub const P2P_CHAN: usize = crate::algo::CHANNELS as usize;
 /// Link channels per peer: collective plans use `0..P2P_CHAN`.
-pub const NCHAN: usize = 3;
+pub const NCHAN: usize = P2P_CHAN + 1;
 
 /// Everything a batch needs from its communicator.
 #[derive(Debug)]
@@ -277,9 +277,14 @@ impl<'a> Batch<'a> {
             }
         }
     }
+}
 
-    fn close_links(&self) {
-        for c in self.links.peers.iter().flatten().flatten() {
+impl Links {
+    /// Marks every link dead (abort): this rank's waits end and peers see
+    /// the links closed.
+    pub fn close_all(&self) {
+        self.aborted.store(true, Ordering::Release);
+        for c in self.peers.iter().flatten().flatten() {
             c.tx.close();
             c.rx.close();
         }
@@ -436,13 +441,6 @@ fn wait(batches: &mut [Batch<'_>], sources: &[WaitSource], deadline: Instant) ->
     moved.map(drop)
 }
 
-impl Batch<'_> {
-    /// Marks the batch's links dead (used on abort).
-    pub fn abort(&self) {
-        self.close_links();
-    }
-}
-
 /// Resolves a plan buffer of `job` to its base pointer.
 fn base(job: &mut Job, buf: BufId) -> *mut u8 {
     match buf {
@@ -450,11 +448,6 @@ fn base(job: &mut Job, buf: BufId) -> *mut u8 {
         BufId::Recv => job.bufs.recv,
         BufId::Scratch => job.bufs.scratch.as_mut_ptr(),
     }
-}
-
-/// The step kinds that move messages (re-exported for tests).
-pub fn is_message(k: &StepKind) -> bool {
-    k.message().is_some()
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use hetccl_abi::DataType;
 
 use super::*;
-use crate::algo::{Algorithm, BufRange, Collective, Step};
+use crate::algo::{Algorithm, BufRange, Collective, Step, StepKind};
 use crate::reduce::ReduceOp;
 
 /// Rank 0's links to a rank 1 that holds the other ends (TCP through
