@@ -57,7 +57,13 @@ pub fn run_rank(
                 }
             }
             Err((code, msg)) => {
-                rep.timed_out = code == 8 || msg.contains("timed out") || msg.contains("timeout");
+                // A stall is ncclRemoteError "no progress from rank(s) …" since
+                // the stall limit became a peer failure; 8 is kept for
+                // bootstrap deadlines.
+                rep.timed_out = code == 8
+                    || msg.contains("no progress")
+                    || msg.contains("timed out")
+                    || msg.contains("timeout");
                 rep.error = Some(format!("rank {rank} {}: code {code}: {msg}", op.describe()));
                 sh.stop.store(true, Ordering::Release);
                 // Release the other ranks at once instead of at the timeout.

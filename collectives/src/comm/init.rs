@@ -16,6 +16,7 @@ use crate::api::config_read::CommConfig;
 use crate::bootstrap::id::UniqueId;
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
+use crate::exec::watch::Watch;
 use crate::exec::{Links, NCHAN};
 use crate::topo;
 use crate::transport::arena::{self, Arena};
@@ -112,7 +113,13 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     for (p, conns) in net::setup(&mut bs, &tcp_peers, NCHAN)? {
         peers[p] = Some(conns);
     }
-    bs.barrier()?;
+    // The node's progress board (exec/watch.rs): mapped before the last
+    // barrier, its name removed after it.
+    let on_node: Vec<bool> = (0..nranks).map(|r| node_of[r] == node_of[rank]).collect();
+    let watch = Watch::open(comm_hash, node_of[rank], rank, on_node);
+    let last = bs.barrier();
+    Watch::unlink(comm_hash, node_of[rank]);
+    last?;
     let aborted = Arc::new(AtomicBool::new(false));
     let bell = arena.as_ref().map(|a| a.bell(me_local));
     let links = Links {
@@ -120,6 +127,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         peers,
         bell,
         aborted: aborted.clone(),
+        watch,
     };
     let kinds: Vec<&str> = links
         .peers

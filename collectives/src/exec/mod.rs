@@ -14,6 +14,7 @@
 
 pub mod self_p2p;
 mod step;
+pub mod watch;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +44,9 @@ pub struct Links {
     pub bell: Option<Doorbell>,
     /// Set when the communicator is aborted: every wait ends with an error.
     pub aborted: Arc<AtomicBool>,
+    /// The node's progress board: peer liveness and hang summaries
+    /// ([`watch::Watch::none`] when there is none).
+    pub watch: watch::Watch,
 }
 
 /// The buffers of one operation.
@@ -284,6 +288,13 @@ impl Links {
     /// the links closed.
     pub fn close_all(&self) {
         self.aborted.store(true, Ordering::Release);
+        self.close_links();
+    }
+
+    /// Marks every link dead without marking the communicator aborted: after
+    /// a failed operation, so that shm peers blocked on this rank fail at
+    /// once instead of waiting for their own stall limit.
+    pub fn close_links(&self) {
         for c in self.peers.iter().flatten().flatten() {
             c.tx.close();
             c.rx.close();
@@ -315,9 +326,19 @@ impl Patience {
     }
 }
 
+/// One blocked message step of a batch.
+#[derive(Debug, Clone)]
+pub struct Blocked {
+    /// What it waits on.
+    pub on: watch::WaitOn,
+    /// "AllReduce seq 12 trace …: step 3 waits for data from rank 2
+    /// (channel 0), 0/65536 bytes moved".
+    pub line: String,
+}
+
 impl Batch<'_> {
-    /// One line per blocked message step: what it waits for, from whom.
-    pub fn describe_wait(&self) -> Vec<String> {
+    /// Every blocked message step (the head of each link's queue).
+    pub fn blocked(&self) -> Vec<Blocked> {
         let mut out = Vec::new();
         for &((peer, lc, is_send), ref q) in &self.queues {
             let Some(&g) = q.front() else { continue };
@@ -327,29 +348,86 @@ impl Batch<'_> {
             let (ji, si) = self.index[g as usize];
             let job = &self.jobs[ji];
             let len = job.plan.steps[si].kind.message_len().unwrap_or(0);
-            let what = if self.deps_left[g as usize] > 0 {
-                "is not ready yet (earlier steps pending) to"
+            let (kind, what) = if self.deps_left[g as usize] > 0 {
+                (3, "is not ready yet (earlier steps pending) to")
             } else if is_send {
-                "waits for room to send to"
+                (2, "waits for room to send to")
             } else {
-                "waits for data from"
+                (1, "waits for data from")
             };
-            out.push(format!(
-                "{}: step {si} {what} rank {peer} (channel {lc}), {}/{len} bytes moved",
-                job.label(),
-                self.moved[g as usize]
-            ));
+            out.push(Blocked {
+                on: watch::WaitOn {
+                    peer,
+                    step: si,
+                    kind,
+                },
+                line: format!(
+                    "{}: step {si} {what} rank {peer} (channel {lc}), {}/{len} bytes moved",
+                    job.label(),
+                    self.moved[g as usize]
+                ),
+            });
         }
-        out.sort();
+        out.sort_by(|a, b| (a.on.kind, &a.line).cmp(&(b.on.kind, &b.line)));
         out
+    }
+
+    /// One line per blocked message step: what it waits for, from whom.
+    pub fn describe_wait(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.blocked().into_iter().map(|b| b.line).collect();
+        v.sort();
+        v
+    }
+
+    /// The highest sequence number of the batch's operations (what the
+    /// progress board calls the batch).
+    fn seq(&self) -> u64 {
+        self.jobs.iter().map(|j| j.trace.seq).max().unwrap_or(0)
+    }
+
+    /// A peer this batch still waits on whose process is gone.
+    fn dead_peer(&self) -> Option<usize> {
+        let w = &self.links.watch;
+        self.blocked()
+            .iter()
+            .map(|b| b.on.peer)
+            .find(|&p| w.peer_state(p) == watch::ProcState::Dead)
     }
 }
 
+/// How long a stall lasts before the board hears of it and local peers'
+/// processes are checked (then again at this interval).
+const WATCH_AFTER: Duration = Duration::from_millis(200);
+
 /// Drives `batches` to completion; fails once nothing moved for
-/// `patience.stall_timeout`, or on abort.
+/// `patience.stall_timeout` (`ncclRemoteError`, naming the peers and steps
+/// waited on), when a peer's process on this node is gone, or on abort.
+/// After a failure the links of every unfinished batch are closed, so that
+/// peers blocked on this rank fail too instead of waiting for their own
+/// stall limit (the communicator is unusable anyway).
 pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
+    for b in batches.iter() {
+        b.links.watch.begin(b.seq());
+    }
+    let r = drive_loop(batches, patience).map_err(|e| match e {
+        // Transport-level stalls are peer failures too; ncclTimeout is kept
+        // for bootstrap deadlines.
+        Error::Timeout(m) => Error::Remote(m),
+        e => e,
+    });
+    for b in batches.iter() {
+        b.links.watch.end();
+        if r.is_err() && !b.finished() {
+            b.links.close_links();
+        }
+    }
+    r
+}
+
+fn drive_loop(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
     let mut idle_since: Option<Instant> = None;
     let mut reported = false;
+    let mut watched: Option<Instant> = None;
     let mut sources = Vec::new();
     loop {
         let mut progressed = false;
@@ -368,8 +446,14 @@ pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
             return Err(Error::Remote("the communicator was aborted".into()));
         }
         if progressed {
+            if watched.is_some() {
+                for b in batches.iter() {
+                    b.links.watch.moving();
+                }
+            }
             idle_since = None;
             reported = false;
+            watched = None;
             continue;
         }
         let now = Instant::now();
@@ -379,25 +463,45 @@ pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
             std::hint::spin_loop();
             continue;
         }
-        if !reported && patience.hang_report.is_some_and(|h| idle >= h) {
-            reported = true;
+        if idle >= WATCH_AFTER && watched.is_none_or(|t| now - t >= WATCH_AFTER) {
+            let first = watched.is_none();
+            watched = Some(now);
             for b in batches.iter().filter(|b| !b.finished()) {
-                for line in b.describe_wait() {
-                    tracing::warn!(target: "hetccl::COLL",
-                        "hang report: rank {} idle for {:.1} s: {line}", b.links.rank, idle.as_secs_f64());
+                if first {
+                    b.links
+                        .watch
+                        .stalled(idle, b.blocked().first().map(|x| x.on));
+                }
+                if let Some(p) = b.dead_peer() {
+                    let pid = b.links.watch.pid(p).unwrap_or(0);
+                    return Err(Error::Remote(format!(
+                        "rank {p} (pid {pid}) died: its process is gone; {}",
+                        b.describe_wait().join("; ")
+                    )));
                 }
             }
         }
+        if !reported && patience.hang_report.is_some_and(|h| idle >= h) {
+            reported = true;
+            hang_report(batches, idle, patience.hang_report.unwrap_or_default());
+        }
         if idle >= patience.stall_timeout {
-            let what: Vec<String> = batches
+            let blocked: Vec<Blocked> = batches
                 .iter()
                 .filter(|b| !b.finished())
-                .flat_map(|b| b.describe_wait())
+                .flat_map(|b| b.blocked())
                 .collect();
-            return Err(Error::Timeout(format!(
-                "no progress for {:.1} s (HETCCL_TIMEOUT_S): {}",
+            let mut peers: Vec<usize> = blocked.iter().map(|b| b.on.peer).collect();
+            peers.sort_unstable();
+            peers.dedup();
+            let peers: Vec<String> = peers.iter().map(usize::to_string).collect();
+            let mut lines: Vec<String> = blocked.into_iter().map(|b| b.line).collect();
+            lines.sort();
+            return Err(Error::Remote(format!(
+                "no progress from rank(s) {} for {:.1} s (HETCCL_TIMEOUT_S): {}",
+                peers.join(", "),
                 idle.as_secs_f64(),
-                what.join("; ")
+                lines.join("; ")
             )));
         }
         let deadline = since + patience.stall_timeout;
@@ -406,6 +510,25 @@ pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
             b.wait_sources(&mut sources);
         }
         wait(batches, &sources, deadline)?;
+    }
+}
+
+/// Logs this rank's hang report lines and, from one rank per node, the
+/// node's hang summary (see `watch`).
+fn hang_report(batches: &[Batch<'_>], idle: Duration, after: Duration) {
+    for b in batches.iter().filter(|b| !b.finished()) {
+        for line in b.describe_wait() {
+            tracing::warn!(target: "hetccl::COLL",
+                "hang report: rank {} idle for {:.1} s: {line}", b.links.rank, idle.as_secs_f64());
+        }
+        b.links
+            .watch
+            .stalled(idle, b.blocked().first().map(|x| x.on));
+        if let Some(lines) = b.links.watch.summary(b.seq(), after) {
+            for line in lines {
+                tracing::warn!(target: "hetccl::COLL", "{line}");
+            }
+        }
     }
 }
 

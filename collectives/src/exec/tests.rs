@@ -19,6 +19,7 @@ fn links_to_silent_peer() -> (Links, Vec<Conn>) {
         peers: vec![None, Some(mine)],
         bell: None,
         aborted: Arc::new(AtomicBool::new(false)),
+        watch: watch::Watch::none(),
     };
     (links, theirs)
 }
@@ -71,8 +72,12 @@ fn a_silent_peer_times_out_with_a_description() {
         stall_timeout: Duration::from_millis(300),
     };
     let t = Instant::now();
-    let e = drive(&mut b, p).unwrap_err().to_string();
+    let err = drive(&mut b, p).unwrap_err();
     assert!(t.elapsed() >= Duration::from_millis(250) && t.elapsed() < Duration::from_secs(10));
+    // A stalled operation is a peer failure (ncclRemoteError), not ncclTimeout.
+    assert_eq!(err.code(), hetccl_abi::NcclResult::RemoteError, "{err}");
+    let e = err.to_string();
+    assert!(e.contains("no progress from rank(s) 1 for"), "{e}");
     assert!(e.contains("waits for data from rank 1"), "{e}");
     assert!(e.contains("0/100 bytes"), "{e}");
     assert!(e.contains("recv seq 7 trace 0000000000000abc:7"), "{e}");
@@ -125,4 +130,62 @@ fn abort_flag_ends_the_wait() {
     assert!(drive(&mut b, p).is_err());
     assert!(t.elapsed() < Duration::from_secs(5));
     h.join().unwrap();
+}
+
+#[test]
+fn a_failed_operation_closes_its_links() {
+    let (links, theirs) = links_to_silent_peer();
+    let mut buf = vec![0u8; 8];
+    let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
+    let p = Patience {
+        spin: Duration::ZERO,
+        hang_report: None,
+        stall_timeout: Duration::from_millis(100),
+    };
+    assert!(drive(&mut b, p).is_err());
+    drop(b);
+    // Our side is closed: later use of the link fails at once.
+    let e = links.peers[1].as_ref().unwrap()[P2P_CHAN]
+        .tx
+        .try_send(&[1, 2, 3])
+        .unwrap_err();
+    assert_eq!(e.code(), hetccl_abi::NcclResult::RemoteError, "{e}");
+    assert!(!links.aborted.load(std::sync::atomic::Ordering::Acquire));
+    drop(theirs);
+}
+
+#[test]
+fn the_board_reports_a_dead_local_process() {
+    // A child that exits at once: its pid is gone (and reaped) afterwards.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    let hash = 0x5eed_0000_0000_0000 | u64::from(std::process::id());
+    let me = watch::Watch::open(hash, 0, 0, vec![true, true]);
+    let peer = watch::Watch::open(hash, 0, 1, vec![true, true]);
+    watch::Watch::unlink(hash, 0);
+    assert!(!std::path::Path::new(&watch::board_name(hash, 0)).exists());
+    // Same process: never reported dead.
+    assert_eq!(me.peer_state(1), watch::ProcState::Unknown);
+    peer.fake_pid_for_tests(pid);
+    assert_eq!(me.peer_state(1), watch::ProcState::Dead);
+    peer.fake_pid_for_tests(std::process::id()); // restore
+    me.begin(5);
+    me.stalled(
+        Duration::from_secs(3),
+        Some(watch::WaitOn {
+            peer: 1,
+            step: 2,
+            kind: 1,
+        }),
+    );
+    let s = me
+        .summary(5, Duration::from_secs(2))
+        .expect("rank 0 reports")
+        .join("\n");
+    assert!(s.contains("rank 0 (pid"), "{s}");
+    assert!(s.contains("step 2 waits for data from rank 1"), "{s}");
+    assert!(s.contains("rank 1 (has not started seq 5)"), "{s}");
+    // Rank 1 is not stalled in seq 5: it does not report.
+    assert!(peer.summary(5, Duration::from_secs(2)).is_none());
 }
