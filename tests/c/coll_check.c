@@ -60,6 +60,17 @@
  *   abort         rank 0 blocks in an AllReduce that no peer joins; another
  *                 thread calls ncclCommAbort; the blocked call must return
  *                 an error promptly
+ *   peer_fault    every rank loops AllReduce (float32, 65536, every result
+ *                 checked) until a call fails. The victim (rank
+ *                 $COLL_CHECK_VICTIM, default N-1) writes its pid to
+ *                 PATH.victim after its first call, so that the harness
+ *                 (tests/peer_faults.rs) can kill -9 or SIGSTOP it in the
+ *                 middle of a collective; with COLL_CHECK_VICTIM_IDLE=1 it
+ *                 instead stops calling (alive, idle) until PATH.done.
+ *                 Survivors print fault.rc (the failing call's code),
+ *                 fault.fail_mono_ms (CLOCK_MONOTONIC when it returned),
+ *                 fault.async (ncclCommGetAsyncError), fault.later_rc (one
+ *                 more AllReduce) and fault.abort_ms (ncclCommAbort).
  *   collectives   = allreduce,premulsum,broadcast,reduce,allgather,
  *                   reducescatter,alltoall,gather,scatter,sendrecv_ring,
  *                   sendrecv_allpairs,sendrecv_self,group,simulate
@@ -1361,6 +1372,76 @@ static void mode_abort(ncclComm_t comm) {
   write_file_atomic(done, NULL, 0);
 }
 
+/* -------------------------------------------------------- peer_fault */
+
+static double mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void mode_peer_fault(ncclComm_t comm) {
+  const char* v = getenv("COLL_CHECK_VICTIM");
+  int victim = v ? atoi(v) : g_nranks - 1;
+  int idle = getenv("COLL_CHECK_VICTIM_IDLE") && atoi(getenv("COLL_CHECK_VICTIM_IDLE")) == 1;
+  char vpath[4096], done[4096];
+  snprintf(vpath, sizeof vpath, "%s.victim", g_idpath);
+  done_path(done, sizeof done);
+  const size_t count = 65536;
+  float* buf = galloc(count * 4);
+  double limit = now_ms() + file_timeout_s() * 1e3;
+  long iter;
+  ncclResult_t rc = ncclSuccess;
+  for (iter = 0;; iter++) {
+    if (g_rank == victim && iter == 1) {
+      char pid[32];
+      int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+      write_file_atomic(vpath, pid, (size_t)n);
+      if (idle) {
+        /* Alive, but never calls again until the survivors are done. */
+        if (wait_file(done, NULL, 0, file_timeout_s()) != 0) die("the survivors never finished");
+        printf("fault.victim_idle 1\n");
+        NC(comm, ncclCommAbort(comm));
+        gfree(buf, count * 4, "peer_fault buffer");
+        return;
+      }
+    }
+    for (size_t i = 0; i < count; i++) buf[i] = (float)((g_rank + 1) * (int)(1 + (i + iter) % 5));
+    begin_check("peer_fault AllReduce iteration %ld", iter);
+    rc = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, NULL);
+    if (rc != ncclSuccess) break;
+    /* sum over r of (r+1)*k = k*N(N+1)/2 */
+    for (size_t i = 0; i < count; i++) {
+      float want = (float)((int)(1 + (i + iter) % 5) * g_nranks * (g_nranks + 1) / 2);
+      if (buf[i] != want) {
+        fail("element %zu = %g, want %g", i, (double)buf[i], (double)want);
+        break;
+      }
+    }
+    if (now_ms() > limit) {
+      fail("no call failed within %.0f s", file_timeout_s());
+      break;
+    }
+  }
+  double t_fail = mono_ms();
+  printf("fault.iter %ld\n", iter);
+  printf("fault.rc %d\n", (int)rc);
+  printf("fault.fail_mono_ms %.1f\n", t_fail);
+  printf("fault.last_error %s\n", ncclGetLastError(comm));
+  ncclResult_t ae = ncclSuccess;
+  ncclResult_t grc = ncclCommGetAsyncError(comm, &ae);
+  printf("fault.async_rc %d\nfault.async %d\n", (int)grc, (int)ae);
+  double t = now_ms();
+  ncclResult_t later = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, NULL);
+  printf("fault.later_rc %d\nfault.later_ms %.1f\n", (int)later, now_ms() - t);
+  t = now_ms();
+  ncclResult_t arc = ncclCommAbort(comm);
+  printf("fault.abort_rc %d\nfault.abort_ms %.1f\n", (int)arc, now_ms() - t);
+  fflush(stdout);
+  if (g_rank == 0) write_file_atomic(done, NULL, 0);
+  gfree(buf, count * 4, "peer_fault buffer");
+}
+
 /* ---------------------------------------------------------- newcomms */
 
 static void exchange_id(const char* path, int creator, ncclUniqueId* id) {
@@ -1586,6 +1667,9 @@ static int run_mode(const char* m, ncclComm_t* comm) {
     *comm = NULL;
   } else if (!strcmp(m, "abort")) {
     mode_abort(*comm);
+    *comm = NULL;
+  } else if (!strcmp(m, "peer_fault")) {
+    mode_peer_fault(*comm);
     *comm = NULL;
   } else if (!strcmp(m, "init")) {
     /* nothing beyond the init checks */

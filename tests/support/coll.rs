@@ -124,6 +124,37 @@ pub struct Outcome {
 /// output).
 pub fn run(exe: &Path, so: &Path, job: &Job) -> Result<Outcome, String> {
     let idp = ranks::id_path(&id_dir(), &job.label);
+    let cmds = commands(exe, so, job, &idp);
+    let t0 = Instant::now();
+    let outs = ranks::run_ranks(cmds, job.deadline);
+    let elapsed = t0.elapsed();
+    ranks::remove_id_files(&idp);
+    let problems = judge(job, so, &outs);
+    let checks = outs
+        .iter()
+        .filter_map(|o| o.get("checks")?.parse::<u64>().ok())
+        .sum();
+    if problems.is_empty() {
+        Ok(Outcome {
+            outs,
+            checks,
+            elapsed,
+        })
+    } else {
+        Err(format!(
+            "{} ({} ranks, {:.1}s) FAILED:\n{}\n{}",
+            job.label,
+            job.nranks,
+            elapsed.as_secs_f64(),
+            problems.join("\n"),
+            ranks::report(&outs, 6000)
+        ))
+    }
+}
+
+/// The command of every rank of `job`, with the unique-id file `idp`
+/// (what [`run`] starts; `tests/peer_faults.rs` starts them itself).
+pub fn commands(exe: &Path, so: &Path, job: &Job, idp: &Path) -> Vec<Command> {
     let mut cmds = Vec::new();
     for rank in 0..job.nranks {
         let prefix = (job.prefix)(rank);
@@ -158,37 +189,13 @@ pub fn run(exe: &Path, so: &Path, job: &Job) -> Result<Outcome, String> {
             .arg("--nranks")
             .arg(job.nranks.to_string())
             .arg("--id")
-            .arg(&idp)
+            .arg(idp)
             .arg("--mode")
             .arg(&job.modes)
             .args(&job.args);
         cmds.push(cmd);
     }
-    let t0 = Instant::now();
-    let outs = ranks::run_ranks(cmds, job.deadline);
-    let elapsed = t0.elapsed();
-    ranks::remove_id_files(&idp);
-    let problems = judge(job, so, &outs);
-    let checks = outs
-        .iter()
-        .filter_map(|o| o.get("checks")?.parse::<u64>().ok())
-        .sum();
-    if problems.is_empty() {
-        Ok(Outcome {
-            outs,
-            checks,
-            elapsed,
-        })
-    } else {
-        Err(format!(
-            "{} ({} ranks, {:.1}s) FAILED:\n{}\n{}",
-            job.label,
-            job.nranks,
-            elapsed.as_secs_f64(),
-            problems.join("\n"),
-            ranks::report(&outs, 6000)
-        ))
-    }
+    cmds
 }
 
 /// Whether `rank` legitimately prints no mode lines for `mode`: the rank
