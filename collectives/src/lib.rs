@@ -11,6 +11,7 @@ pub mod bootstrap;
 pub mod comm;
 pub mod error;
 pub mod exec;
+pub mod gpu;
 pub mod reduce;
 pub mod topo;
 pub mod transport;

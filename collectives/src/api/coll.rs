@@ -36,9 +36,11 @@ unsafe fn run(
     guard(name, || {
         // SAFETY: the caller passes NULL or a valid ncclCollConfig_t.
         let _cfg = unsafe { read_coll_config(config)? };
-        submit(validate(
-            kind, send, recv, count, dtype, op, root, comm, stream,
-        )?)
+        let a = validate(kind, send, recv, count, dtype, op, root, comm, stream)?;
+        if a.placement.is_device() {
+            return crate::gpu::submit(a);
+        }
+        submit(a)
     })
 }
 

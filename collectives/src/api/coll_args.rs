@@ -10,6 +10,7 @@ use super::check;
 use crate::algo::Collective;
 use crate::comm::{handle, Comm};
 use crate::error::{Error, Result};
+use crate::gpu::memory::{self, Placement};
 
 /// What each rank's buffers must hold for `coll`, in elements: (send,
 /// recv), at the root for rooted kinds.
@@ -54,6 +55,9 @@ pub struct CollArgs {
     pub recv_bytes: usize,
     /// The stream (NULL for host calls).
     pub stream: *mut c_void,
+    /// Where the buffers live; CUDA memory takes the stream path
+    /// ([`crate::gpu::submit`]).
+    pub placement: Placement,
 }
 
 /// Validates the raw arguments of any collective or point-to-point call.
@@ -101,6 +105,7 @@ pub fn validate(
     let recv_bytes = check::bytes(re, dtype, "recvbuff")?;
     check::buffer(send, send_bytes, "sendbuff")?;
     check::buffer(recv, recv_bytes, "recvbuff")?;
+    let placement = memory::classify_call(send, send_bytes, recv, recv_bytes)?;
     Ok(CollArgs {
         kind,
         comm,
@@ -113,5 +118,6 @@ pub fn validate(
         send_bytes,
         recv_bytes,
         stream,
+        placement,
     })
 }

@@ -87,6 +87,9 @@ pub struct Config {
     /// `HETCCL_NCCL_FALLBACK`: the real NCCL library to fall back to. Default
     /// unset.
     pub nccl_fallback: Option<String>,
+    /// `HETCCL_NVRTC_LIB`: the NVRTC library (`libnvrtc.so.*`) that compiles
+    /// the GPU reduction kernels. Default unset (the usual sonames).
+    pub nvrtc_lib: Option<String>,
     /// `NCCL_SHM_DISABLE`: disable the shared-memory transport. Default false.
     pub shm_disable: bool,
     /// `NCCL_P2P_DISABLE`: disable the peer-to-peer (GPU IPC) transport.
@@ -126,6 +129,7 @@ impl Default for Config {
             max_nchannels: None,
             trace_file: None,
             nccl_fallback: None,
+            nvrtc_lib: None,
             shm_disable: false,
             p2p_disable: false,
             net: None,

@@ -46,6 +46,7 @@ fn every_variable_parses() {
         ("NCCL_MAX_NCHANNELS", "8"),
         ("HETCCL_TRACE_FILE", "/tmp/t.json"),
         ("HETCCL_NCCL_FALLBACK", "/usr/lib/libnccl.so.2"),
+        ("HETCCL_NVRTC_LIB", "/opt/nvrtc/libnvrtc.so.12"),
         ("NCCL_SHM_DISABLE", "1"),
         ("NCCL_P2P_DISABLE", "true"),
         ("NCCL_NET", "Socket"),
@@ -74,6 +75,7 @@ fn every_variable_parses() {
     assert_eq!((c.min_nchannels, c.max_nchannels), (Some(2), Some(8)));
     assert_eq!(c.trace_file.as_deref(), Some("/tmp/t.json"));
     assert_eq!(c.nccl_fallback.as_deref(), Some("/usr/lib/libnccl.so.2"));
+    assert_eq!(c.nvrtc_lib.as_deref(), Some("/opt/nvrtc/libnvrtc.so.12"));
     assert!(c.shm_disable && c.p2p_disable && c.ib_disable);
     assert_eq!(c.net.as_deref(), Some("Socket"));
     assert_eq!(c.spin_us, 0);

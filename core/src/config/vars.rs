@@ -194,6 +194,12 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| c.nccl_fallback.clone(),
     },
     Var {
+        name: "HETCCL_NVRTC_LIB",
+        field: "nvrtc_lib",
+        apply: |c, v| ok(parse::text(v), |t| c.nvrtc_lib = Some(t)),
+        show: |c| c.nvrtc_lib.clone(),
+    },
+    Var {
         name: "NCCL_SHM_DISABLE",
         field: "shm_disable",
         apply: |c, v| ok(parse::boolean(v), |b| c.shm_disable = b),

@@ -1,0 +1,317 @@
+//! Where a buffer lives: pageable host memory, pinned host memory, device
+//! memory or managed memory.
+//!
+//! [`classify`] is on every call's path, so answers are cached: each thread
+//! keeps a few known address ranges with their placement, and a hit costs a
+//! handful of comparisons (no lock, no syscall). A miss asks the CUDA driver
+//! when it is loaded (`cuPointerGetAttributes`: memory type, managed flag,
+//! device, and the whole allocation's range, which is what gets cached) and
+//! otherwise checks with `mincore` that the range is mapped in this process.
+//! A pointer that is neither host-mapped nor known to CUDA is refused with
+//! `ncclInvalidArgument`; without the driver the message says that device
+//! buffers need it.
+//!
+//! Cached host ranges can go stale if the application unmaps memory and the
+//! same addresses later come back as CUDA memory; [`forget_all`] (called when
+//! hetccl frees memory it handed out) drops every thread's cache. The CUDA
+//! driver reserves its unified address range at initialisation, so in
+//! practice host and device ranges do not trade places.
+
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::driver::{self, cu};
+use crate::error::{Error, Result};
+
+/// A buffer's memory kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Pageable host memory (or no buffer at all).
+    Host,
+    /// Page-locked host memory registered with CUDA (`cuMemHostAlloc`,
+    /// `cudaHostRegister`), visible to the GPU.
+    PinnedHost,
+    /// Device memory of the given CUDA device ordinal.
+    Device(i32),
+    /// Managed (unified) memory; the device is the one it was allocated from.
+    Managed(i32),
+}
+
+impl Placement {
+    /// Whether the call takes the stream-ordered GPU path: every buffer CUDA
+    /// knows about is ordered on the caller's stream, as in NCCL.
+    pub fn is_device(self) -> bool {
+        !matches!(self, Placement::Host)
+    }
+
+    /// The CUDA device, for device and managed memory.
+    pub fn device(self) -> Option<i32> {
+        match self {
+            Placement::Device(d) | Placement::Managed(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Entries per thread's cache.
+const SLOTS: usize = 8;
+
+/// Bumped by [`forget_all`]; a thread whose cache is older clears it.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Clone, Copy)]
+struct Entry {
+    start: usize,
+    end: usize,
+    placement: Placement,
+}
+
+struct Cache {
+    generation: u64,
+    next: usize,
+    entries: [Option<Entry>; SLOTS],
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> = const {
+        RefCell::new(Cache { generation: 0, next: 0, entries: [None; SLOTS] })
+    };
+}
+
+/// Drops every thread's cached ranges (they are re-learned on next use).
+pub fn forget_all() {
+    GENERATION.fetch_add(1, Ordering::Release);
+}
+
+/// The placement of `len` bytes at `ptr`; `what` names the buffer in errors.
+/// NULL or empty buffers are [`Placement::Host`] (nothing is accessed).
+pub fn classify(ptr: *const c_void, len: usize, what: &str) -> Result<Placement> {
+    if ptr.is_null() || len == 0 {
+        return Ok(Placement::Host);
+    }
+    let start = ptr as usize;
+    let end = start
+        .checked_add(len)
+        .ok_or_else(|| Error::arg(format!("{what} {ptr:p} + {len} bytes wraps around")))?;
+    let generation = GENERATION.load(Ordering::Acquire);
+    let hit = CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.generation != generation {
+            c.generation = generation;
+            c.entries = [None; SLOTS];
+            return None;
+        }
+        c.entries
+            .iter()
+            .flatten()
+            .find(|e| e.start <= start && end <= e.end)
+            .map(|e| e.placement)
+    });
+    if let Some(p) = hit {
+        return Ok(p);
+    }
+    let e = lookup(start, end, what)?;
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        let i = c.next;
+        c.entries[i] = Some(e);
+        c.next = (i + 1) % SLOTS;
+    });
+    Ok(e.placement)
+}
+
+/// The placement of a call from its two buffers: the non-empty ones must
+/// agree on host versus CUDA memory.
+pub fn classify_call(
+    send: *const c_void,
+    send_bytes: usize,
+    recv: *const c_void,
+    recv_bytes: usize,
+) -> Result<Placement> {
+    let s = classify(send, send_bytes, "sendbuff")?;
+    let r = classify(recv, recv_bytes, "recvbuff")?;
+    let s_used = !send.is_null() && send_bytes > 0;
+    let r_used = !recv.is_null() && recv_bytes > 0;
+    match (s_used, r_used) {
+        (true, true) if s.is_device() != r.is_device() => Err(Error::usage(format!(
+            "sendbuff is {s:?} memory but recvbuff is {r:?} memory; \
+             a call's buffers must be both host memory or both CUDA memory"
+        ))),
+        (true, _) => Ok(s),
+        _ => Ok(r),
+    }
+}
+
+/// The slow path: CUDA first (when loaded), then the host mappings.
+fn lookup(start: usize, end: usize, what: &str) -> Result<Entry> {
+    if driver::available() {
+        if let Some(e) = cuda_lookup(start)? {
+            if end <= e.end {
+                return Ok(e);
+            }
+            return Err(Error::arg(format!(
+                "{what} {start:#x} + {} bytes runs past the end of its CUDA allocation \
+                 ({:#x}..{:#x})",
+                end - start,
+                e.start,
+                e.end
+            )));
+        }
+    }
+    let page = page_size();
+    let lo = start & !(page - 1);
+    let hi = end.div_ceil(page) * page;
+    if host_mapped(lo, hi) {
+        return Ok(Entry {
+            start: lo,
+            end: hi,
+            placement: Placement::Host,
+        });
+    }
+    let bytes = end - start;
+    if driver::available() {
+        Err(Error::arg(format!(
+            "{what} {start:#x} ({bytes} bytes) is neither mapped in this process \
+             nor memory the CUDA driver knows"
+        )))
+    } else {
+        Err(Error::arg(format!(
+            "{what} {start:#x} ({bytes} bytes) is not mapped in this process's host \
+             address space; if it is a device buffer: device buffers need the CUDA \
+             driver (libcuda.so.1), which was not found ({})",
+            driver::unavailable_reason()
+        )))
+    }
+}
+
+/// What CUDA knows of the allocation holding `ptr` (None: not CUDA memory).
+fn cuda_lookup(ptr: usize) -> Result<Option<Entry>> {
+    use cu::CUpointer_attribute as A;
+    let mut attrs = [
+        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        A::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    // Each slot is zeroed and 8 bytes wide; the driver writes 4 or 8 bytes
+    // (little-endian), so the low bytes hold the value either way.
+    let mut vals = [0u64; 5];
+    let mut ptrs: Vec<*mut c_void> = vals.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+    // SAFETY: five attributes, five writable 8-byte slots. Unlike
+    // cuPointerGetAttribute this call succeeds for non-CUDA pointers and
+    // leaves the values zero.
+    let r = unsafe {
+        cu::cuPointerGetAttributes(
+            attrs.len() as u32,
+            attrs.as_mut_ptr(),
+            ptrs.as_mut_ptr(),
+            ptr as cu::CUdeviceptr,
+        )
+    };
+    if r == cu::CUresult::CUDA_ERROR_INVALID_VALUE {
+        return Ok(None);
+    }
+    driver::check(r, "cuPointerGetAttributes")?;
+    let mem_type = vals[0] as u32;
+    let managed = vals[1] as u32 != 0;
+    let device = vals[2] as u32 as i32;
+    let (start, size) = (vals[3] as usize, vals[4] as usize);
+    let placement = if managed {
+        Placement::Managed(device)
+    } else if mem_type == cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+        Placement::Device(device)
+    } else if mem_type == cu::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+        Placement::PinnedHost
+    } else {
+        return Ok(None);
+    };
+    let (start, end) = if size > 0 && start <= ptr {
+        (start, start + size)
+    } else {
+        (ptr, ptr + 1)
+    };
+    Ok(Some(Entry {
+        start,
+        end,
+        placement,
+    }))
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// Whether every page of `[lo, hi)` (page-aligned) is mapped: `mincore`
+/// fails with ENOMEM on any unmapped page.
+fn host_mapped(lo: usize, hi: usize) -> bool {
+    const CHUNK_PAGES: usize = 16384;
+    let page = page_size();
+    let mut vec = [0u8; CHUNK_PAGES];
+    let mut at = lo;
+    while at < hi {
+        let n = ((hi - at) / page).min(CHUNK_PAGES);
+        // SAFETY: `at` is page-aligned and `vec` holds one byte per page of
+        // the n-page range; mincore only reports, it never touches the pages.
+        let r = unsafe { libc::mincore(at as *mut c_void, n * page, vec.as_mut_ptr()) };
+        if r != 0 {
+            return false;
+        }
+        at += n * page;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_buffers_are_host_and_cached() {
+        let v = vec![0u8; 100_000];
+        let p = v.as_ptr().cast();
+        assert_eq!(classify(p, v.len(), "b").unwrap(), Placement::Host);
+        assert_eq!(classify(p, 10, "b").unwrap(), Placement::Host);
+        let x = 5u64;
+        assert_eq!(
+            classify((&x as *const u64).cast(), 8, "b").unwrap(),
+            Placement::Host
+        );
+        assert_eq!(classify(std::ptr::null(), 8, "b").unwrap(), Placement::Host);
+        forget_all();
+        assert_eq!(classify(p, v.len(), "b").unwrap(), Placement::Host);
+    }
+
+    #[test]
+    fn unmapped_pointer_is_refused_with_a_message() {
+        // Below mmap_min_addr (64 KiB on Linux): never mapped.
+        let p = 0x2000 as *const c_void;
+        let e = classify(p, 4096, "sendbuff").unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert!(msg.contains("sendbuff"), "{msg}");
+        if !driver::available() {
+            assert!(msg.contains("need the CUDA driver"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn mixed_placements_need_both_used() {
+        let v = [0u8; 64];
+        let p: *const c_void = v.as_ptr().cast();
+        assert_eq!(
+            classify_call(p, 64, std::ptr::null(), 0).unwrap(),
+            Placement::Host
+        );
+        assert!(!Placement::Host.is_device());
+        assert!(Placement::Device(0).is_device());
+        assert_eq!(Placement::Managed(3).device(), Some(3));
+    }
+}

@@ -1,0 +1,30 @@
+//! CUDA memory: buffer classification, the stream-ordered path for calls on
+//! device buffers, and the GPU reduction kernels (see `docs/gpu.md`).
+//!
+//! Everything here works on machines without CUDA: the driver is loaded at
+//! run time ([`driver`]); without it, [`memory::classify`] still tells host
+//! buffers apart from pointers that cannot be host memory, and refuses the
+//! latter with a message.
+//!
+//! - [`driver`]: `cudarc` with dynamic loading, contexts, capture check;
+//! - [`memory`]: host / pinned / device / managed, cached per thread;
+//! - [`stream`]: staging on the user's stream and the proxy thread;
+//! - [`staging`]: the pinned buffer pool;
+//! - [`kernels`] and [`nvrtc`]: reduction kernels compiled at first use.
+
+pub mod driver;
+pub mod kernels;
+pub mod memory;
+pub mod nvrtc;
+pub mod staging;
+pub mod stream;
+
+pub use memory::{classify, Placement};
+
+use crate::api::coll_args::CollArgs;
+use crate::error::Result;
+
+/// Runs a validated call whose buffers are CUDA memory (see [`stream`]).
+pub fn submit(a: CollArgs) -> Result<()> {
+    stream::submit(a)
+}

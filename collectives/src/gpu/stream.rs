@@ -1,0 +1,440 @@
+//! The stream-ordered path for calls on CUDA memory: the user's thread
+//! enqueues work on the user's stream and returns at once; a proxy thread
+//! runs the host collective on pinned staging buffers.
+//!
+//! Per call, on the user's stream (in stream order after the user's work):
+//! 1. `cuMemcpyAsync` of the send bytes into a pinned staging buffer, then an
+//!    event ("ready");
+//! 2. a wait on the batch's flag in pinned, device-mapped memory
+//!    (`cuStreamWaitValue32`, or a host function that waits on the flag
+//!    where stream memory operations are unavailable);
+//! 3. `cuMemcpyAsync` of the received bytes from staging into the user's
+//!    buffer, then an event ("done").
+//!
+//! The proxy thread (one per communicator, ended when idle) waits for the
+//! "ready" events, runs the collective through the host engine
+//! ([`crate::api::launch::submit`]) on the staging buffers, sets the flag,
+//! and recycles the buffers once "done" has passed. Later work on the user's
+//! stream therefore sees the results, and the user's thread never waits for
+//! the collective. Calls inside `ncclGroupStart/End` are staged when the
+//! outermost group ends and run as one host group, so grouped sends and
+//! receives cannot deadlock. A failed collective still releases the stream
+//! (so it never hangs), logs a warning and marks the communicator failed:
+//! its next call returns `ncclRemoteError`.
+//!
+//! CUDA graph capture is refused with `ncclInvalidUsage` (checked with
+//! `cuStreamIsCapturing`): host-side progress cannot be captured.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use hetccl_abi::{NcclResult, RedOp};
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::driver::{self, cu};
+use super::memory::{self, Placement};
+use super::staging::Staging;
+use crate::api::coll_args::CollArgs;
+use crate::api::{group, launch};
+use crate::comm::redop_table::Scalar;
+use crate::error::{Error, Result};
+
+/// A proxy thread with nothing to do for this long ends.
+const PROXY_IDLE: Duration = Duration::from_secs(10);
+
+/// One staged call: the host-side arguments and what to release afterwards.
+struct StagedOp {
+    host: CollArgs,
+    ready: Event,
+    done: Event,
+    _bufs: Vec<Staging>,
+}
+
+/// A batch: the calls of one group (or one call), released by one flag.
+struct Batch {
+    ctx: cu::CUcontext,
+    ops: Vec<StagedOp>,
+    flag: Staging,
+}
+
+// SAFETY: the raw pointers are a CUDA context (usable from any thread once
+// made current), pinned staging memory owned by the batch, and user
+// buffers that NCCL's contract keeps valid until the stream passes the call.
+unsafe impl Send for Batch {}
+
+/// A CUDA event, destroyed on drop.
+struct Event(cu::CUevent);
+
+impl Event {
+    fn new() -> Result<Event> {
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        let flags = cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: a writable slot; a context is current.
+        driver::check(unsafe { cu::cuEventCreate(&mut e, flags) }, "cuEventCreate")?;
+        Ok(Event(e))
+    }
+
+    fn record(&self, stream: cu::CUstream) -> Result<()> {
+        // SAFETY: a live event and the caller's stream.
+        driver::check(
+            unsafe { cu::cuEventRecord(self.0, stream) },
+            "cuEventRecord",
+        )
+    }
+
+    fn wait(&self) -> Result<()> {
+        // SAFETY: a live event.
+        driver::check(
+            unsafe { cu::cuEventSynchronize(self.0) },
+            "cuEventSynchronize",
+        )
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate; destroying a pending event is allowed.
+        unsafe { cu::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Device calls of an open group; `None` once the group ended.
+type GroupQueue = Arc<Mutex<Option<Queued>>>;
+
+/// Calls queued by a group.
+struct Queued(Vec<CollArgs>);
+
+// SAFETY: the raw pointers are user buffers and a stream that NCCL's
+// contract keeps valid until the group's work has run; the queue is moved
+// to the thread that ends the group.
+unsafe impl Send for Queued {}
+
+thread_local! {
+    /// Device calls of this thread's open group, shared with the closure
+    /// that [`launch::submit_init`] runs when the outermost group ends (on
+    /// this thread or, next to communicator inits, on a helper thread).
+    /// Weak: the closure holds the only strong reference, so a group that
+    /// ended (closure run) or was discarded (closure dropped) reads as gone.
+    static GROUP: RefCell<Weak<Mutex<Option<Queued>>>> = const { RefCell::new(Weak::new()) };
+}
+
+/// Runs (or, inside a group, queues) one call on CUDA memory.
+pub fn submit(a: CollArgs) -> Result<()> {
+    driver::require("device buffers")?;
+    let stream = a.stream as cu::CUstream;
+    // SAFETY: NCCL's contract: the caller passes its live stream (or NULL).
+    if unsafe { driver::is_capturing(stream)? } {
+        return Err(Error::usage(
+            "the stream is being captured into a CUDA graph; hetccl does not support \
+             graph capture of collectives (docs/gpu.md): run them outside the capture",
+        ));
+    }
+    if let RedOp::Dynamic(raw) = a.op {
+        if let Scalar::Pointer(p) = a.comm.redops.lock().get(raw)?.scalar {
+            let pl = memory::classify(p as *const c_void, a.dtype.size(), "PreMulSum scalar")?;
+            if pl.is_device() {
+                return Err(Error::usage(
+                    "PreMulSum with a scalar in CUDA memory (ncclScalarDevice) is not \
+                     supported on hetccl's GPU path yet (docs/gpu.md)",
+                ));
+            }
+        }
+    }
+    if group::depth() == 0 {
+        return enqueue(vec![a]);
+    }
+    let fresh = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if let Some(q) = g.upgrade() {
+            if let Some(open) = q.lock().as_mut() {
+                open.0.push(a.clone());
+                return None;
+            }
+        }
+        let q: GroupQueue = Arc::new(Mutex::new(Some(Queued(vec![a.clone()]))));
+        *g = Arc::downgrade(&q);
+        Some(q)
+    });
+    if let Some(q) = fresh {
+        // Runs when the outermost group ends: stages the whole group at once.
+        launch::submit_init(Box::new(move || match q.lock().take() {
+            Some(ops) => enqueue(ops.0),
+            None => Ok(()),
+        }))?;
+    }
+    Ok(())
+}
+
+/// Stages `ops` on their streams and hands them to the proxy.
+fn enqueue(ops: Vec<CollArgs>) -> Result<()> {
+    if ops.is_empty() {
+        return Ok(());
+    }
+    let ctx = driver::ensure_context()?;
+    let flag = Staging::take(0)?;
+    let flag_dev = flag.flag_device_ptr()?;
+    let mut staged = Vec::with_capacity(ops.len());
+    for a in &ops {
+        staged.push(stage_in(a)?);
+    }
+    for (a, s) in ops.iter().zip(&staged) {
+        let stream = a.stream as cu::CUstream;
+        wait_flag(stream, flag_dev, &flag)?;
+        copy(
+            a.recv as u64,
+            s.host.recv as u64,
+            recv_copy_bytes(a),
+            stream,
+        )?;
+        s.done.record(stream)?;
+    }
+    let comm_key = Arc::as_ptr(&ops[0].comm) as usize;
+    send_to_proxy(
+        comm_key,
+        Batch {
+            ctx,
+            ops: staged,
+            flag,
+        },
+    );
+    Ok(())
+}
+
+/// Bytes copied back into the user's receive buffer.
+fn recv_copy_bytes(a: &CollArgs) -> usize {
+    if a.recv.is_null() {
+        0
+    } else {
+        a.recv_bytes
+    }
+}
+
+/// `cuMemcpyAsync` (unified addressing: any direction).
+fn copy(dst: u64, src: u64, bytes: usize, stream: cu::CUstream) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: both ranges are valid for `bytes` (validated call, staging
+    // buffer of that size); ordered on the caller's stream.
+    driver::check(
+        unsafe { cu::cuMemcpyAsync(dst, src, bytes, stream) },
+        "cuMemcpyAsync",
+    )
+}
+
+/// Allocates staging for `a`, enqueues the send copy and the ready event.
+/// Overlapping send/receive ranges (in-place layouts) share one buffer at
+/// the same offsets, so the host engine sees the same in-place layout.
+fn stage_in(a: &CollArgs) -> Result<StagedOp> {
+    let stream = a.stream as cu::CUstream;
+    let (s, sb) = (
+        a.send as usize,
+        if a.send.is_null() { 0 } else { a.send_bytes },
+    );
+    let (r, rb) = (a.recv as usize, recv_copy_bytes(a));
+    let overlap = sb > 0 && rb > 0 && s < r + rb && r < s + sb;
+    let mut bufs = Vec::new();
+    let (hs, hr): (*const c_void, *mut c_void) = if overlap {
+        let lo = s.min(r);
+        let hi = (s + sb).max(r + rb);
+        let buf = Staging::take(hi - lo)?;
+        let base = buf.payload() as usize;
+        bufs.push(buf);
+        (
+            (base + s - lo) as *const c_void,
+            (base + r - lo) as *mut c_void,
+        )
+    } else {
+        let mut one = |n: usize| -> Result<usize> {
+            if n == 0 {
+                return Ok(0);
+            }
+            let b = Staging::take(n)?;
+            let p = b.payload() as usize;
+            bufs.push(b);
+            Ok(p)
+        };
+        (one(sb)? as *const c_void, one(rb)? as *mut c_void)
+    };
+    copy(hs as u64, s as u64, sb, stream)?;
+    let ready = Event::new()?;
+    ready.record(stream)?;
+    let host = CollArgs {
+        send: hs,
+        recv: hr,
+        stream: std::ptr::null_mut(),
+        placement: Placement::Host,
+        ..a.clone()
+    };
+    Ok(StagedOp {
+        host,
+        ready,
+        done: Event::new()?,
+        _bufs: bufs,
+    })
+}
+
+/// Host function fallback: blocks the stream's callback until the flag is set.
+unsafe extern "C" fn wait_flag_host(user: *mut c_void) {
+    // SAFETY: `user` is the batch flag, kept alive until "done" has passed.
+    let flag = unsafe { &*(user as *const std::sync::atomic::AtomicU32) };
+    while flag.load(Ordering::Acquire) == 0 {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+/// Makes `stream` wait until the flag is set.
+fn wait_flag(stream: cu::CUstream, flag_dev: cu::CUdeviceptr, flag: &Staging) -> Result<()> {
+    let geq = cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+    // SAFETY: a device-mapped flag that outlives the wait.
+    let r = unsafe { cu::cuStreamWaitValue32_v2(stream, flag_dev, 1, geq) };
+    if r == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    tracing::debug!(target: "hetccl::INIT", "cuStreamWaitValue32 unavailable ({}); using a host function", driver::name(r));
+    let user = flag.flag() as *const _ as *mut c_void;
+    // SAFETY: as above; the function only reads the flag.
+    driver::check(
+        unsafe { cu::cuLaunchHostFunc(stream, Some(wait_flag_host), user) },
+        "cuLaunchHostFunc",
+    )
+}
+
+/// Proxies by communicator.
+static PROXIES: Lazy<Mutex<HashMap<usize, Sender<Batch>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+fn send_to_proxy(key: usize, batch: Batch) {
+    let mut proxies = PROXIES.lock();
+    let batch = match proxies.get(&key) {
+        Some(tx) => match tx.send(batch) {
+            Ok(()) => return,
+            Err(mpsc::SendError(b)) => b,
+        },
+        None => batch,
+    };
+    let (tx, rx) = mpsc::channel();
+    let _ = tx.send(batch);
+    proxies.insert(key, tx);
+    std::thread::Builder::new()
+        .name("hetccl-gpu-proxy".into())
+        .spawn(move || proxy(key, rx))
+        .expect("spawning the GPU proxy thread");
+}
+
+/// The proxy loop: one batch at a time, in submission order. Senders hold
+/// the [`PROXIES`] lock while sending, so a proxy that finds its queue empty
+/// under that lock can leave safely.
+fn proxy(key: usize, rx: Receiver<Batch>) {
+    let mut retiring: Vec<Batch> = Vec::new();
+    loop {
+        let b = match rx.recv_timeout(PROXY_IDLE) {
+            Ok(b) => b,
+            Err(RecvTimeoutError::Timeout) => {
+                let mut proxies = PROXIES.lock();
+                match rx.try_recv() {
+                    Ok(b) => b,
+                    Err(_) => {
+                        proxies.remove(&key);
+                        break;
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        retiring.retain(|old| !finished(old));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_batch(&b)));
+        let r = r.unwrap_or_else(|_| Err(Error::Internal("panic in the GPU proxy".into())));
+        // Release the stream whatever happened, so it never hangs.
+        b.flag.flag().store(1, Ordering::Release);
+        if let Err(e) = r {
+            tracing::warn!(target: "hetccl::COLL", "device-buffer operation failed: {e}");
+            for op in &b.ops {
+                op.host
+                    .comm
+                    .failure
+                    .lock()
+                    .get_or_insert_with(|| e.to_string());
+            }
+        }
+        retiring.push(b);
+    }
+    for b in &retiring {
+        // SAFETY: the context of the user's calls, alive while they run.
+        let _ = unsafe { driver::set_current(b.ctx) };
+        for op in &b.ops {
+            let _ = op.done.wait();
+        }
+    }
+}
+
+/// Whether every "done" event of `b` has passed (its buffers may be reused).
+fn finished(b: &Batch) -> bool {
+    b.ops.iter().all(|op| {
+        // SAFETY: a live event.
+        let r = unsafe { cu::cuEventQuery(op.done.0) };
+        r != cu::CUresult::CUDA_ERROR_NOT_READY
+    })
+}
+
+/// Waits for the inputs, then runs the batch through the host engine.
+fn run_batch(b: &Batch) -> Result<()> {
+    // SAFETY: as above.
+    unsafe { driver::set_current(b.ctx)? };
+    for op in &b.ops {
+        op.ready.wait()?;
+    }
+    let r = if b.ops.len() == 1 {
+        launch::submit(b.ops[0].host.clone())
+    } else {
+        // SAFETY: plain calls into hetccl's own exported group API.
+        unsafe { group::ncclGroupStart() };
+        let mut first_err = None;
+        for op in &b.ops {
+            if let Err(e) = launch::submit(op.host.clone()) {
+                first_err.get_or_insert(e);
+            }
+        }
+        // SAFETY: as above; closes the group opened here.
+        let code = unsafe { group::ncclGroupEnd() };
+        match (first_err, code) {
+            (Some(e), _) => Err(e),
+            (None, 0) => Ok(()),
+            (None, c) if c == NcclResult::InProgress.raw() => Err(Error::InProgress),
+            (None, c) => Err(Error::Remote(format!(
+                "the grouped host operations failed with ncclResult {c}"
+            ))),
+        }
+    };
+    match r {
+        Err(Error::InProgress) => wait_nonblocking(b),
+        r => r,
+    }
+}
+
+/// Nonblocking communicators finish on the engine's helper thread; wait for
+/// each comm's async state to settle.
+fn wait_nonblocking(b: &Batch) -> Result<()> {
+    for op in &b.ops {
+        loop {
+            let st = op.host.comm.async_error.load(Ordering::Acquire);
+            if st == NcclResult::InProgress.raw() {
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            if st != 0 {
+                return Err(Error::Remote(format!(
+                    "nonblocking device-buffer operation failed with ncclResult {st}"
+                )));
+            }
+            break;
+        }
+    }
+    Ok(())
+}
