@@ -18,3 +18,5 @@ command -v cargo >/dev/null || { echo "setup: cargo (rustup) is required" >&2; e
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt 2>/dev/null || true
 # NVIDIA's real headers and libnccl.so.2 for the ABI tests, cached outside the repo.
 bash "$(dirname "$0")/fetch-nvidia-headers.sh" >/dev/null
+# NVIDIA NVRTC (PyPI wheel) for the CPU-only GPU kernel compile test.
+bash "$(dirname "$0")/fetch-nvrtc.sh" >/dev/null
