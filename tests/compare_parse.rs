@@ -12,7 +12,11 @@ use std::process::Command;
 fn compare_parser_reads_both_programs_tables() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let script = root.join("bench-scripts/compare.d/compare.py");
-    let out = match Command::new("python3").arg(&script).arg("selftest").output() {
+    let out = match Command::new("python3")
+        .arg(&script)
+        .arg("selftest")
+        .output()
+    {
         Ok(o) => o,
         Err(e) => {
             eprintln!("skipped: cannot run python3: {e}");
@@ -25,5 +29,8 @@ fn compare_parser_reads_both_programs_tables() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "compare.py selftest failed:\n{text}");
-    assert!(text.contains("hetccl-") && text.contains("openmpi-"), "{text}");
+    assert!(
+        text.contains("hetccl-") && text.contains("openmpi-"),
+        "{text}"
+    );
 }
