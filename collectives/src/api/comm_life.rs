@@ -38,9 +38,19 @@ export! {
 }
 
 export! {
-    /// Writes the CUDA device of the communicator, -1 for a host-only rank.
+    /// Writes the CUDA device of the communicator: the one recorded at
+    /// init, else (CUDA present) the device of the caller's current context,
+    /// else -1 for a host-only rank.
     fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
-        guard("ncclCommCuDevice", || write_out(device, handle::lookup(comm)?.cuda_device, "device"))
+        guard("ncclCommCuDevice", || {
+            let c = handle::lookup(comm)?;
+            let d = if c.cuda_device >= 0 {
+                c.cuda_device
+            } else {
+                crate::gpu::driver::current_device().unwrap_or(-1)
+            };
+            write_out(device, d, "device")
+        })
     }
 }
 

@@ -1,7 +1,8 @@
 //! Device-side APIs: device communicators, window pointers and one-sided
-//! signals. They need CUDA (the GPU work, or NVIDIA's NCCL as a fallback);
-//! this build checks their arguments and refuses them with
-//! `ncclInvalidUsage` and a message.
+//! signals. hetccl checks their arguments, then forwards them to NVIDIA's
+//! NCCL when `HETCCL_NCCL_FALLBACK` names it (through a mirror communicator,
+//! see [`super::fallback`]); without it they return `ncclInvalidUsage` with
+//! a message.
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -10,7 +11,7 @@ use hetccl_abi::{
 };
 
 use super::check;
-use super::engine_gate::device_only;
+use super::fallback::{self, code, mirror};
 use super::guard::guard;
 use crate::comm::handle;
 use crate::export;
@@ -23,7 +24,14 @@ export! {
             handle::lookup(comm)?;
             check::non_null(reqs, "reqs")?;
             check::non_null(out_dev_comm, "outDevComm")?;
-            Err(device_only("ncclDevCommCreate"))
+            let fb = fallback::require("ncclDevCommCreate")?;
+            type F = unsafe extern "C" fn(ncclComm_t, *const c_void, *mut c_void) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h.
+            let f = unsafe { fb.sym::<F>("ncclDevCommCreate\0")? };
+            // SAFETY: the caller's handle, validated inside.
+            let m = unsafe { mirror(comm)? };
+            // SAFETY: checked arguments, passed through.
+            code("ncclDevCommCreate", unsafe { f(m, reqs, out_dev_comm) })
         })
     }
 }
@@ -34,7 +42,14 @@ export! {
         guard("ncclDevCommDestroy", || {
             handle::lookup(comm)?;
             check::non_null(dev_comm, "devComm")?;
-            Err(device_only("ncclDevCommDestroy"))
+            let fb = fallback::require("ncclDevCommDestroy")?;
+            type F = unsafe extern "C" fn(ncclComm_t, *const c_void) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h.
+            let f = unsafe { fb.sym::<F>("ncclDevCommDestroy\0")? };
+            // SAFETY: the caller's handle, validated inside.
+            let m = unsafe { mirror(comm)? };
+            // SAFETY: checked arguments, passed through.
+            code("ncclDevCommDestroy", unsafe { f(m, dev_comm) })
         })
     }
 }
@@ -46,8 +61,12 @@ export! {
         guard("ncclGetLsaMultimemDevicePointer", || {
             check::non_null(window, "window")?;
             check::non_null(out_ptr, "outPtr")?;
-            let _ = offset;
-            Err(device_only("ncclGetLsaMultimemDevicePointer"))
+            let fb = fallback::require("ncclGetLsaMultimemDevicePointer")?;
+            type F = unsafe extern "C" fn(ncclWindow_t, usize, *mut *mut c_void) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h; windows come from the fallback.
+            let f = unsafe { fb.sym::<F>("ncclGetLsaMultimemDevicePointer\0")? };
+            // SAFETY: checked arguments, passed through.
+            code("ncclGetLsaMultimemDevicePointer", unsafe { f(window, offset, out_ptr) })
         })
     }
 }
@@ -59,8 +78,12 @@ export! {
         guard("ncclGetPeerDevicePointer", || {
             check::non_null(window, "window")?;
             check::non_null(out_ptr, "outPtr")?;
-            let _ = (offset, peer);
-            Err(device_only("ncclGetPeerDevicePointer"))
+            let fb = fallback::require("ncclGetPeerDevicePointer")?;
+            type F = unsafe extern "C" fn(ncclWindow_t, usize, c_int, *mut *mut c_void) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h; windows come from the fallback.
+            let f = unsafe { fb.sym::<F>("ncclGetPeerDevicePointer\0")? };
+            // SAFETY: checked arguments, passed through.
+            code("ncclGetPeerDevicePointer", unsafe { f(window, offset, peer, out_ptr) })
         })
     }
 }
@@ -77,8 +100,17 @@ export! {
             check::buffer(localbuff, bytes, "localbuff")?;
             check::rank_in(peer, c.nranks as c_int, "peer")?;
             check::non_null(peer_win, "peerWin")?;
-            let _ = (peer_win_offset, sig_idx, ctx, flags, stream);
-            Err(device_only("ncclPutSignal"))
+            let fb = fallback::require("ncclPutSignal")?;
+            type F = unsafe extern "C" fn(*const c_void, usize, ncclDataType_t, c_int, ncclWindow_t,
+                usize, c_int, c_int, c_uint, ncclComm_t, cudaStream_t) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h.
+            let f = unsafe { fb.sym::<F>("ncclPutSignal\0")? };
+            // SAFETY: the caller's handle, validated inside.
+            let m = unsafe { mirror(comm)? };
+            // SAFETY: checked arguments, passed through with the mirror comm.
+            code("ncclPutSignal", unsafe {
+                f(localbuff, count, datatype, peer, peer_win, peer_win_offset, sig_idx, ctx, flags, m, stream)
+            })
         })
     }
 }
@@ -90,8 +122,14 @@ export! {
         guard("ncclSignal", || {
             let c = handle::lookup(comm)?;
             check::rank_in(peer, c.nranks as c_int, "peer")?;
-            let _ = (sig_idx, ctx, flags, stream);
-            Err(device_only("ncclSignal"))
+            let fb = fallback::require("ncclSignal")?;
+            type F = unsafe extern "C" fn(c_int, c_int, c_int, c_uint, ncclComm_t, cudaStream_t) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h.
+            let f = unsafe { fb.sym::<F>("ncclSignal\0")? };
+            // SAFETY: the caller's handle, validated inside.
+            let m = unsafe { mirror(comm)? };
+            // SAFETY: checked arguments, passed through with the mirror comm.
+            code("ncclSignal", unsafe { f(peer, sig_idx, ctx, flags, m, stream) })
         })
     }
 }
@@ -113,8 +151,14 @@ export! {
                     check::rank_in(d.peer, c.nranks as c_int, "signalDescs[].peer")?;
                 }
             }
-            let _ = stream;
-            Err(device_only("ncclWaitSignal"))
+            let fb = fallback::require("ncclWaitSignal")?;
+            type F = unsafe extern "C" fn(c_int, *mut ncclWaitSignalDesc_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h.
+            let f = unsafe { fb.sym::<F>("ncclWaitSignal\0")? };
+            // SAFETY: the caller's handle, validated inside.
+            let m = unsafe { mirror(comm)? };
+            // SAFETY: checked arguments, passed through with the mirror comm.
+            code("ncclWaitSignal", unsafe { f(n_desc, descs, m, stream) })
         })
     }
 }

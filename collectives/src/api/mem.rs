@@ -1,9 +1,10 @@
-//! `ncclMemAlloc` / `ncclMemFree` for host memory.
+//! `ncclMemAlloc` / `ncclMemFree`.
 //!
-//! Allocations are page-aligned anonymous mappings recorded in a registry, so
-//! that `ncclMemFree` rejects pointers it did not hand out instead of
-//! corrupting the heap, and so that transports can later recognise buffers
-//! they may map or register. Device memory comes with the GPU work (issue 7).
+//! With the CUDA driver present (see [`crate::gpu::driver`]), `ncclMemAlloc`
+//! returns device memory from `cuMemAlloc` in the caller's current context,
+//! as NCCL does. Without it, allocations are page-aligned anonymous host
+//! mappings. Both kinds are recorded in registries, so that `ncclMemFree`
+//! rejects pointers it did not hand out instead of corrupting the heap.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -22,6 +23,40 @@ const MAX_ALLOC: usize = 1 << 40;
 
 /// Live allocations: address -> mapped length.
 static ALLOCS: Lazy<Mutex<HashMap<usize, usize>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Live device allocations: address -> length.
+static DEVICE_ALLOCS: Lazy<Mutex<HashMap<usize, usize>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Device memory from `cuMemAlloc` (CUDA present), recorded for [`free_any`].
+pub fn alloc_device(size: usize) -> Result<*mut c_void> {
+    if size == 0 || size > MAX_ALLOC {
+        return Err(Error::arg(format!(
+            "size {size} is not in (0, {MAX_ALLOC}]"
+        )));
+    }
+    let p = crate::gpu::driver::mem_alloc(size)?;
+    DEVICE_ALLOCS.lock().insert(p as usize, size);
+    tracing::debug!(target: "hetccl::ALLOC", "ncclMemAlloc {size} device bytes at {p:p}");
+    Ok(p)
+}
+
+/// Frees memory from [`alloc_device`] or [`alloc_host`].
+///
+/// # Safety
+/// Nothing may use the memory at `p` afterwards.
+pub unsafe fn free_any(p: *mut c_void) -> Result<()> {
+    let device = DEVICE_ALLOCS.lock().remove(&(p as usize)).is_some();
+    let r = if device {
+        // SAFETY: from cuMemAlloc, removed from the registry above.
+        unsafe { crate::gpu::driver::mem_free(p) }
+    } else {
+        // SAFETY: per the contract.
+        unsafe { free_host(p) }
+    };
+    // The addresses may come back as another kind of memory.
+    crate::gpu::memory::forget_all();
+    r
+}
 
 /// Allocates `size` bytes of zeroed, page-aligned host memory.
 pub fn alloc_host(size: usize) -> Result<*mut c_void> {
@@ -72,12 +107,16 @@ pub fn allocation_size(p: *const c_void) -> Option<usize> {
 }
 
 export! {
-    /// Allocates `size` bytes for use as communication buffers. Host memory
-    /// for now (see the module docs).
+    /// Allocates `size` bytes for use as communication buffers: device
+    /// memory when the CUDA driver is present, else host memory.
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
         guard("ncclMemAlloc", || {
             check::non_null(ptr, "ptr")?;
-            let p = alloc_host(size)?;
+            let p = if crate::gpu::driver::available() {
+                alloc_device(size)?
+            } else {
+                alloc_host(size)?
+            };
             // SAFETY: checked non-NULL; the caller passes a writable pointer slot.
             unsafe { *ptr = p };
             Ok(())
@@ -93,7 +132,7 @@ export! {
                 return Ok(());
             }
             // SAFETY: the caller gives the memory back.
-            unsafe { free_host(ptr) }
+            unsafe { free_any(ptr) }
         })
     }
 }

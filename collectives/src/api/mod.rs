@@ -22,6 +22,7 @@ pub mod config_read;
 pub mod device;
 pub mod engine_gate;
 pub mod ext;
+pub mod fallback;
 pub mod group;
 pub mod guard;
 pub mod launch;
