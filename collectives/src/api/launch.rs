@@ -58,7 +58,8 @@ fn in_place(a: &CollArgs) -> bool {
     }
 }
 
-fn reduce_op(a: &CollArgs) -> Result<ReduceOp> {
+/// The reduction of a validated call (built-in, or a live PreMulSum op).
+pub(crate) fn reduce_op(a: &CollArgs) -> Result<ReduceOp> {
     let op = match a.op {
         RedOp::Dynamic(raw) => {
             let pm = a.comm.redops.lock().get(raw)?;
@@ -236,6 +237,14 @@ fn return_scratch(engine: &Engine, jobs: Vec<Job>) {
 
 /// Runs (or queues, inside a group) one validated call.
 pub fn submit(a: CollArgs) -> Result<()> {
+    if super::group::depth() == 0 {
+        if let Some(r) = crate::direct::try_run(&a, || reduce_op(&a)) {
+            if let Err(e) = &r {
+                poison(&a.comm, e);
+            }
+            return r;
+        }
+    }
     let job = make_job(&a)?;
     if super::group::depth() > 0 {
         QUEUE.with(|q| q.borrow_mut().ops.push(Pending { comm: a.comm, job }));
@@ -382,15 +391,20 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
     }
     if let Err(e) = &r {
         for c in &comms {
-            let code = match e {
-                Error::Timeout(_) | Error::Remote(_) => NcclResult::RemoteError.raw(),
-                other => other.code().raw(),
-            };
-            c.async_error.store(code, Ordering::Release);
-            // Messages may have moved part-way: poison the communicator so
-            // that no later operation reads stray bytes.
-            c.failure.lock().get_or_insert_with(|| e.to_string());
+            poison(c, e);
         }
     }
     r
+}
+
+/// Records a failed operation on `c`: its asynchronous error, and the reason
+/// every later operation fails (messages may have moved part-way, so no later
+/// operation may read the stray bytes).
+fn poison(c: &Comm, e: &Error) {
+    let code = match e {
+        Error::Timeout(_) | Error::Remote(_) => NcclResult::RemoteError.raw(),
+        other => other.code().raw(),
+    };
+    c.async_error.store(code, Ordering::Release);
+    c.failure.lock().get_or_insert_with(|| e.to_string());
 }

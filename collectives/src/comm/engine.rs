@@ -44,4 +44,7 @@ pub struct Engine {
     pub scratch_pool: Mutex<Vec<Vec<u8>>>,
     /// Algorithms and plans already made for this communicator.
     pub plans: Mutex<super::plan_cache::PlanCache>,
+    /// The direct (board and single-copy) paths, when every rank is on this
+    /// node and joined by shm.
+    pub direct: Option<crate::direct::Node>,
 }

@@ -6,9 +6,10 @@
 //! can never alias a newer comm: using a comm after `ncclCommDestroy`, or
 //! destroying it twice, is reliably reported as `ncclInvalidArgument`.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use hetccl_abi::ncclComm_t;
 use once_cell::sync::Lazy;
@@ -57,14 +58,34 @@ fn cell_id(handle: ncclComm_t) -> Result<u64> {
     Ok(id)
 }
 
+thread_local! {
+    /// The handle this thread looked up last, and its comm: a hit skips both
+    /// registry locks (the per-call cost of a training loop's collectives).
+    static LAST: RefCell<Option<(usize, Weak<Comm>)>> = const { RefCell::new(None) };
+}
+
 /// The live comm behind `handle`.
 pub fn lookup(handle: ncclComm_t) -> Result<Arc<Comm>> {
+    let key = handle as usize;
+    let hit = LAST.with(|l| match &*l.borrow() {
+        Some((h, w)) if *h == key => w.upgrade(),
+        _ => None,
+    });
+    if let Some(comm) = hit {
+        // SAFETY: `handle` was in CELLS when it was cached, so it points to
+        // a Cell made by `register`, which is never freed.
+        if unsafe { (*(handle as *const Cell)).magic.load(Ordering::Acquire) } == LIVE {
+            return Ok(comm);
+        }
+    }
     let id = cell_id(handle)?;
-    LIVE_COMMS
+    let comm = LIVE_COMMS
         .lock()
         .get(&id)
         .cloned()
-        .ok_or_else(|| Error::arg(format!("comm {handle:p} was already destroyed")))
+        .ok_or_else(|| Error::arg(format!("comm {handle:p} was already destroyed")))?;
+    LAST.with(|l| *l.borrow_mut() = Some((key, Arc::downgrade(&comm))));
+    Ok(comm)
 }
 
 /// Removes the comm behind `handle` from the registry and returns it.

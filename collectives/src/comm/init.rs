@@ -113,6 +113,31 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     for (p, conns) in net::setup(&mut bs, &tcp_peers, NCHAN)? {
         peers[p] = Some(conns);
     }
+    let aborted = Arc::new(AtomicBool::new(false));
+    let hw = topo::host::host_info();
+    let mut spin = std::time::Duration::from_micros(u64::from(cfg.spin_us));
+    if local.len() > hw.pus {
+        spin = std::time::Duration::ZERO;
+    }
+    // The direct paths need every rank on this node, joined by shm; the
+    // board is set up before the last barrier so peers see it afterwards.
+    let direct = match &arena {
+        Some(a)
+            if local.len() == nranks && (0..nranks).all(|p| p == rank || choice[p] == "shm") =>
+        {
+            let pids: Vec<u32> = bs.cards.iter().map(|c| c.pid).collect();
+            Some(crate::direct::Node::new(
+                a.clone(),
+                me_local,
+                &pids,
+                aborted.clone(),
+                spin,
+                &crate::api::launch::algo_filter()?,
+                comm_hash,
+            ))
+        }
+        _ => None,
+    };
     // The node's progress board (exec/watch.rs): mapped before the last
     // barrier, its name removed after it.
     let on_node: Vec<bool> = (0..nranks).map(|r| node_of[r] == node_of[rank]).collect();
@@ -120,7 +145,6 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let last = bs.barrier();
     Watch::unlink(comm_hash, node_of[rank]);
     last?;
-    let aborted = Arc::new(AtomicBool::new(false));
     let bell = arena.as_ref().map(|a| a.bell(me_local));
     let links = Links {
         rank,
@@ -136,11 +160,6 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         .collect();
     tracing::info!(target: "hetccl::INIT",
         "comm {comm_hash:016x} rank {rank}/{nranks}: nodes {:?}, links {:?}", node_of, kinds);
-    let hw = topo::host::host_info();
-    let mut spin = std::time::Duration::from_micros(u64::from(cfg.spin_us));
-    if local.len() > hw.pus {
-        spin = std::time::Duration::ZERO;
-    }
     tracing::info!(target: "hetccl::INIT",
         "rank {rank}: {} local ranks on {} PUs / {} cores / {} NUMA nodes ({}); spin {:?}",
         local.len(), hw.pus, hw.cores, hw.numa_nodes, hw.source, spin);
@@ -158,6 +177,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         plans: Mutex::new(Default::default()),
         scratch_pool: Mutex::new(Vec::new()),
         spin,
+        direct,
     };
     comm.engine
         .set(engine)

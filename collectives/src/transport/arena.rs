@@ -1,6 +1,8 @@
 //! The node arena: one shared-memory segment per communicator and node that
-//! holds every local rank's doorbell and a ring for every ordered pair of
-//! local ranks.
+//! holds every local rank's doorbell, every local rank's board (the
+//! direct-access region of `crate::direct`: small-message slots and the
+//! control line of single-copy operations), and a ring for every ordered pair
+//! of local ranks.
 //!
 //! The node's lowest rank creates it under `/dev/shm`, the others map it
 //! after a bootstrap barrier, and the creator unlinks it after a second
@@ -17,6 +19,9 @@ use crate::error::{Error, Result};
 const MAGIC: u64 = 0x6865_7463_636c_4152; // "hetcclAR"
 const HDR: usize = 64;
 const BELL: usize = std::mem::size_of::<DoorbellCell>();
+
+/// Bytes of one local rank's board (a multiple of 64; see `crate::direct::board`).
+pub const BOARD: usize = 64 + 2 * (64 + (16 << 10));
 
 /// A mapped arena.
 #[derive(Debug)]
@@ -39,7 +44,7 @@ fn size_for(nlocal: usize, nchan: usize, cap: usize) -> Option<usize> {
         .checked_mul(nlocal)?
         .checked_mul(nchan)?
         .checked_mul(Ring::footprint(cap))?;
-    HDR.checked_add(nlocal.checked_mul(BELL)?)?
+    HDR.checked_add(nlocal.checked_mul(BELL + BOARD)?)?
         .checked_add(rings)
 }
 
@@ -163,12 +168,26 @@ impl Arena {
         unsafe { Doorbell::new(self.base.add(HDR + i * BELL) as *const DoorbellCell) }
     }
 
+    /// The number of local ranks.
+    pub fn nlocal(&self) -> usize {
+        self.nlocal
+    }
+
+    /// The start of local rank `i`'s board: [`BOARD`] zero-initialised,
+    /// 64-byte aligned bytes, shared by every local rank for the arena's
+    /// lifetime.
+    pub fn board(&self, i: usize) -> *mut u8 {
+        assert!(i < self.nlocal);
+        // SAFETY: inside the mapping (boards follow the doorbells).
+        unsafe { self.base.add(HDR + self.nlocal * BELL + i * BOARD) }
+    }
+
     /// The ring carrying bytes from local rank `from` to local rank `to` on
     /// channel `chan`.
     pub fn ring(&self, from: usize, to: usize, chan: usize) -> Ring {
         assert!(from < self.nlocal && to < self.nlocal && from != to && chan < self.nchan);
         let idx = (from * self.nlocal + to) * self.nchan + chan;
-        let off = HDR + self.nlocal * BELL + idx * Ring::footprint(self.cap);
+        let off = HDR + self.nlocal * (BELL + BOARD) + idx * Ring::footprint(self.cap);
         // SAFETY: the ring region lies inside the mapping; one producer
         // (`from`) and one consumer (`to`) use it.
         unsafe { Ring::at(self.base.add(off), self.cap) }

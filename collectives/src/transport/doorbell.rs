@@ -51,6 +51,16 @@ impl Doorbell {
         }
     }
 
+    /// Wakes the owner only if it announced a sleep: one read of the shared
+    /// line when nobody sleeps. The caller must have published its data with
+    /// a `SeqCst` store or fence before calling this, so that an owner that
+    /// announces its sleep after this check sees the data when it re-checks.
+    pub fn ring_if_sleeping(&self) {
+        if self.cell().sleepers.load(Ordering::SeqCst) > 0 {
+            self.ring();
+        }
+    }
+
     /// Announces that the owner is about to sleep and returns the sequence
     /// value to pass to [`Doorbell::sleep`]. The caller must re-check its
     /// links between `prepare` and `sleep`, and call [`Doorbell::done`] after.

@@ -1,0 +1,161 @@
+//! The layout of one local rank's board in the node arena
+//! ([`crate::transport::arena::BOARD`] bytes, zeroed at creation).
+//!
+//! ```text
+//! offset 0      control line (64 B): single-copy handshake, owner writes
+//! offset 64     small-message slot, parity 0: seq (8 B) + data
+//! offset 64+S   small-message slot, parity 1
+//! ```
+//!
+//! Every word is written by the board's owner only and read by the other
+//! local ranks. A slot's data is written before its `seq` is published with
+//! `Release`; a reader that sees `seq == s` with `Acquire` may read the data
+//! of operation `s`. The data starts in the same cache line as `seq`, so an
+//! 8-byte operation moves one line per rank.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::transport::arena::BOARD;
+
+/// Data bytes of one small-message slot.
+pub const FAST_BYTES: usize = 16 << 10;
+/// Bytes from one slot's start to the next.
+const SLOT_STRIDE: usize = 64 + FAST_BYTES;
+/// Where the first slot starts.
+const SLOT0: usize = 64;
+const _: () = assert!(SLOT0 + 2 * SLOT_STRIDE <= BOARD);
+
+/// The control line: what a rank tells the others about its current
+/// single-copy operation (see `direct::copy`).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Control {
+    /// `(op << 8) | stage`: the single-copy operation this rank is in and the
+    /// last stage it finished (0 = posted its buffers).
+    pub stage: AtomicU64,
+    /// The operation's send buffer address in the owner's address space.
+    pub send: AtomicU64,
+    /// The operation's receive buffer address in the owner's address space.
+    pub recv: AtomicU64,
+    /// The owner's process id (for `process_vm_readv` and liveness checks).
+    pub pid: AtomicU64,
+    /// Address of a word holding [`PROBE_VALUE`] in the owner's process.
+    pub probe_addr: AtomicU64,
+    /// 1 when the owner could read every peer's probe word, 2 when not.
+    pub probe_ok: AtomicU64,
+}
+
+/// The value of the probe word every rank publishes at init.
+pub const PROBE_VALUE: u64 = 0x6865_7463_636c_5052; // "hetcclPR"
+
+/// A view of one rank's board.
+#[derive(Debug, Clone, Copy)]
+pub struct Board {
+    base: *mut u8,
+}
+
+// SAFETY: the board lives in the shared arena for the communicator's
+// lifetime; its words are atomics and its data areas follow the slot
+// protocol above.
+unsafe impl Send for Board {}
+// SAFETY: as above.
+unsafe impl Sync for Board {}
+
+impl Board {
+    /// Views the board at `base`.
+    ///
+    /// # Safety
+    /// `base` must be a board of the arena (64-byte aligned, [`BOARD`]
+    /// bytes) that outlives the view.
+    pub unsafe fn at(base: *mut u8) -> Self {
+        Self { base }
+    }
+
+    /// The control line.
+    pub fn control(&self) -> &Control {
+        // SAFETY: the first 64 bytes are the control line (zero is a valid
+        // value for every field).
+        unsafe { &*(self.base as *const Control) }
+    }
+
+    fn slot(&self, seq: u64) -> *mut u8 {
+        // SAFETY: both slots lie inside the board.
+        unsafe { self.base.add(SLOT0 + (seq as usize & 1) * SLOT_STRIDE) }
+    }
+
+    /// The sequence word of the slot operation `seq` uses.
+    pub fn slot_seq(&self, seq: u64) -> &AtomicU64 {
+        // SAFETY: the slot starts with an 8-byte aligned word.
+        unsafe { &*(self.slot(seq) as *const AtomicU64) }
+    }
+
+    /// The data area of the slot operation `seq` uses.
+    pub fn slot_data(&self, seq: u64) -> *mut u8 {
+        // SAFETY: the data follows the sequence word inside the slot.
+        unsafe { self.slot(seq).add(8) }
+    }
+
+    /// Publishes `data` as this rank's input to small operation `seq`.
+    ///
+    /// # Safety
+    /// Only the board's owner may post, and only once every rank has posted
+    /// operation `seq - 1` (so nobody still reads operation `seq - 2`, which
+    /// used the same slot). `data` must be at most [`FAST_BYTES`].
+    pub unsafe fn post(&self, seq: u64, data: &[u8]) {
+        debug_assert!(data.len() <= FAST_BYTES);
+        // SAFETY: per the contract, nobody reads this slot now.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.slot_data(seq), data.len());
+        }
+        self.slot_seq(seq).store(seq, Ordering::SeqCst);
+    }
+
+    /// Whether this rank has posted small operation `seq`.
+    pub fn posted(&self, seq: u64) -> bool {
+        self.slot_seq(seq).load(Ordering::Acquire) == seq
+    }
+
+    /// The first `len` data bytes of small operation `seq` (after
+    /// [`Board::posted`] returned true for `seq`).
+    ///
+    /// # Safety
+    /// The owner must have posted `seq` and the caller must not have posted
+    /// `seq + 1` yet; `len` at most [`FAST_BYTES`].
+    pub unsafe fn data(&self, seq: u64, len: usize) -> &[u8] {
+        debug_assert!(len <= FAST_BYTES);
+        // SAFETY: per the contract, the owner does not rewrite the slot
+        // before this rank posts `seq + 1`.
+        unsafe { std::slice::from_raw_parts(self.slot_data(seq), len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_alternate_and_publish_their_sequence() {
+        let layout = std::alloc::Layout::from_size_align(BOARD, 64).unwrap();
+        // SAFETY: a non-zero size.
+        let mem = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!mem.is_null());
+        // SAFETY: a zeroed, 64-byte aligned buffer standing in for the arena.
+        let b = unsafe { Board::at(mem) };
+        assert!(!b.posted(1));
+        // SAFETY: single-threaded test.
+        unsafe { b.post(1, b"abc") };
+        assert!(b.posted(1));
+        assert!(!b.posted(2));
+        // SAFETY: posted above.
+        assert_eq!(unsafe { b.data(1, 3) }, b"abc");
+        // SAFETY: single-threaded test.
+        unsafe { b.post(2, &[7u8; FAST_BYTES]) };
+        // SAFETY: posted above.
+        assert_eq!(unsafe { b.data(1, 3) }, b"abc", "op 2 uses the other slot");
+        assert_ne!(b.slot_data(1), b.slot_data(2));
+        assert_eq!(b.slot_data(1), b.slot_data(3));
+        assert_eq!(b.control().stage.load(Ordering::Relaxed), 0);
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(mem, layout) };
+    }
+}

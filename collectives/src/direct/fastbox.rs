@@ -1,0 +1,176 @@
+//! Small collectives through the board slots: post, wait for every rank's
+//! post, compute the output from the slots.
+//!
+//! Every rank posts and waits in every operation, even a broadcast's
+//! receivers and a reduce's non-roots: that full exchange is what makes the
+//! two alternating slots safe (see [`super::board`]). Every rank folds the
+//! inputs in rank order, so all ranks compute bit-identical results.
+
+use std::cell::RefCell;
+
+use super::board::FAST_BYTES;
+use super::Node;
+use crate::algo::Collective;
+use crate::api::coll_args::CollArgs;
+use crate::error::{Error, Result};
+use crate::reduce::{self, ReduceError, ReduceOp};
+
+/// Whether a `kind` call of `bytes` per rank (NCCL's count times the element
+/// size) fits the slots on `n` ranks.
+pub fn fits(kind: Collective, bytes: usize, n: usize) -> bool {
+    let posted = match kind {
+        Collective::AllReduce
+        | Collective::Reduce
+        | Collective::AllGather
+        | Collective::Broadcast => Some(bytes),
+        Collective::ReduceScatter => bytes.checked_mul(n),
+        _ => None,
+    };
+    bytes > 0 && matches!(posted, Some(p) if p <= FAST_BYTES)
+}
+
+thread_local! {
+    /// Scratch for pre-multiplied inputs (Avg on floats, PreMulSum).
+    static TMP: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn kernel(e: ReduceError) -> Error {
+    Error::Internal(format!("reduction kernel: {e}"))
+}
+
+/// `out = op(inputs...)` folded in rank order, with the op's pre- and
+/// post-operations.
+fn fold(out: &mut [u8], inputs: &[&[u8]], a: &CollArgs, op: ReduceOp) -> Result<()> {
+    let (dt, n) = (a.dtype, inputs.len() as u32);
+    if op.has_pre_op(dt) {
+        reduce::pre_op(out, inputs[0], dt, op, n).map_err(kernel)?;
+        TMP.with(|t| {
+            let mut t = t.borrow_mut();
+            t.resize(out.len(), 0);
+            for x in &inputs[1..] {
+                reduce::pre_op(&mut t, x, dt, op, n).map_err(kernel)?;
+                reduce::reduce_into(out, &t, dt, op).map_err(kernel)?;
+            }
+            Ok::<_, Error>(())
+        })?;
+    } else if inputs.len() >= 2 {
+        reduce::reduce3(out, inputs[0], inputs[1], dt, op).map_err(kernel)?;
+        for x in &inputs[2..] {
+            reduce::reduce_into(out, x, dt, op).map_err(kernel)?;
+        }
+    } else {
+        out.copy_from_slice(inputs[0]);
+    }
+    reduce::post_op(out, dt, op, n).map_err(kernel)
+}
+
+/// Calls `f` with the `n` slices `get(0..n)`, on the stack for up to 8.
+fn with_inputs<'a, R>(
+    n: usize,
+    get: impl Fn(usize) -> &'a [u8],
+    f: impl FnOnce(&[&'a [u8]]) -> R,
+) -> R {
+    if n <= 8 {
+        let mut v: [&[u8]; 8] = [&[]; 8];
+        for (k, x) in v.iter_mut().enumerate().take(n) {
+            *x = get(k);
+        }
+        f(&v[..n])
+    } else {
+        let v: Vec<&[u8]> = (0..n).map(get).collect();
+        f(&v)
+    }
+}
+
+/// Runs one small collective (`fits` returned true).
+pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64) -> Result<()> {
+    let n = node.nranks();
+    let me = node.me;
+    let bytes = a.count * a.dtype.size();
+    let s = node
+        .fast_seq
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    let posted = match a.kind {
+        Collective::Broadcast if a.root != me => 0,
+        Collective::ReduceScatter => bytes * n,
+        _ => bytes,
+    };
+    let input: &[u8] = if posted == 0 {
+        &[]
+    } else {
+        // SAFETY: validated: `send` holds `send_bytes` >= `posted` bytes.
+        unsafe { std::slice::from_raw_parts(a.send.cast::<u8>(), posted) }
+    };
+    // SAFETY: this rank owns its board, and every rank finished operation
+    // s - 1 before this one (its own wait below in the previous call).
+    unsafe { node.boards[me].post(s, input) };
+    node.wake_peers();
+    let what = || {
+        format!(
+            "{} seq {trace} trace {:016x}-{trace} ({bytes} B, fastbox)",
+            a.kind, node.comm_hash
+        )
+    };
+    node.wait(&what, || {
+        (0..n).find(|&k| k != me && !node.boards[k].posted(s))
+    })?;
+    let out_len = match a.kind {
+        Collective::AllGather => bytes * n,
+        Collective::Reduce if a.root != me => 0,
+        _ => bytes,
+    };
+    if out_len == 0 {
+        return Ok(());
+    }
+    // SAFETY: validated: `recv` holds `recv_bytes` >= `out_len` writable
+    // bytes; the slots hold copies, so `recv` may alias `send`.
+    let out = unsafe { std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), out_len) };
+    // SAFETY (every `data` below): all ranks posted `s`, and this rank has
+    // not posted `s + 1`.
+    let slot = |k: usize, len: usize| unsafe { node.boards[k].data(s, len) };
+    match a.kind {
+        Collective::AllReduce | Collective::Reduce => {
+            with_inputs(n, |k| slot(k, bytes), |inputs| fold(out, inputs, a, op))
+        }
+        Collective::ReduceScatter => {
+            let (lo, hi) = (me * bytes, (me + 1) * bytes);
+            with_inputs(n, |k| &slot(k, hi)[lo..], |inputs| fold(out, inputs, a, op))
+        }
+        Collective::AllGather => {
+            for (k, chunk) in out.chunks_exact_mut(bytes).enumerate() {
+                chunk.copy_from_slice(slot(k, bytes));
+            }
+            Ok(())
+        }
+        Collective::Broadcast => {
+            if a.root != me || !std::ptr::eq(a.send.cast::<u8>(), a.recv.cast::<u8>().cast_const())
+            {
+                out.copy_from_slice(slot(a.root, bytes));
+            }
+            Ok(())
+        }
+        other => Err(Error::Internal(format!("fastbox cannot run {other}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_fits() {
+        assert!(fits(Collective::AllReduce, 8, 2));
+        assert!(fits(Collective::AllReduce, FAST_BYTES, 8));
+        assert!(!fits(Collective::AllReduce, FAST_BYTES + 1, 2));
+        assert!(
+            !fits(Collective::AllReduce, 0, 2),
+            "empty calls take the plain path"
+        );
+        assert!(fits(Collective::ReduceScatter, FAST_BYTES / 4, 4));
+        assert!(!fits(Collective::ReduceScatter, FAST_BYTES / 4 + 1, 4));
+        assert!(!fits(Collective::ReduceScatter, usize::MAX, 2));
+        assert!(!fits(Collective::AlltoAll, 8, 2));
+        assert!(!fits(Collective::Gather, 8, 2));
+    }
+}

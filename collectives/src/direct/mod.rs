@@ -1,0 +1,237 @@
+//! Direct collectives for communicators whose ranks all share one node: each
+//! rank reads the other ranks' data where it lies, instead of streaming it
+//! through the pipelined rings of the executor.
+//!
+//! - [`fastbox`]: small operations. Every rank copies its input into its
+//!   board slot in the node arena, publishes a sequence number, waits for
+//!   everybody's, and computes its output from the slots. One cache line
+//!   per rank for an 8-byte allreduce, and no plan, batch or link.
+//! - [`copy`]: large operations with one kernel copy
+//!   (`process_vm_readv`, "CMA"): ranks publish their buffer addresses on
+//!   their board's control line and read each other's buffers directly; a
+//!   reduction then reads the peer's data once, from cache.
+//!
+//! Both run on the calling thread, outside groups, on blocking
+//! communicators, and count as the `Direct` algorithm for `NCCL_ALGO`.
+//! [`try_run`] decides, from values every rank has, so that all ranks take
+//! the same path.
+
+pub mod board;
+pub mod copy;
+pub mod fastbox;
+mod wait;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use self::board::{Board, PROBE_VALUE};
+use crate::algo::{AlgoFilter, Algorithm, Collective};
+use crate::api::coll_args::CollArgs;
+use crate::error::Result;
+use crate::exec::Patience;
+use crate::reduce::ReduceOp;
+use crate::transport::arena::Arena;
+use crate::transport::doorbell::Doorbell;
+
+/// Operations run by [`fastbox`] in this process (for tests and stats).
+pub static FAST_OPS: AtomicU64 = AtomicU64::new(0);
+/// Operations run by [`copy`] in this process (for tests and stats).
+pub static COPY_OPS: AtomicU64 = AtomicU64::new(0);
+
+/// The word whose address every rank publishes, so that peers can check
+/// that they may read this process's memory.
+static PROBE: AtomicU64 = AtomicU64::new(PROBE_VALUE);
+
+/// A communicator's view of its node's boards (only for communicators whose
+/// ranks are all on this node and joined by shm links).
+#[derive(Debug)]
+pub struct Node {
+    arena: Arc<Arena>,
+    /// This rank's index among the node's ranks (its rank: all are local).
+    me: usize,
+    boards: Vec<Board>,
+    bells: Vec<Doorbell>,
+    bell: Doorbell,
+    /// Process id of every local rank (0 where it cannot be observed).
+    pids: Vec<u32>,
+    aborted: Arc<AtomicBool>,
+    spin: Duration,
+    hang_report: Option<Duration>,
+    stall_timeout: Duration,
+    /// Small operations run so far (the slot sequence; starts at 1).
+    fast_seq: AtomicU64,
+    /// Single-copy operations run so far.
+    copy_seq: AtomicU64,
+    /// Whether `NCCL_ALGO` allows `Direct`, per collective.
+    allowed: [bool; 5],
+    /// Single-copy availability: 0 unknown, 1 yes, 2 no (decided by the
+    /// first large operation, the same way on every rank).
+    copy_state: std::sync::atomic::AtomicU8,
+    comm_hash: u64,
+}
+
+/// The collectives this module serves, in `allowed` order.
+const KINDS: [Collective; 5] = [
+    Collective::AllReduce,
+    Collective::Broadcast,
+    Collective::Reduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+];
+
+fn kind_index(k: Collective) -> Option<usize> {
+    KINDS.iter().position(|&x| x == k)
+}
+
+impl Node {
+    /// Sets up this rank's board. Every rank of the communicator must be a
+    /// local rank of `arena`, in rank order. Call before the last init
+    /// barrier, so that peers see the control line once init completes.
+    pub fn new(
+        arena: Arc<Arena>,
+        me: usize,
+        pids: &[u32],
+        aborted: Arc<AtomicBool>,
+        spin: Duration,
+        filter: &AlgoFilter,
+        comm_hash: u64,
+    ) -> Self {
+        let n = arena.nlocal();
+        // SAFETY: boards of a live arena, kept alive by the Arc we hold.
+        let boards: Vec<Board> = (0..n)
+            .map(|i| unsafe { Board::at(arena.board(i)) })
+            .collect();
+        let bells: Vec<Doorbell> = (0..n).map(|i| arena.bell(i)).collect();
+        let ctl = boards[me].control();
+        ctl.pid
+            .store(u64::from(std::process::id()), Ordering::Relaxed);
+        ctl.probe_addr
+            .store(PROBE.as_ptr() as u64, Ordering::Relaxed);
+        ctl.stage.store(0, Ordering::SeqCst);
+        let pids = pids
+            .iter()
+            .map(|&p| {
+                if std::path::Path::new(&format!("/proc/{p}")).exists() {
+                    p
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let patience = Patience::from_config();
+        let mut allowed = [false; 5];
+        for (i, &k) in KINDS.iter().enumerate() {
+            allowed[i] = filter.allows(k, Algorithm::Direct);
+        }
+        Self {
+            bell: bells[me],
+            arena,
+            me,
+            boards,
+            bells,
+            pids,
+            aborted,
+            spin,
+            hang_report: patience.hang_report,
+            stall_timeout: patience.stall_timeout,
+            fast_seq: AtomicU64::new(0),
+            copy_seq: AtomicU64::new(0),
+            allowed,
+            copy_state: std::sync::atomic::AtomicU8::new(0),
+            comm_hash,
+        }
+    }
+
+    /// The number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.boards.len()
+    }
+
+    /// The communicator rank of local rank `k` (the same: all are local).
+    fn rank_of(&self, k: usize) -> usize {
+        k
+    }
+}
+
+/// Which direct path a call takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Fast,
+    Copy,
+}
+
+/// Bytes from which the single-copy path replaces the pipelined rings.
+pub const COPY_MIN_BYTES: usize = 256 << 10;
+
+fn path_for(kind: Collective, count: usize, elem: usize, n: usize) -> Option<Path> {
+    let bytes = count.checked_mul(elem)?;
+    if fastbox::fits(kind, bytes, n) {
+        return Some(Path::Fast);
+    }
+    let total = match kind {
+        Collective::AllGather | Collective::ReduceScatter => bytes.checked_mul(n)?,
+        _ => bytes,
+    };
+    (total >= COPY_MIN_BYTES && copy::serves(kind)).then_some(Path::Copy)
+}
+
+/// Runs `a` on a direct path if one applies (blocking communicator, host
+/// memory, all ranks on this node, outside a group, allowed by
+/// `NCCL_ALGO`); `None` when the pipelined executor must run it.
+pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result<()>> {
+    let e = a.comm.engine.get()?;
+    let node = e.direct.as_ref()?;
+    if !e.config.blocking || !node.allowed[kind_index(a.kind)?] {
+        return None;
+    }
+    let path = path_for(a.kind, a.count, a.dtype.size(), node.nranks())?;
+    if path == Path::Copy && !node.copy_usable() {
+        return None;
+    }
+    let op = if a.kind.reduces() {
+        match op() {
+            Ok(op) => op,
+            Err(err) => return Some(Err(err)),
+        }
+    } else {
+        ReduceOp::Sum
+    };
+    let _lock = e.exec_lock.lock();
+    let seq = e.seq.fetch_add(1, Ordering::Relaxed);
+    Some(match path {
+        Path::Fast => {
+            FAST_OPS.fetch_add(1, Ordering::Relaxed);
+            fastbox::run(node, a, op, seq)
+        }
+        Path::Copy => {
+            COPY_OPS.fetch_add(1, Ordering::Relaxed);
+            copy::run(node, a, op, seq)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_by_size() {
+        assert_eq!(path_for(Collective::AllReduce, 2, 4, 2), Some(Path::Fast));
+        assert_eq!(
+            path_for(Collective::AllReduce, board::FAST_BYTES / 4, 4, 2),
+            Some(Path::Fast)
+        );
+        assert_eq!(
+            path_for(Collective::ReduceScatter, board::FAST_BYTES / 4, 4, 2),
+            None,
+            "the whole input must fit a slot"
+        );
+        assert_eq!(
+            path_for(Collective::AllReduce, COPY_MIN_BYTES, 1, 2),
+            Some(Path::Copy)
+        );
+        assert_eq!(path_for(Collective::AlltoAll, 1, 4, 2), None);
+        assert_eq!(path_for(Collective::AllReduce, usize::MAX, 8, 2), None);
+    }
+}

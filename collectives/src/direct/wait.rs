@@ -1,0 +1,173 @@
+//! Waiting for the other local ranks' board words: spin, then yield, then
+//! sleep on this rank's doorbell, checking along the way the abort flag, the
+//! peer's links (closed by its `ncclCommAbort`), whether the peer's process
+//! still exists, the hang-report threshold and the stall limit.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::Node;
+use crate::error::{Error, Result};
+
+/// How long a waiting rank yields its CPU (after spinning) before it sleeps
+/// on its doorbell. Yielding lets an oversubscribed peer run at once; a
+/// futex wake-up costs about 20 µs on a VM.
+const YIELD_FOR: Duration = Duration::from_millis(2);
+/// The longest sleep between checks.
+const MAX_SLEEP: Duration = Duration::from_millis(5);
+/// How often a waiter checks that the peer's process still exists.
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Spin,
+    Yield,
+    Sleep,
+}
+
+/// Whether process `pid` is gone (or a zombie).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            // The state follows the command name's closing parenthesis.
+            let state = s
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next());
+            matches!(state, Some('Z') | Some('X'))
+        }
+        Err(_) => true,
+    }
+}
+
+impl Node {
+    /// Waits until `missing` returns `None`. `missing` names the first local
+    /// rank the caller still waits for; `what` describes the operation for
+    /// hang reports and errors.
+    pub(crate) fn wait(
+        &self,
+        what: &dyn Fn() -> String,
+        mut missing: impl FnMut() -> Option<usize>,
+    ) -> Result<()> {
+        let Some(mut waiting_for) = missing() else {
+            return Ok(());
+        };
+        let mut phase = Phase::Spin;
+        let mut last = Instant::now();
+        let mut next_liveness = last + LIVENESS_EVERY;
+        let mut reported = false;
+        let mut iter: u32 = 0;
+        loop {
+            if self.aborted.load(Ordering::Relaxed) {
+                return Err(Error::Remote("the communicator was aborted".into()));
+            }
+            match missing() {
+                None => return Ok(()),
+                Some(k) if k != waiting_for => {
+                    waiting_for = k;
+                    phase = Phase::Spin;
+                    last = Instant::now();
+                    reported = false;
+                    continue;
+                }
+                Some(_) => {}
+            }
+            iter = iter.wrapping_add(1);
+            match phase {
+                Phase::Spin => {
+                    std::hint::spin_loop();
+                    if iter % 128 != 0 && !self.spin.is_zero() {
+                        continue;
+                    }
+                }
+                Phase::Yield => {
+                    // SAFETY: sched_yield has no arguments and cannot fail.
+                    unsafe { libc::sched_yield() };
+                    if iter % 16 != 0 {
+                        continue;
+                    }
+                }
+                Phase::Sleep => {}
+            }
+            let now = Instant::now();
+            let idle = now.duration_since(last);
+            phase = if idle < self.spin {
+                Phase::Spin
+            } else if idle < self.spin + YIELD_FOR {
+                Phase::Yield
+            } else {
+                Phase::Sleep
+            };
+            if phase == Phase::Spin {
+                continue;
+            }
+            self.check_peer(waiting_for, now, &mut next_liveness)?;
+            if let Some(h) = self.hang_report {
+                if idle >= h && !reported {
+                    reported = true;
+                    tracing::warn!(target: "hetccl::COLL",
+                        "hang report: rank {} idle for {:.1} s: {}: waits for rank {} (board)",
+                        self.rank_of(self.me), idle.as_secs_f64(), what(), self.rank_of(waiting_for));
+                }
+            }
+            if idle >= self.stall_timeout {
+                return Err(Error::Remote(format!(
+                    "{}: no word from rank {} for {:.0} s (HETCCL_TIMEOUT_S): the peer is stuck or gone",
+                    what(),
+                    self.rank_of(waiting_for),
+                    idle.as_secs_f64()
+                )));
+            }
+            if phase == Phase::Sleep {
+                let seq = self.bell.prepare();
+                if missing() != Some(waiting_for) {
+                    self.bell.done();
+                    continue;
+                }
+                self.bell.sleep(seq, MAX_SLEEP);
+                self.bell.done();
+            }
+        }
+    }
+
+    /// Fails if local rank `k` closed its links or its process is gone.
+    fn check_peer(&self, k: usize, now: Instant, next_liveness: &mut Instant) -> Result<()> {
+        if self.arena.ring(k, self.me, 0).is_closed() {
+            return Err(Error::Remote(format!(
+                "rank {} closed its links (aborted)",
+                self.rank_of(k)
+            )));
+        }
+        if now >= *next_liveness {
+            *next_liveness = now + LIVENESS_EVERY;
+            let pid = self.pids[k];
+            if pid != self.pids[self.me] && process_gone(pid) {
+                return Err(Error::Remote(format!(
+                    "rank {} (pid {pid}) exited",
+                    self.rank_of(k)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Rings the doorbell of every other local rank that sleeps (after this
+    /// rank published something with a `SeqCst` store).
+    pub(crate) fn wake_peers(&self) {
+        for (k, b) in self.bells.iter().enumerate() {
+            if k != self.me {
+                b.ring_if_sleeping();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::process_gone;
+
+    #[test]
+    fn liveness_of_processes() {
+        assert!(!process_gone(std::process::id()));
+        assert!(process_gone(u32::MAX - 1), "no such pid");
+    }
+}

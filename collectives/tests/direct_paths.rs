@@ -1,0 +1,278 @@
+//! The direct paths (`collectives/src/direct`): board slots for small
+//! operations and single-copy reads for large ones, on 2–4 ranks as threads,
+//! every kind they serve, in and out of place, several ops, with exact
+//! results, and a check that each path really ran.
+
+use std::ffi::CStr;
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering;
+
+use hetccl_abi::{ncclComm_t, ncclUniqueId};
+use hetccl_collectives::api::coll::*;
+use hetccl_collectives::api::comm_init::*;
+use hetccl_collectives::api::comm_life::*;
+use hetccl_collectives::api::redop::ncclRedOpCreatePreMulSum;
+use hetccl_collectives::api::version::ncclGetLastError;
+use hetccl_collectives::direct::{COPY_OPS, FAST_OPS};
+
+const INT32: i32 = 2;
+const FLOAT: i32 = 7;
+const SUM: i32 = 0;
+const PROD: i32 = 1;
+const MAX: i32 = 2;
+const AVG: i32 = 4;
+
+fn check(r: i32) {
+    if r != 0 {
+        let msg = unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) };
+        panic!("nccl call failed: {r}: {}", msg.to_string_lossy());
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Comm(ncclComm_t);
+unsafe impl Send for Comm {}
+
+fn comms(n: usize) -> Vec<Comm> {
+    std::env::set_var("HETCCL_SOCKET_IFNAME", "lo");
+    std::env::set_var("HETCCL_TIMEOUT_S", "60");
+    let mut id = ncclUniqueId::default();
+    check(unsafe { ncclGetUniqueId(&mut id) });
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut c: ncclComm_t = null_mut();
+                    check(unsafe { ncclCommInitRank(&mut c, n as i32, id, r as i32) });
+                    Comm(c)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn on_all<T: Send>(cs: &[Comm], f: impl Fn(usize, Comm) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = cs
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| s.spawn(move || f(r, c)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Rank `r`'s input element `i` (small integers: every sum is exact).
+fn val(r: usize, i: usize) -> i32 {
+    ((r + 1) * (i % 13)) as i32 - 6
+}
+
+/// Element counts: fastbox (1 .. 4096 four-byte elements), plain executor
+/// in between, single-copy from 256 KiB.
+const COUNTS: [usize; 6] = [1, 3, 1000, 4096, 65536, 100_003];
+
+fn allreduce_family(n: usize, cs: &[Comm]) {
+    for &count in &COUNTS {
+        for in_place in [false, true] {
+            for (op, name) in [(SUM, "sum"), (MAX, "max"), (PROD, "prod"), (AVG, "avg")] {
+                let errs = on_all(cs, |r, c| {
+                    let send: Vec<i32> = (0..count).map(|i| val(r, i)).collect();
+                    let mut recv = if in_place {
+                        send.clone()
+                    } else {
+                        vec![0x5a5a; count]
+                    };
+                    let sp = if in_place {
+                        recv.as_ptr()
+                    } else {
+                        send.as_ptr()
+                    };
+                    check(unsafe {
+                        ncclAllReduce(
+                            sp.cast(),
+                            recv.as_mut_ptr().cast(),
+                            count,
+                            INT32,
+                            op,
+                            c.0,
+                            null_mut(),
+                        )
+                    });
+                    (0..count).find(|&i| {
+                        let xs = (0..n).map(|k| val(k, i) as i64);
+                        let want = match op {
+                            SUM => xs.sum::<i64>(),
+                            MAX => xs.max().unwrap(),
+                            PROD => xs.fold(1i64, |a, x| a.wrapping_mul(x)) as i32 as i64,
+                            _ => xs.sum::<i64>() / n as i64,
+                        };
+                        recv[i] as i64 != want
+                    })
+                });
+                assert!(
+                    errs.iter().all(Option::is_none),
+                    "allreduce n={n} count={count} in_place={in_place} {name}: first bad index per rank {errs:?}"
+                );
+            }
+        }
+    }
+}
+
+fn scatter_gather_family(n: usize, cs: &[Comm]) {
+    for &count in &COUNTS {
+        for in_place in [false, true] {
+            let errs = on_all(cs, |r, c| {
+                let mut bad = Vec::new();
+                // ReduceScatter.
+                let send: Vec<i32> = (0..count * n).map(|i| val(r, i)).collect();
+                let mut buf = send.clone();
+                let mut out = vec![0x5a5a; count];
+                let (sp, rp) = if in_place {
+                    (buf.as_ptr(), unsafe { buf.as_mut_ptr().add(r * count) })
+                } else {
+                    (send.as_ptr(), out.as_mut_ptr())
+                };
+                check(unsafe {
+                    ncclReduceScatter(sp.cast(), rp.cast(), count, INT32, SUM, c.0, null_mut())
+                });
+                let got = if in_place {
+                    &buf[r * count..(r + 1) * count]
+                } else {
+                    &out[..]
+                };
+                if (0..count).any(|i| {
+                    got[i] as i64 != (0..n).map(|k| val(k, r * count + i) as i64).sum::<i64>()
+                }) {
+                    bad.push("reducescatter");
+                }
+                // AllGather.
+                let mine: Vec<i32> = (0..count).map(|i| val(r, i)).collect();
+                let mut all = vec![0x5a5a; count * n];
+                let sp = if in_place {
+                    all[r * count..(r + 1) * count].copy_from_slice(&mine);
+                    unsafe { all.as_ptr().add(r * count) }
+                } else {
+                    mine.as_ptr()
+                };
+                check(unsafe {
+                    ncclAllGather(
+                        sp.cast(),
+                        all.as_mut_ptr().cast(),
+                        count,
+                        INT32,
+                        c.0,
+                        null_mut(),
+                    )
+                });
+                if (0..count * n).any(|i| all[i] != val(i / count, i % count)) {
+                    bad.push("allgather");
+                }
+                // Broadcast from the last rank.
+                let root = n - 1;
+                let src: Vec<i32> = (0..count).map(|i| val(root, i)).collect();
+                let mut b = if in_place && r == root {
+                    src.clone()
+                } else {
+                    vec![0x5a5a; count]
+                };
+                let sp = if in_place { b.as_ptr() } else { src.as_ptr() };
+                check(unsafe {
+                    ncclBroadcast(
+                        sp.cast(),
+                        b.as_mut_ptr().cast(),
+                        count,
+                        INT32,
+                        root as i32,
+                        c.0,
+                        null_mut(),
+                    )
+                });
+                if b != src {
+                    bad.push("broadcast");
+                }
+                // Reduce (max) to rank 0.
+                let mut red = vec![0x5a5a; count];
+                check(unsafe {
+                    ncclReduce(
+                        mine.as_ptr().cast(),
+                        red.as_mut_ptr().cast(),
+                        count,
+                        INT32,
+                        MAX,
+                        0,
+                        c.0,
+                        null_mut(),
+                    )
+                });
+                if r == 0 && (0..count).any(|i| red[i] != (0..n).map(|k| val(k, i)).max().unwrap())
+                {
+                    bad.push("reduce");
+                }
+                bad
+            });
+            for (r, e) in errs.iter().enumerate() {
+                assert!(
+                    e.is_empty(),
+                    "n={n} count={count} in_place={in_place} rank {r}: {e:?}"
+                );
+            }
+        }
+    }
+}
+
+fn premulsum_float(n: usize, cs: &[Comm]) {
+    for &count in &[5usize, 70_000] {
+        let errs = on_all(cs, |r, c| {
+            let mut op = 0i32;
+            let scalar = 2.0f32;
+            check(unsafe {
+                ncclRedOpCreatePreMulSum(
+                    &mut op,
+                    (&scalar as *const f32).cast_mut().cast(),
+                    FLOAT,
+                    0,
+                    c.0,
+                )
+            });
+            let send: Vec<f32> = (0..count).map(|i| val(r, i) as f32).collect();
+            let mut recv = vec![0f32; count];
+            check(unsafe {
+                ncclAllReduce(
+                    send.as_ptr().cast(),
+                    recv.as_mut_ptr().cast(),
+                    count,
+                    FLOAT,
+                    op,
+                    c.0,
+                    null_mut(),
+                )
+            });
+            (0..count).find(|&i| recv[i] != 2.0 * (0..n).map(|k| val(k, i) as f32).sum::<f32>())
+        });
+        assert!(
+            errs.iter().all(Option::is_none),
+            "premulsum n={n} count={count}: {errs:?}"
+        );
+    }
+}
+
+#[test]
+fn direct_paths_give_exact_results_on_2_3_and_4_ranks() {
+    let fast0 = FAST_OPS.load(Ordering::Relaxed);
+    let copy0 = COPY_OPS.load(Ordering::Relaxed);
+    for n in [2usize, 3, 4] {
+        let cs = comms(n);
+        allreduce_family(n, &cs);
+        scatter_gather_family(n, &cs);
+        premulsum_float(n, &cs);
+        for c in cs {
+            check(unsafe { ncclCommDestroy(c.0) });
+        }
+    }
+    let fast = FAST_OPS.load(Ordering::Relaxed) - fast0;
+    let copy = COPY_OPS.load(Ordering::Relaxed) - copy0;
+    assert!(fast > 100, "the board path ran {fast} times");
+    assert!(copy > 50, "the single-copy path ran {copy} times");
+}
