@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# GPU acceptance run for hetccl's device-buffer support (issue 7), on ONE
+# machine with one NVIDIA GPU, PyTorch and the nvidia-nccl-cu13 wheel
+# installed, and no network. Needs no cargo: it uses the prebuilt, carried
+# dist/lib (libhetccl.so, libnccl-net-hetccl.so) and target/release/hetccl-perf.
+#
+# Usage: bash bench-scripts/gpu-acceptance.sh [--check] [OUTDIR]
+#   OUTDIR     where results go (default: $OUT if set, else ./gpu-acceptance-out)
+#   --check    only check the prerequisites (GPU, torch, libraries) and exit:
+#              0 when a run could start, 2 (with the reason) when not.
+#
+# Steps, each under its own `timeout`, all within ~8 minutes:
+#   a) hetccl under an unmodified PyTorch program: torchrun --nproc_per_node 4
+#      on one GPU with LD_PRELOAD=libhetccl.so; all_reduce (sum, max),
+#      all_gather_into_tensor, reduce_scatter_tensor, broadcast,
+#      all_to_all_single, batch_isend_irecv, barrier on CUDA tensors in
+#      float32/bfloat16/float16 with exact checks, plus a stream-order check.
+#   b) performance: hetccl-perf all_reduce with 2 and 4 ranks (host buffers:
+#      hetccl-perf cannot allocate device buffers yet), then the same PyTorch
+#      all_reduce timing on CUDA tensors through hetccl (LD_PRELOAD) and
+#      through NVIDIA's NCCL, 2 and 4 ranks, NCCL_MULTI_RANK_GPU_ENABLE=1.
+#   c) NVIDIA's NCCL with hetccl as its network plugin: NCCL_NET_PLUGIN=hetccl
+#      (libnccl-net-hetccl.so from dist/lib), P2P and SHM disabled, 2 ranks; the
+#      NCCL_DEBUG=INFO log must show the hetccl net in use.
+# Writes OUTDIR/results.txt (one PASS/FAIL line per step, then a summary),
+# the per-step logs and JSON. Exit status 0 only if every step passed.
+set -uo pipefail
+
+check_only=0
+outdir=""
+for a in "$@"; do
+    case "$a" in
+        --check) check_only=1 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -*) echo "gpu-acceptance: unknown option $a" >&2; exit 2 ;;
+        *) outdir="$a" ;;
+    esac
+done
+root="$(cd "$(dirname "$0")/.." && pwd)"
+outdir="${outdir:-${OUT:-$root/gpu-acceptance-out}}"
+PY="${PYTHON:-python3}"
+LIB="$root/dist/lib/libhetccl.so"
+NETLIB="$root/dist/lib/libnccl-net-hetccl.so"
+PERF="$root/target/release/hetccl-perf"
+[ -x "$PERF" ] || PERF="$root/dist/bin/hetccl-perf"
+WORK="$root/bench-scripts/gpu_acceptance.py"
+
+die_prereq() { echo "gpu-acceptance: cannot run: $*" >&2; exit 2; }
+
+# ---- prerequisites (also the --check dry mode) ----
+for f in "$LIB" "$NETLIB" "$WORK"; do
+    [ -e "$f" ] || die_prereq "$f is missing (build with scripts/dist.sh and carry dist/)"
+done
+[ -x "$PERF" ] || die_prereq "no hetccl-perf in target/release or dist/bin"
+command -v "$PY" >/dev/null || die_prereq "$PY not found"
+command -v nvidia-smi >/dev/null || die_prereq "nvidia-smi not found: no NVIDIA driver/GPU on this machine"
+nvidia-smi -L >/dev/null 2>&1 || die_prereq "nvidia-smi -L failed: no usable GPU"
+timeout 120 "$PY" -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null \
+    || die_prereq "PyTorch is missing or sees no CUDA device"
+command -v torchrun >/dev/null && RUN=(torchrun) || RUN=("$PY" -m torch.distributed.run)
+NV_NCCL="${NVIDIA_NCCL_LIB:-$("$PY" - <<'PYEOF' 2>/dev/null
+import importlib.util, os
+s = importlib.util.find_spec("nvidia.nccl")
+print(os.path.join(list(s.submodule_search_locations)[0], "lib", "libnccl.so.2") if s else "")
+PYEOF
+)}"
+[ -n "$NV_NCCL" ] && [ -e "$NV_NCCL" ] || die_prereq "NVIDIA's libnccl.so.2 not found (pip nvidia-nccl-cu13, or set NVIDIA_NCCL_LIB)"
+if [ "$check_only" = 1 ]; then
+    echo "gpu-acceptance: prerequisites OK (hetccl: $LIB; NVIDIA NCCL: $NV_NCCL; $(nvidia-smi -L | head -1))"
+    exit 0
+fi
+
+mkdir -p "$outdir"
+results="$outdir/results.txt"
+: >"$results"
+fails=0
+log() { echo "$*" | tee -a "$results"; }
+step() { # step NAME SECONDS CMD... : runs with a timeout, logs to OUTDIR/NAME.log
+    local name=$1 secs=$2; shift 2
+    local t0=$SECONDS
+    timeout --kill-after=10 "$secs" "$@" >"$outdir/$name.log" 2>&1
+    local rc=$?
+    local verdict=PASS
+    [ $rc -eq 0 ] || { verdict=FAIL; fails=$((fails + 1)); }
+    [ $rc -eq 124 ] && verdict="FAIL (timeout ${secs}s)"
+    log "$verdict $name rc=$rc $((SECONDS - t0))s"
+    return $rc
+}
+
+# Loopback only; nothing leaves the machine.
+export HETCCL_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo HETCCL_TIMEOUT_S=120
+export NCCL_MULTI_RANK_GPU_ENABLE=1 ACC_DEVICE=0 OMP_NUM_THREADS=1
+log "# hetccl GPU acceptance $(date -u +%FT%TZ) on $(nvidia-smi -L | head -1)"
+log "# hetccl: $LIB ($(nm -D "$LIB" 2>/dev/null | grep -c ' T nccl') nccl symbols); NVIDIA NCCL: $NV_NCCL"
+
+# a) PyTorch on hetccl, 4 ranks on one GPU.
+step a_torch_hetccl_4ranks 150 env LD_PRELOAD="$LIB" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+    "${RUN[@]}" --standalone --nproc_per_node 4 "$WORK" check --label hetccl --out "$outdir/a_check.json"
+if grep -q "device buffers use the stream path" "$outdir/a_torch_hetccl_4ranks.log"; then
+    log "PASS a_hetccl_served_device_buffers (hetccl's CUDA path logged)"
+else
+    log "FAIL a_hetccl_served_device_buffers (no hetccl CUDA log line: was LD_PRELOAD effective?)"
+    fails=$((fails + 1))
+fi
+
+# b) performance.
+for n in 2 4; do
+    step "b_perf_hetccl_${n}ranks" 60 "$PERF" all_reduce -np "$n" -b 8 -e 16M -f 8 -n 20 -w 5 \
+        --alloc host --lib "$LIB"
+done
+for n in 2 4; do
+    step "b_torch_bench_hetccl_${n}ranks" 60 env LD_PRELOAD="$LIB" \
+        "${RUN[@]}" --standalone --nproc_per_node "$n" "$WORK" bench --label hetccl --out "$outdir/b_bench_hetccl_$n.json"
+    step "b_torch_bench_nvidia_${n}ranks" 60 env LD_PRELOAD="$NV_NCCL" \
+        "${RUN[@]}" --standalone --nproc_per_node "$n" "$WORK" bench --label nvidia --out "$outdir/b_bench_nvidia_$n.json"
+done
+
+# c) NVIDIA's NCCL over hetccl's net plugin. The plugin is found by name
+# (NCCL_NET_PLUGIN=hetccl -> libnccl-net-hetccl.so) in a directory holding
+# only that link, so that dist/lib's libnccl.so.2 cannot shadow NVIDIA's.
+plugdir="$outdir/netplugin"
+mkdir -p "$plugdir"
+ln -sf "$NETLIB" "$plugdir/libnccl-net-hetccl.so"
+step c_nvidia_with_hetccl_net 90 env NCCL_NET_PLUGIN=hetccl LD_LIBRARY_PATH="$plugdir:${LD_LIBRARY_PATH:-}" \
+    LD_PRELOAD="$NV_NCCL" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
+    "${RUN[@]}" --standalone --nproc_per_node 2 "$WORK" smoke --label nvidia+hetccl-net --out "$outdir/c_smoke.json"
+if grep -Eiq "Using network hetccl|NET/hetccl|net plugin.*hetccl|Loaded net plugin hetccl" "$outdir/c_nvidia_with_hetccl_net.log"; then
+    log "PASS c_hetccl_net_in_use: $(grep -Eio 'Using network hetccl|Loaded net plugin hetccl[^ ]*' "$outdir/c_nvidia_with_hetccl_net.log" | sort -u | tr '\n' ' ')"
+else
+    log "FAIL c_hetccl_net_in_use (NCCL's log does not show the hetccl net)"
+    fails=$((fails + 1))
+fi
+
+log "# summary: $fails failed; logs and JSON in $outdir"
+[ "$fails" -eq 0 ]
