@@ -276,3 +276,44 @@ fn direct_paths_give_exact_results_on_2_3_and_4_ranks() {
     assert!(fast > 100, "the board path ran {fast} times");
     assert!(copy > 50, "the single-copy path ran {copy} times");
 }
+
+#[test]
+fn the_selection_table_lists_the_direct_paths() {
+    let cs = comms(2);
+    on_all(&cs, |_, c| {
+        let send = vec![1f32; 1 << 17];
+        let mut recv = vec![0f32; 1 << 17];
+        check(unsafe {
+            ncclAllReduce(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                1 << 17,
+                FLOAT,
+                SUM,
+                c.0,
+                null_mut(),
+            )
+        });
+        assert!(recv.iter().all(|&v| v == 2.0));
+    });
+    let mut buf = vec![0 as std::ffi::c_char; 1 << 16];
+    check(unsafe {
+        hetccl_collectives::api::ext::hetcclCommSelectionTable(
+            cs[0].0,
+            buf.as_mut_ptr(),
+            buf.len(),
+            null_mut(),
+        )
+    });
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    assert!(text.contains("board slots"), "{text}");
+    assert!(
+        text.contains("single-copy from 262144 B, available"),
+        "{text}"
+    );
+    for c in cs {
+        check(unsafe { ncclCommDestroy(c.0) });
+    }
+}

@@ -51,13 +51,16 @@ pub unsafe extern "C" fn hetcclCommSelectionTable(
             .into_iter()
             .filter(|c| !matches!(c, Collective::Send | Collective::Recv))
             .collect();
-        let text = selection_table(
+        let mut text = selection_table(
             &colls,
             &e.topo,
             &CostModel::default(),
             &filter,
             TABLE_MAX_BYTES,
         );
+        if let Some(d) = &e.direct {
+            text.push_str(&d.describe());
+        }
         if !needed.is_null() {
             // SAFETY: checked non-NULL; a writable size_t.
             unsafe { *needed = text.len() };

@@ -148,6 +148,35 @@ impl Node {
         self.boards.len()
     }
 
+    /// The direct paths' rows for the selection table (they take precedence
+    /// over the table above for blocking calls outside groups).
+    pub fn describe(&self) -> String {
+        let names = |f: &dyn Fn(Collective) -> bool| {
+            KINDS
+                .iter()
+                .zip(self.allowed)
+                .filter(|&(&k, ok)| ok && f(k))
+                .map(|(k, _)| k.name())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let copy = match self.copy_state.load(Ordering::Relaxed) {
+            1 => "available",
+            2 => "unavailable (process_vm_readv refused)",
+            _ => "not probed yet",
+        };
+        format!(
+            "# direct paths (all {} ranks on this node; blocking calls outside groups):\n\
+             #   board slots, up to {} B posted per rank: {}\n\
+             #   single-copy from {} B, {copy}: {}\n",
+            self.nranks(),
+            board::FAST_BYTES,
+            names(&|_| true),
+            COPY_MIN_BYTES,
+            names(&copy::serves),
+        )
+    }
+
     /// The communicator rank of local rank `k` (the same: all are local).
     fn rank_of(&self, k: usize) -> usize {
         k
