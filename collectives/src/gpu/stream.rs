@@ -183,16 +183,26 @@ fn enqueue(ops: Vec<CollArgs>) -> Result<()> {
     for a in &ops {
         staged.push(stage_in(a)?);
     }
-    for (a, s) in ops.iter().zip(&staged) {
-        let stream = a.stream as cu::CUstream;
-        wait_flag(stream, flag_dev, &flag)?;
-        copy(
-            a.recv as u64,
-            s.host.recv as u64,
-            recv_copy_bytes(a),
-            stream,
-        )?;
-        s.done.record(stream)?;
+    let enqueue_tail = || -> Result<()> {
+        for (a, s) in ops.iter().zip(&staged) {
+            let stream = a.stream as cu::CUstream;
+            wait_flag(stream, flag_dev, &flag)?;
+            copy(
+                a.recv as u64,
+                s.host.recv as u64,
+                recv_copy_bytes(a),
+                stream,
+            )?;
+            s.done.record(stream)?;
+        }
+        Ok(())
+    };
+    if let Err(e) = enqueue_tail() {
+        // Streams already told to wait must not hang: release them, and
+        // leak the flag (a stream may still read it).
+        flag.flag().store(1, Ordering::Release);
+        std::mem::forget(flag);
+        return Err(e);
     }
     let comm_key = Arc::as_ptr(&ops[0].comm) as usize;
     send_to_proxy(
