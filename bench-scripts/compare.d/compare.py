@@ -534,10 +534,15 @@ def plots(summ, mem, outdir, prefix, meta):
             xs = sorted(mem)
             ax.plot(xs, [mem[x] for x in xs], ":", color="black", label="memcpy, 1 core (copied B/s)")
         ax.set_xscale("log", base=2)
+        top = max(max(summ[k]) for k in keys)
+        ticks = [t for t in (8 << (3 * k) for k in range(10)) if t <= top]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([human(t).replace(" ", "") for t in ticks])
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("busbw (GB/s), median over rounds")
-        ax.set_title(f"{coll}: hetccl vs OpenMPI {meta.get('openmpi', '').split(',')[0]}, float sum "
+        ompi = re.sub(r"^mpirun \((.*)\)", r"\1", meta.get("openmpi", "OpenMPI"))
+        ax.set_title(f"{coll}: hetccl vs {ompi}, float sum, busbw "
                      f"({meta['start_utc'][:16]}Z, {meta['rounds']} rounds)")
         ax.grid(True, which="major", alpha=0.4)
         ax.legend(fontsize=8, loc="upper left")
