@@ -1,20 +1,21 @@
-//! Large collectives with one kernel copy: ranks publish their buffer
-//! addresses on their board's control line and read each other's buffers
-//! with `process_vm_readv` (Linux "cross memory attach"; a plain copy for
-//! ranks in the same process).
+//! Large collectives with one kernel copy per byte moved: ranks publish
+//! their buffer addresses on their board's control line and read (or write)
+//! each other's buffers with `process_vm_readv`/`process_vm_writev` (Linux
+//! "cross memory attach"; a plain copy for ranks in the same process).
 //!
 //! Each operation `c` moves every rank's control line through stages
-//! `(c << 8) | s`: 0 = addresses posted, 1 = done reading peers' inputs (its
-//! reduced shard, if any, is final), 2 = done reading peers' outputs. A rank
-//! returns only once every rank reached stage 2, so nobody reads a buffer
-//! its owner may already reuse, and nobody sees the addresses of a later
-//! operation.
+//! `(c << 8) | s`: 0 = addresses posted, 2 = finished with every peer's
+//! buffers. A rank returns only once every rank reached stage 2, so nobody
+//! touches a buffer its owner may already reuse, and nobody sees the
+//! addresses of a later operation.
 //!
-//! - AllReduce: rank `r` reduces shard `r` of everybody's input into its
-//!   output, reading peers' shards chunk by chunk into an L2-sized buffer;
-//!   then copies every other shard from its owner's output. DRAM traffic per
-//!   rank is about 5 B per byte of output, against 9 through the rings.
-//! - ReduceScatter: the first half of AllReduce, into the output block.
+//! - AllReduce: rank `r` reduces shard `r` of everybody's input into its own
+//!   output, reading each peer's shard chunk by chunk into an L2-sized
+//!   buffer, and writes each finished chunk, still in cache, into every
+//!   peer's output. Per rank and byte of its shard: DRAM reads of its own
+//!   input and the peer's, one write of its output and one into the peer's
+//!   (the rings copy through shared memory twice more).
+//! - ReduceScatter: the same without the writes to peers.
 //! - AllGather: every rank copies every peer's input into place.
 //! - Broadcast: every non-root copies the root's input.
 
@@ -142,6 +143,50 @@ impl Node {
         Ok(())
     }
 
+    /// Copies `src` to `addr` in local rank `k`'s address space.
+    fn write(&self, k: usize, addr: u64, src: &[u8]) -> Result<()> {
+        let pid = self.boards[k].control().pid.load(Ordering::Relaxed) as libc::pid_t;
+        if pid as u32 == std::process::id() {
+            // SAFETY: a peer in this process published a buffer of at least
+            // `src.len()` bytes at `addr` that only this rank writes now.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+            return Ok(());
+        }
+        let mut done = 0usize;
+        while done < src.len() {
+            let local = libc::iovec {
+                // SAFETY: inside `src` (the kernel only reads it).
+                iov_base: unsafe { src.as_ptr().add(done) }.cast_mut().cast(),
+                iov_len: src.len() - done,
+            };
+            let remote = libc::iovec {
+                iov_base: (addr as usize + done) as *mut libc::c_void,
+                iov_len: src.len() - done,
+            };
+            // SAFETY: the local iovec covers readable memory of `src`; the
+            // kernel checks the remote one.
+            let r = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+            if r < 0 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(Error::Remote(format!(
+                    "writing rank {}'s buffer (pid {pid}): {err}",
+                    self.rank_of(k)
+                )));
+            }
+            if r == 0 {
+                return Err(Error::Remote(format!(
+                    "writing rank {}'s buffer (pid {pid}): no progress",
+                    self.rank_of(k)
+                )));
+            }
+            done += r as usize;
+        }
+        Ok(())
+    }
+
     /// Publishes this rank's stage `s` of operation `c` and wakes peers.
     fn set_stage(&self, c: u64, s: u64) {
         self.boards[self.me]
@@ -179,6 +224,8 @@ fn shard(count: usize, elem: usize, n: usize, k: usize) -> (usize, usize) {
 /// `out = op(mine, peers' [off, off + out.len()) of their `send`)`, chunk
 /// by chunk through the thread's chunk buffers. `mine` points to this
 /// rank's `out.len()` input bytes, which may be `out` itself (in place).
+/// With `push`, each finished chunk is also written, while it is in cache,
+/// to the same offset of every peer's `recv` (AllReduce).
 fn reduce_from_peers(
     node: &Node,
     a: &CollArgs,
@@ -186,6 +233,7 @@ fn reduce_from_peers(
     mine: *const u8,
     out: &mut [u8],
     off: usize,
+    push: bool,
 ) -> Result<()> {
     let (dt, n) = (a.dtype, node.nranks());
     let pre = op.has_pre_op(dt);
@@ -228,6 +276,12 @@ fn reduce_from_peers(
                 first = false;
             }
             reduce::post_op(o, dt, op, n as u32).map_err(kernel)?;
+            if push {
+                for k in (0..n).filter(|&k| k != node.me) {
+                    let addr = node.boards[k].control().recv.load(Ordering::Relaxed);
+                    node.write(k, addr + (off + start) as u64, o)?;
+                }
+            }
         }
         Ok(())
     })
@@ -256,30 +310,21 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64) -> Result<()> {
     let recv = a.recv.cast::<u8>();
     match a.kind {
         Collective::AllReduce => {
+            // Rank `me` alone reads shard `me` of every input and writes
+            // shard `me` of every output (its own and, pushed, its peers'),
+            // so in-place buffers are safe.
             let (lo, hi) = shard(a.count, elem, n, me);
-            // SAFETY: validated: both buffers hold `bytes`; shard `me` of
-            // the output is written by this rank only, and nobody reads it
-            // before stage 1.
+            // SAFETY: validated: both buffers hold `bytes`.
             let out = unsafe { std::slice::from_raw_parts_mut(recv.add(lo), hi - lo) };
             // SAFETY: inside the validated `send`.
-            reduce_from_peers(node, a, op, unsafe { send.add(lo) }, out, lo)?;
-            node.set_stage(c, 1);
-            for k in (0..n).filter(|&k| k != me) {
-                node.wait_stage(c, 1, &what, std::iter::once(k))?;
-                let (lo, hi) = shard(a.count, elem, n, k);
-                let addr = node.boards[k].control().recv.load(Ordering::Relaxed);
-                // SAFETY: shard `k` of this rank's output; rank `k` reads
-                // this rank's input shard `k`, which it finished (stage 1).
-                let dst = unsafe { std::slice::from_raw_parts_mut(recv.add(lo), hi - lo) };
-                node.read(k, addr + lo as u64, dst)?;
-            }
+            reduce_from_peers(node, a, op, unsafe { send.add(lo) }, out, lo, true)?;
         }
         Collective::ReduceScatter => {
             let lo = me * bytes;
             // SAFETY: validated: `recv` holds bytes.
             let out = unsafe { std::slice::from_raw_parts_mut(recv, bytes) };
             // SAFETY: inside the validated `send` (n × bytes).
-            reduce_from_peers(node, a, op, unsafe { send.add(lo) }, out, lo)?;
+            reduce_from_peers(node, a, op, unsafe { send.add(lo) }, out, lo, false)?;
         }
         Collective::AllGather => {
             for k in 0..n {
