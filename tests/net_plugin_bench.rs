@@ -178,21 +178,32 @@ fn plugin_client(api: &Api, s: P, r: P) {
         let batch = it / 5;
         let mut q = post_recv(api, r, &mut ctl, TAG_PING);
         let mut rtts = Vec::new();
+        let mut each = Vec::with_capacity(it);
         for b in 0..6 {
             let m = if b == 0 { 1000 } else { batch };
             let t0 = Instant::now();
+            let mut t = t0;
             for _ in 0..m {
                 let sq = post_send(api, s, &ctl, TAG_PING);
                 spin(api, q);
                 q = post_recv(api, r, &mut ctl, TAG_PING);
                 spin(api, sq);
+                let now = Instant::now();
+                if b > 0 {
+                    each.push((now - t).as_secs_f64() * 1e6);
+                }
+                t = now;
             }
             if b > 0 {
                 rtts.push(t0.elapsed().as_secs_f64() * 1e6 / m as f64);
             }
         }
         let _ = q;
-        println!("RESULT lat rtt_us={:.3}", median(rtts));
+        println!(
+            "RESULT lat rtt_us={:.3} p50_us={:.3}",
+            median(rtts),
+            median(each)
+        );
     }
 }
 
@@ -217,11 +228,26 @@ fn tcp_server() {
     }
 }
 
+/// `BENCH_TCP_PEEK`, read once (not on every message).
+fn tcp_peek() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_or("BENCH_TCP_PEEK", "0") == "1")
+}
+
+/// `BENCH_TCP_QUICKACK`, read once.
+fn tcp_quickack_every() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_or("BENCH_TCP_QUICKACK", "0").parse().unwrap_or(0))
+}
+
 fn two_socks() -> bool {
     env_or("BENCH_TCP_SOCKS", "1") == "2"
 }
 
 fn read8(c: &mut TcpStream, b: &mut [u8; 8]) {
+    if tcp_peek() {
+        return peek8(c, b);
+    }
     let mut got = 0;
     while got < 8 {
         match c.read(&mut b[got..]) {
@@ -233,7 +259,7 @@ fn read8(c: &mut TcpStream, b: &mut [u8; 8]) {
     }
     // BENCH_TCP_QUICKACK=N: clear TCP_QUICKACK every N reads (fewer pure ACKs).
     static READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let every: usize = env_or("BENCH_TCP_QUICKACK", "0").parse().unwrap_or(0);
+    let every = tcp_quickack_every();
     if every > 0 && READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % every == 0 {
         use std::os::fd::AsRawFd;
         let v: i32 = 0;
@@ -241,6 +267,56 @@ fn read8(c: &mut TcpStream, b: &mut [u8; 8]) {
         unsafe {
             libc::setsockopt(
                 c.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_QUICKACK,
+                &v as *const i32 as *const _,
+                4,
+            )
+        };
+    }
+}
+
+/// BENCH_TCP_PEEK=1: peek the message and discard it at the next read, so
+/// the ACK that consuming it may trigger leaves after the reply.
+fn peek8(c: &mut TcpStream, b: &mut [u8; 8]) {
+    use std::os::fd::AsRawFd;
+    static PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let fd = c.as_raw_fd();
+    if PENDING.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: MSG_TRUNC discards without writing to the buffer.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                std::ptr::null_mut(),
+                8,
+                libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+            )
+        };
+        assert_eq!(n, 8);
+    }
+    loop {
+        // SAFETY: b is 8 writable bytes.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                b.as_mut_ptr().cast(),
+                8,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n == 8 {
+            break;
+        }
+        assert!(n >= 0 || std::io::Error::last_os_error().kind() == ErrorKind::WouldBlock);
+    }
+    PENDING.store(true, std::sync::atomic::Ordering::Relaxed);
+    let every = tcp_quickack_every();
+    if every > 0 {
+        let v: i32 = 0;
+        // SAFETY: plain setsockopt on our socket.
+        unsafe {
+            libc::setsockopt(
+                fd,
                 libc::IPPROTO_TCP,
                 libc::TCP_QUICKACK,
                 &v as *const i32 as *const _,
@@ -274,19 +350,30 @@ fn tcp_client() {
     let mut b = [7u8; 8];
     let batch = iters() / 5;
     let mut rtts = Vec::new();
+    let mut each = Vec::with_capacity(iters());
     for k in 0..6 {
         let m = if k == 0 { 1000 } else { batch };
         let t0 = Instant::now();
+        let mut t = t0;
         for _ in 0..m {
             write8(&mut out, &b);
             read8(&mut c, &mut b);
+            let now = Instant::now();
+            if k > 0 {
+                each.push((now - t).as_secs_f64() * 1e6);
+            }
+            t = now;
         }
         if k > 0 {
             rtts.push(t0.elapsed().as_secs_f64() * 1e6 / m as f64);
         }
     }
     let kind = if two_socks() { "tcplat2" } else { "tcplat" };
-    println!("RESULT {kind} rtt_us={:.3}", median(rtts));
+    println!(
+        "RESULT {kind} rtt_us={:.3} p50_us={:.3}",
+        median(rtts),
+        median(each)
+    );
 }
 
 /// Plays a benchmark role in a child process; does nothing otherwise.

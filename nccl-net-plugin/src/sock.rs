@@ -118,6 +118,47 @@ pub fn try_read(s: &mut TcpStream, buf: &mut [u8]) -> Result<Option<usize>> {
     }
 }
 
+/// Non-blocking `MSG_PEEK` read: copies what has arrived into `buf` but
+/// leaves it queued in the kernel (see [`discard`]). `Ok(None)` if nothing
+/// is available; end of stream is an error.
+pub fn try_peek(s: &TcpStream, buf: &mut [u8]) -> Result<Option<usize>> {
+    recv_flags(s, buf, libc::MSG_PEEK, "recv")
+}
+
+/// Drops the first `buf.len()` queued bytes, which the caller has already
+/// peeked into `buf` (`MSG_TRUNC`: TCP discards them without copying; were
+/// a kernel to copy anyway, it would write the same bytes). Returns how many
+/// were dropped.
+pub fn discard(s: &TcpStream, buf: &mut [u8]) -> Result<usize> {
+    Ok(recv_flags(s, buf, libc::MSG_TRUNC, "discard")?.unwrap_or(0))
+}
+
+fn recv_flags(s: &TcpStream, buf: &mut [u8], flags: i32, what: &str) -> Result<Option<usize>> {
+    loop {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes.
+        let n = unsafe {
+            libc::recv(
+                s.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                flags | libc::MSG_DONTWAIT,
+            )
+        };
+        if n > 0 || (n == 0 && buf.is_empty()) {
+            return Ok(Some(n as usize));
+        }
+        if n == 0 {
+            return Err(NetError::peer_closed());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::WouldBlock => return Ok(None),
+            ErrorKind::Interrupted => continue,
+            _ => return Err(NetError::Remote(format!("{what} failed: {e}"))),
+        }
+    }
+}
+
 /// A random u64 from the OS.
 pub fn random_u64() -> Result<u64> {
     let mut b = [0u8; 8];

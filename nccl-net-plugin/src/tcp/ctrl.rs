@@ -6,13 +6,21 @@
 //! Incoming: a staging buffer that frame headers and inline payloads are
 //! parsed from, and a "sink" that receives DATA payloads straight into the
 //! destination buffer.
+//!
+//! Frames are *peeked* into the staging buffer (`MSG_PEEK`) and dropped from
+//! the kernel's queue only at the start of the comm's next progress pass
+//! ([`Ctrl::release`]). Consuming data that empties the queue is what makes
+//! the kernel send a pure ACK on a one-way connection; peeking first moves
+//! that ACK (and its processing on the peer's socket, which on loopback or
+//! veth runs in our thread) after the caller has acted on the message,
+//! typically after it has sent its reply, instead of before.
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::time::Instant;
 
 use crate::error::{NetError, Result};
-use crate::sock::{try_read, try_write};
+use crate::sock::{discard, try_peek, try_read, try_write};
 use crate::wire::{decode_frame, Frame, FRAME_BYTES};
 
 /// The largest inline payload either side accepts.
@@ -21,7 +29,7 @@ const STAGING: usize = 2 * MAX_INLINE + FRAME_BYTES;
 /// A control connection carries data one way only, so every small message
 /// would cost a pure ACK packet back (the kernel's "quick ACK" mode), where a
 /// single two-way socket piggybacks it. Clearing `TCP_QUICKACK` now and then
-/// (the kernel turns it back on by itself) halves those packets; see
+/// (the kernel turns it back on when a delayed ACK times out) halves those packets; see
 /// docs/net-plugin.md.
 const QUICKACK_EVERY: u32 = 64;
 /// Owned bytes are merged into one run up to this size.
@@ -63,7 +71,11 @@ pub(crate) struct Ctrl {
     sink: Option<Sink>,
     sink_since: Instant,
     need_sink: bool,
-    /// Successful reads, to clear TCP_QUICKACK every [`QUICKACK_EVERY`] reads.
+    /// The last `peeked` staged bytes, from `peek_at`, are still queued in
+    /// the kernel (see [`Ctrl::release`]).
+    peeked: usize,
+    peek_at: usize,
+    /// Releases, to clear TCP_QUICKACK every [`QUICKACK_EVERY`] of them.
     reads: u32,
 }
 
@@ -87,6 +99,8 @@ impl Ctrl {
             sink: None,
             sink_since: Instant::now(),
             need_sink: false,
+            peeked: 0,
+            peek_at: 0,
             reads: 0,
         })
     }
@@ -202,22 +216,58 @@ impl Ctrl {
         });
     }
 
-    /// Ensures `n` staged bytes; `Ok(false)` if they have not arrived yet.
+    /// Drops the bytes peeked in an earlier pass from the kernel's queue
+    /// (this is when the kernel may send its ACK). Comms call it at the start
+    /// of each progress pass; one syscall when there is something to drop.
+    pub(crate) fn release(&mut self) -> Result<()> {
+        if self.peeked == 0 {
+            return Ok(());
+        }
+        self.reads = self.reads.wrapping_add(1);
+        if self.reads % QUICKACK_EVERY == 1 {
+            crate::sock::delay_acks(&self.sock);
+        }
+        let (at, n) = (self.peek_at, self.peeked);
+        let got = discard(&self.sock, &mut self.staging[at..at + n])?;
+        if got != n {
+            return Err(NetError::Internal(format!(
+                "dropped {got} of {n} peeked bytes"
+            )));
+        }
+        self.peeked = 0;
+        if self.st_start == self.st_end {
+            self.st_start = 0;
+            self.st_end = 0;
+        }
+        Ok(())
+    }
+
+    /// Ensures `n` staged bytes; `Ok(false)` if they have not arrived yet,
+    /// or if more would need reading while peeked bytes still await
+    /// [`Ctrl::release`] (the next pass reads on).
     fn fill(&mut self, n: usize) -> Result<bool> {
         debug_assert!(n <= STAGING);
+        if self.st_end - self.st_start >= n {
+            return Ok(true);
+        }
+        if self.peeked > 0 {
+            return Ok(false);
+        }
         if self.st_start + n > STAGING {
             self.staging.copy_within(self.st_start..self.st_end, 0);
             self.st_end -= self.st_start;
             self.st_start = 0;
         }
         while self.st_end - self.st_start < n {
-            match try_read(&mut self.sock, &mut self.staging[self.st_end..])? {
+            let at = self.st_end;
+            match try_peek(&self.sock, &mut self.staging[at..])? {
                 None => return Ok(false),
                 Some(k) => {
                     self.st_end += k;
-                    self.reads = self.reads.wrapping_add(1);
-                    if self.reads % QUICKACK_EVERY == 1 {
-                        crate::sock::delay_acks(&self.sock);
+                    (self.peek_at, self.peeked) = (at, k);
+                    if self.st_end - self.st_start < n {
+                        // A partial frame: take it and read on now.
+                        self.release()?;
                     }
                 }
             }
@@ -250,6 +300,13 @@ impl Ctrl {
                 sink.ptr += staged;
                 sink.remaining -= staged;
             }
+            if sink.remaining > 0 && self.peeked > 0 {
+                // The payload follows the peeked bytes in the kernel's queue.
+                self.release()?;
+            }
+            let Some(sink) = self.sink.as_mut() else {
+                return Err(NetError::Internal("sink vanished".into()));
+            };
             while sink.remaining > 0 {
                 // SAFETY: set_sink's contract.
                 let dst =
@@ -295,7 +352,7 @@ impl Ctrl {
             _ => {}
         }
         self.st_start += FRAME_BYTES;
-        if self.st_start == self.st_end {
+        if self.st_start == self.st_end && self.peeked == 0 {
             self.st_start = 0;
             self.st_end = 0;
         }
@@ -305,5 +362,90 @@ impl Ctrl {
     /// Shuts the socket down both ways (wakes nothing; the channel is polled).
     pub(crate) fn shutdown(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    /// Frames dribbled in odd-sized pieces, and then all at once, come out
+    /// whole and in order through peeking, releasing and a sink.
+    #[test]
+    fn peeked_frames_split_anywhere() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        w.set_nodelay(true).unwrap();
+        let mut c = Ctrl::new(l.accept().unwrap().0, Duration::from_secs(30)).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let mut bytes = Vec::new();
+        for round in 0..2u64 {
+            let s = round * 3;
+            let msg = |seq| Frame::Msg {
+                tag: 5,
+                seq,
+                size: 8,
+                inline: true,
+            };
+            bytes.extend_from_slice(&crate::wire::encode_frame(&msg(s)));
+            bytes.extend_from_slice(&s.to_le_bytes());
+            bytes.extend_from_slice(&crate::wire::encode_frame(&Frame::Data {
+                seq: s + 1,
+                len: data.len() as u64,
+            }));
+            bytes.extend_from_slice(&data);
+            bytes.extend_from_slice(&crate::wire::encode_frame(&msg(s + 2)));
+            bytes.extend_from_slice(&(s + 2).to_le_bytes());
+        }
+        let half = bytes.len() / 2;
+        let writer = std::thread::spawn(move || {
+            for piece in bytes[..half].chunks(7) {
+                w.write_all(piece).unwrap();
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            w.write_all(&bytes[half..]).unwrap();
+            w
+        });
+        let mut sink = vec![0u8; 1000];
+        let mut payload = Vec::new();
+        let mut seen = Vec::new();
+        let t0 = Instant::now();
+        while seen.len() < 6 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "stuck after {seen:?}");
+            c.release().unwrap();
+            while let Some(ev) = c.next_event(MAX_INLINE, &mut payload).unwrap() {
+                match ev {
+                    InEvent::Frame(Frame::Msg { seq, .. }) => {
+                        assert_eq!(payload, seq.to_le_bytes());
+                        seen.push(seq);
+                    }
+                    InEvent::Frame(Frame::Data { seq, len }) => {
+                        assert_eq!(len, 1000);
+                        sink.fill(0);
+                        // SAFETY: `sink` outlives the DataDone below.
+                        unsafe { c.set_sink(sink.as_mut_ptr(), 1000, seq) };
+                    }
+                    InEvent::DataDone(seq) => {
+                        assert_eq!(sink, data);
+                        seen.push(seq);
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
+        assert_eq!(seen, [0, 1, 2, 3, 4, 5]);
+        // Everything peeked has been dropped from the kernel's queue.
+        c.release().unwrap();
+        let mut w = writer.join().unwrap();
+        w.write_all(&[0xEE; 3]).unwrap();
+        let mut got = [0u8; 8];
+        let t0 = Instant::now();
+        while crate::sock::try_peek(&c.sock, &mut got).unwrap() != Some(3) {
+            assert!(t0.elapsed() < Duration::from_secs(30));
+        }
+        assert_eq!(got[..3], [0xEE; 3]);
     }
 }

@@ -428,6 +428,9 @@ impl TcpRecvComm {
     }
 
     fn progress_inner(&self, st: &mut State) -> Result<()> {
+        // What the last pass peeked leaves the kernel's queue now, after the
+        // caller has acted on it (see ctrl.rs).
+        st.ctrl.release()?;
         for _ in 0..256 {
             let mut payload = std::mem::take(&mut st.scratch);
             let ev = st.ctrl.next_event(MAX_INLINE, &mut payload);
