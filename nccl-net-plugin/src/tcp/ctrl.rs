@@ -414,7 +414,10 @@ mod tests {
         let mut seen = Vec::new();
         let t0 = Instant::now();
         while seen.len() < 6 {
-            assert!(t0.elapsed() < Duration::from_secs(30), "stuck after {seen:?}");
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "stuck after {seen:?}"
+            );
             c.release().unwrap();
             while let Some(ev) = c.next_event(MAX_INLINE, &mut payload).unwrap() {
                 match ev {
