@@ -310,7 +310,7 @@ fn the_selection_table_lists_the_direct_paths() {
         .into_owned();
     assert!(text.contains("board slots"), "{text}");
     assert!(
-        text.contains("single-copy from 262144 B, available"),
+        text.contains("single-copy from 32768 B (HETCCL_COPY_MIN_BYTES), available"),
         "{text}"
     );
     for c in cs {

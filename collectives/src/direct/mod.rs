@@ -63,6 +63,8 @@ pub struct Node {
     fast_seq: AtomicU64,
     /// Single-copy operations run so far.
     copy_seq: AtomicU64,
+    /// `HETCCL_COPY_MIN_BYTES`.
+    copy_min: usize,
     /// Whether `NCCL_ALGO` allows `Direct`, per collective.
     allowed: [bool; 5],
     /// Single-copy availability: 0 unknown, 1 yes, 2 no (decided by the
@@ -136,6 +138,8 @@ impl Node {
             hang_report: patience.hang_report,
             stall_timeout: patience.stall_timeout,
             fast_seq: AtomicU64::new(0),
+            copy_min: usize::try_from(hetccl_core::config::get().copy_min_bytes)
+                .unwrap_or(usize::MAX),
             copy_seq: AtomicU64::new(0),
             allowed,
             copy_state: std::sync::atomic::AtomicU8::new(0),
@@ -168,11 +172,11 @@ impl Node {
         format!(
             "# direct paths (all {} ranks on this node; blocking calls outside groups):\n\
              #   board slots, up to {} B posted per rank: {}\n\
-             #   single-copy from {} B, {copy}: {}\n",
+             #   single-copy from {} B (HETCCL_COPY_MIN_BYTES), {copy}: {}\n",
             self.nranks(),
             board::FAST_BYTES,
             names(&|_| true),
-            COPY_MIN_BYTES,
+            self.copy_min,
             names(&copy::serves),
         )
     }
@@ -190,10 +194,13 @@ enum Path {
     Copy,
 }
 
-/// Bytes from which the single-copy path replaces the pipelined rings.
-pub const COPY_MIN_BYTES: usize = 256 << 10;
-
-fn path_for(kind: Collective, count: usize, elem: usize, n: usize) -> Option<Path> {
+fn path_for(
+    kind: Collective,
+    count: usize,
+    elem: usize,
+    n: usize,
+    copy_min: usize,
+) -> Option<Path> {
     let bytes = count.checked_mul(elem)?;
     if fastbox::fits(kind, bytes, n) {
         return Some(Path::Fast);
@@ -202,7 +209,7 @@ fn path_for(kind: Collective, count: usize, elem: usize, n: usize) -> Option<Pat
         Collective::AllGather | Collective::ReduceScatter => bytes.checked_mul(n)?,
         _ => bytes,
     };
-    (total >= COPY_MIN_BYTES && copy::serves(kind)).then_some(Path::Copy)
+    (copy_min > 0 && total >= copy_min && copy::serves(kind)).then_some(Path::Copy)
 }
 
 /// Runs `a` on a direct path if one applies (blocking communicator, host
@@ -214,7 +221,13 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
     if !e.config.blocking || !node.allowed[kind_index(a.kind)?] {
         return None;
     }
-    let path = path_for(a.kind, a.count, a.dtype.size(), node.nranks())?;
+    let path = path_for(
+        a.kind,
+        a.count,
+        a.dtype.size(),
+        node.nranks(),
+        node.copy_min,
+    )?;
     if path == Path::Copy && !node.copy_usable() {
         return None;
     }
@@ -246,21 +259,30 @@ mod tests {
 
     #[test]
     fn paths_by_size() {
-        assert_eq!(path_for(Collective::AllReduce, 2, 4, 2), Some(Path::Fast));
+        const MIN: usize = 256 << 10;
         assert_eq!(
-            path_for(Collective::AllReduce, board::FAST_BYTES / 4, 4, 2),
+            path_for(Collective::AllReduce, 2, 4, 2, MIN),
             Some(Path::Fast)
         );
         assert_eq!(
-            path_for(Collective::ReduceScatter, board::FAST_BYTES / 4, 4, 2),
+            path_for(Collective::AllReduce, board::FAST_BYTES / 4, 4, 2, MIN),
+            Some(Path::Fast)
+        );
+        assert_eq!(
+            path_for(Collective::ReduceScatter, board::FAST_BYTES / 4, 4, 2, MIN),
             None,
             "the whole input must fit a slot"
         );
         assert_eq!(
-            path_for(Collective::AllReduce, COPY_MIN_BYTES, 1, 2),
+            path_for(Collective::AllReduce, MIN, 1, 2, MIN),
             Some(Path::Copy)
         );
-        assert_eq!(path_for(Collective::AlltoAll, 1, 4, 2), None);
-        assert_eq!(path_for(Collective::AllReduce, usize::MAX, 8, 2), None);
+        assert_eq!(
+            path_for(Collective::AllReduce, MIN, 1, 2, 0),
+            None,
+            "0 turns it off"
+        );
+        assert_eq!(path_for(Collective::AlltoAll, 1, 4, 2, MIN), None);
+        assert_eq!(path_for(Collective::AllReduce, usize::MAX, 8, 2, MIN), None);
     }
 }

@@ -102,6 +102,11 @@ pub struct Config {
     /// `HETCCL_SPIN_US`: how long a wait spins before it blocks, in
     /// microseconds. Default 50.
     pub spin_us: u32,
+    /// `HETCCL_COPY_MIN_BYTES`: on single-node communicators, the operation
+    /// size (bytes of the largest buffer) from which the single-copy path
+    /// (`process_vm_readv`) replaces the pipelined rings; 0 turns it off.
+    /// Default 32768.
+    pub copy_min_bytes: u64,
     /// Bit `i` set: entry `i` of the variable table came from the environment.
     from_env: u64,
 }
@@ -135,6 +140,7 @@ impl Default for Config {
             net: None,
             ib_disable: false,
             spin_us: 50,
+            copy_min_bytes: 32 << 10,
             from_env: 0,
         }
     }

@@ -233,6 +233,15 @@ pub(crate) const VARS: &[Var] = &[
         },
         show: |c| Some(c.spin_us.to_string()),
     },
+    Var {
+        name: "HETCCL_COPY_MIN_BYTES",
+        field: "copy_min_bytes",
+        apply: |c, v| {
+            c.copy_min_bytes = parse::size(v)? as u64;
+            Ok(None)
+        },
+        show: |c| Some(c.copy_min_bytes.to_string()),
+    },
 ];
 
 /// The table index of `name`, if hetccl reads it.
