@@ -161,13 +161,14 @@ fn idle_peer_is_named_by_the_hang_summary() {
 
 /// One node, default algorithm choice: AllReduce takes the direct
 /// single-node path (`collectives/src/direct/`), which has its own waits and
-/// hang reports; the hang summary is the executor's, so it is not required.
+/// publishes its stalls on the same progress board, so the hang summary must
+/// name the stopped rank here too.
 #[test]
 fn kill_9_and_sigstop_on_the_direct_path() {
     scenario("kill9_direct", Fault::Kill, || {
         base_job("kill9_direct", Fault::Kill)
     });
-    scenario_opts("sigstop_direct", Fault::Stop, false, || {
+    scenario_opts("sigstop_direct", Fault::Stop, true, || {
         base_job("sigstop_direct", Fault::Stop)
     });
 }

@@ -23,10 +23,12 @@ use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
 use super::board::PROBE_VALUE;
+use super::wait::Op;
 use super::Node;
 use crate::algo::Collective;
 use crate::api::coll_args::CollArgs;
 use crate::error::{Error, Result};
+use crate::exec::watch::Watch;
 use crate::reduce::{self, ReduceError, ReduceOp};
 
 /// Bytes read from a peer per call and reduced from cache.
@@ -59,7 +61,7 @@ impl Node {
     /// Whether single-copy reads work between every pair of local ranks.
     /// The first call on each rank probes every peer (reads its probe word)
     /// and waits for every peer's verdict, so all ranks decide alike.
-    pub(crate) fn copy_usable(&self) -> bool {
+    pub(crate) fn copy_usable(&self, watch: &Watch, seq: u64) -> bool {
         match self.copy_state.load(Ordering::Relaxed) {
             STATE_YES => return true,
             STATE_NO => return false,
@@ -79,7 +81,13 @@ impl Node {
             Ordering::SeqCst,
         );
         self.wake_peers();
-        let waited = self.wait(&|| "single-copy probe".to_string(), || {
+        let label = || "single-copy probe".to_string();
+        let op = Op {
+            label: &label,
+            watch,
+            seq,
+        };
+        let waited = self.wait(&op, || {
             (0..n).find(|&k| {
                 k != self.me && self.boards[k].control().probe_ok.load(Ordering::Acquire) == 0
             })
@@ -201,11 +209,11 @@ impl Node {
         &self,
         c: u64,
         s: u64,
-        what: &dyn Fn() -> String,
+        op: &Op<'_>,
         ranks: impl Iterator<Item = usize> + Clone,
     ) -> Result<()> {
         let want = (c << 8) | s;
-        self.wait(what, || {
+        self.wait(op, || {
             ranks.clone().find(|&k| {
                 k != self.me && self.boards[k].control().stage.load(Ordering::Acquire) < want
             })
@@ -288,7 +296,7 @@ fn reduce_from_peers(
 }
 
 /// Runs one large collective (`serves` and `copy_usable` returned true).
-pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64) -> Result<()> {
+pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -> Result<()> {
     let n = node.nranks();
     let me = node.me;
     let elem = a.dtype.size();
@@ -305,7 +313,12 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64) -> Result<()> {
     ctl.recv.store(a.recv as u64, Ordering::Relaxed);
     node.set_stage(c, 0);
     let all = 0..n;
-    node.wait_stage(c, 0, &what, all.clone())?;
+    let wop = Op {
+        label: &what,
+        watch,
+        seq: trace,
+    };
+    node.wait_stage(c, 0, &wop, all.clone())?;
     let send = a.send.cast::<u8>();
     let recv = a.recv.cast::<u8>();
     match a.kind {
@@ -355,7 +368,7 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64) -> Result<()> {
         other => return Err(Error::Internal(format!("single-copy cannot run {other}"))),
     }
     node.set_stage(c, 2);
-    node.wait_stage(c, 2, &what, all)
+    node.wait_stage(c, 2, &wop, all)
 }
 
 #[cfg(test)]

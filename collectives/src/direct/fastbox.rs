@@ -9,10 +9,12 @@
 use std::cell::RefCell;
 
 use super::board::FAST_BYTES;
+use super::wait::Op;
 use super::Node;
 use crate::algo::Collective;
 use crate::api::coll_args::CollArgs;
 use crate::error::{Error, Result};
+use crate::exec::watch::Watch;
 use crate::reduce::{self, ReduceError, ReduceOp};
 
 /// Whether a `kind` call of `bytes` per rank (NCCL's count times the element
@@ -83,7 +85,7 @@ fn with_inputs<'a, R>(
 }
 
 /// Runs one small collective (`fits` returned true).
-pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64) -> Result<()> {
+pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -> Result<()> {
     let n = node.nranks();
     let me = node.me;
     let bytes = a.count * a.dtype.size();
@@ -112,7 +114,12 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64) -> Result<()> {
             a.kind, node.comm_hash
         )
     };
-    node.wait(&what, || {
+    let wop = Op {
+        label: &what,
+        watch,
+        seq: trace,
+    };
+    node.wait(&wop, || {
         (0..n).find(|&k| k != me && !node.boards[k].posted(s))
     })?;
     let out_len = match a.kind {

@@ -228,7 +228,8 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
         node.nranks(),
         node.copy_min,
     )?;
-    if path == Path::Copy && !node.copy_usable() {
+    let watch = &e.links.watch;
+    if path == Path::Copy && !node.copy_usable(watch, e.seq.load(Ordering::Relaxed)) {
         return None;
     }
     let op = if a.kind.reduces() {
@@ -241,16 +242,24 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
     };
     let _lock = e.exec_lock.lock();
     let seq = e.seq.fetch_add(1, Ordering::Relaxed);
-    Some(match path {
+    watch.begin(seq);
+    let r = match path {
         Path::Fast => {
             FAST_OPS.fetch_add(1, Ordering::Relaxed);
-            fastbox::run(node, a, op, seq)
+            fastbox::run(node, a, op, seq, watch)
         }
         Path::Copy => {
             COPY_OPS.fetch_add(1, Ordering::Relaxed);
-            copy::run(node, a, op, seq)
+            copy::run(node, a, op, seq, watch)
         }
-    })
+    };
+    watch.end();
+    if r.is_err() {
+        // Peers blocked on this rank fail at once instead of at their own
+        // stall limit (the communicator is unusable now anyway).
+        e.links.close_links();
+    }
+    Some(r)
 }
 
 #[cfg(test)]

@@ -8,6 +8,22 @@ use std::time::{Duration, Instant};
 
 use super::Node;
 use crate::error::{Error, Result};
+use crate::exec::watch::{WaitOn, Watch};
+
+/// The operation a wait belongs to: its description for reports and
+/// errors, and the node's progress board it reports on (hang summary).
+pub(crate) struct Op<'a> {
+    /// Describes the operation (kind, sequence number, trace id, size).
+    pub label: &'a dyn Fn() -> String,
+    /// The communicator's progress board.
+    pub watch: &'a Watch,
+    /// The operation's sequence number (trace id).
+    pub seq: u64,
+}
+
+/// After this long without progress, a waiter publishes its stall on the
+/// progress board.
+const WATCH_AFTER: Duration = Duration::from_millis(200);
 
 /// How long a waiting rank yields its CPU (after spinning) before it sleeps
 /// on its doorbell. Yielding lets an oversubscribed peer run at once; a
@@ -41,13 +57,14 @@ fn process_gone(pid: u32) -> bool {
 
 impl Node {
     /// Waits until `missing` returns `None`. `missing` names the first local
-    /// rank the caller still waits for; `what` describes the operation for
+    /// rank the caller still waits for; `op` describes the operation for
     /// hang reports and errors.
     pub(crate) fn wait(
         &self,
-        what: &dyn Fn() -> String,
+        op: &Op<'_>,
         mut missing: impl FnMut() -> Option<usize>,
     ) -> Result<()> {
+        let what = op.label;
         let Some(mut waiting_for) = missing() else {
             return Ok(());
         };
@@ -55,6 +72,7 @@ impl Node {
         let mut last = Instant::now();
         let mut next_liveness = last + LIVENESS_EVERY;
         let mut reported = false;
+        let mut published = false;
         let mut iter: u32 = 0;
         loop {
             if self.aborted.load(Ordering::Relaxed) {
@@ -67,6 +85,10 @@ impl Node {
                     phase = Phase::Spin;
                     last = Instant::now();
                     reported = false;
+                    if published {
+                        published = false;
+                        op.watch.moving();
+                    }
                     continue;
                 }
                 Some(_) => {}
@@ -101,12 +123,25 @@ impl Node {
                 continue;
             }
             self.check_peer(waiting_for, now, &mut next_liveness)?;
+            let on = WaitOn {
+                peer: self.rank_of(waiting_for),
+                step: 0,
+                kind: 1,
+            };
+            if idle >= WATCH_AFTER && !published {
+                published = true;
+                op.watch.stalled(idle, Some(on));
+            }
             if let Some(h) = self.hang_report {
                 if idle >= h && !reported {
                     reported = true;
                     tracing::warn!(target: "hetccl::COLL",
                         "hang report: rank {} idle for {:.1} s: {}: waits for rank {} (board)",
                         self.rank_of(self.me), idle.as_secs_f64(), what(), self.rank_of(waiting_for));
+                    op.watch.stalled(idle, Some(on));
+                    for line in op.watch.summary(op.seq, h).unwrap_or_default() {
+                        tracing::warn!(target: "hetccl::COLL", "{line}");
+                    }
                 }
             }
             if idle >= self.stall_timeout {
