@@ -39,6 +39,7 @@ def gbs(x):
 def summarize(rows, out):
     by = defaultdict(dict)  # (round, link) -> metrics
     sweep = defaultdict(lambda: defaultdict(list))  # link -> size -> [B/s]
+    loads = []
     for r in rows:
         key = (r["round"], r["link"])
         k = r["kind"]
@@ -49,10 +50,12 @@ def summarize(rows, out):
         elif k in ("iperf3", "iperf3_l1m"):
             by[key][k] = float(r["bytes_per_s"])
             by[key]["streams"] = int(r["streams"])
-        elif k == "lat":
-            by[key]["lat"] = float(r["rtt_us"])
-        elif k in ("tcplat", "tcplat2"):
+        elif k in ("lat", "tcplat", "tcplat2"):
             by[key][k] = float(r["rtt_us"])
+            if "p50_us" in r:
+                by[key][k + "_p50"] = float(r["p50_us"])
+        if "load" in r:
+            loads.append(float(r["load"]))
     result = {"links": {}}
     lines = [
         "| link | plugin 64 MiB (GB/s) | iperf3 -P n (GB/s) | ratio | iperf3 -P n -l 1M (GB/s) | ratio "
@@ -76,6 +79,11 @@ def summarize(rows, out):
             "lat_ratio_vs_tcp": med(ratios("lat", "tcplat")),
             "tcp2_rtt_us": med(vals("tcplat2")),
             "lat_ratio_vs_tcp2": med(ratios("lat", "tcplat2")),
+            "plugin_p50_us": med(vals("lat_p50")),
+            "tcp_p50_us": med(vals("tcplat_p50")),
+            "tcp2_p50_us": med(vals("tcplat2_p50")),
+            "p50_ratio_vs_tcp": med(ratios("lat_p50", "tcplat_p50")),
+            "p50_ratio_vs_tcp2": med(ratios("lat_p50", "tcplat2_p50")),
             "streams": (vals("streams") or [0])[0],
             "rounds": len(ms),
             "per_round": ms,
@@ -88,6 +96,18 @@ def summarize(rows, out):
             f"| {d['plugin_rtt_us']:.1f} | {d['tcp_rtt_us']:.1f} | **{d['lat_ratio_vs_tcp']:.2f}** "
             f"| {d['tcp2_rtt_us']:.1f} | {d['lat_ratio_vs_tcp2']:.2f} | {d['rounds']} |"
         )
+    p50 = ["", "8-byte round trip, median of the individual round trips (robust to the "
+           "preemptions that dominate the batch means above under load; µs):", "",
+           "| link | plugin | TCP, 1 socket | ratio | TCP, 2 one-way connections | ratio | rounds |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for link, d in sorted(result["links"].items()):
+        p50.append(f"| {link} | {d['plugin_p50_us']:.1f} | {d['tcp_p50_us']:.1f} | **{d['p50_ratio_vs_tcp']:.2f}** "
+                   f"| {d['tcp2_p50_us']:.1f} | {d['p50_ratio_vs_tcp2']:.2f} | {d['rounds']} |")
+    if loads:
+        result["load_average"] = {"min": min(loads), "median": med(loads), "max": max(loads)}
+        p50 += ["", f"1-minute load average during the run (2 vCPUs): min {min(loads):.1f}, "
+                f"median {med(loads):.1f}, max {max(loads):.1f}."]
+    lines += p50
     sw = ["", "Throughput by message size (median over rounds, GB/s):", "",
           "| size | " + " | ".join(sorted(sweep)) + " |", "|---:|" + "---:|" * len(sweep)]
     sizes = sorted({s for l in sweep for s in sweep[l]})

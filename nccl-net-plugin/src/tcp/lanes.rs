@@ -83,12 +83,22 @@ struct Shared {
     queues: Vec<(Mutex<VecDeque<Task>>, Condvar)>,
     stop: AtomicBool,
     failed: Mutex<Option<NetError>>,
+    /// Set once `failed` is: the callers' polling checks this, not the lock.
+    any_failed: AtomicBool,
     dir: Dir,
     timeout: Duration,
     /// No helper threads: one queue per lane, driven by [`Lanes::poll`].
     inline: bool,
     /// Inline mode: when each lane last moved bytes.
     last: Mutex<Vec<Instant>>,
+}
+
+impl Shared {
+    /// Records the first error that stops the lanes.
+    fn fail(&self, e: &NetError) {
+        self.failed.lock().get_or_insert_with(|| e.clone());
+        self.any_failed.store(true, Ordering::Release);
+    }
 }
 
 struct Core {
@@ -158,6 +168,7 @@ impl Lanes {
                 .collect(),
             stop: AtomicBool::new(false),
             failed: Mutex::new(None),
+            any_failed: AtomicBool::new(false),
             dir,
             timeout,
         });
@@ -210,7 +221,11 @@ impl Lanes {
 
     /// The error that stopped the lanes, if any.
     pub(crate) fn failure(&self) -> Option<NetError> {
-        self.core.shared.failed.lock().clone()
+        let sh = &self.core.shared;
+        if !sh.any_failed.load(Ordering::Acquire) {
+            return None;
+        }
+        sh.failed.lock().clone()
     }
 
     /// Splits `len` bytes at `ptr` into tasks of `task` bytes and queues them.
@@ -264,12 +279,12 @@ impl Lanes {
         if !sh.inline {
             return Ok(());
         }
-        if let Some(e) = sh.failed.lock().clone() {
+        if let Some(e) = self.failure() {
             return Err(e);
         }
         let r = poll_inline(sh);
         if let Err(e) = &r {
-            sh.failed.lock().get_or_insert_with(|| e.clone());
+            sh.fail(e);
             for (q, _) in &sh.queues {
                 for t in q.lock().drain(..) {
                     t.prog.finish(&Err(e.clone()));
@@ -378,7 +393,7 @@ fn helper(sh: &Shared, t: usize) {
             if !sh.stop.load(Ordering::Acquire) {
                 tracing::warn!(target: "hetccl::NET", "data socket {}: {e}", task.lane);
             }
-            sh.failed.lock().get_or_insert_with(|| e.clone());
+            sh.fail(e);
         }
         task.prog.finish(&r);
     }
