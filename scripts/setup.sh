@@ -3,7 +3,7 @@
 # machine. Idempotent: installs only what is missing.
 set -euo pipefail
 need=()
-for pair in gcc:gcc nm:binutils readelf:binutils ip:iproute2 python3:python3 pip3:python3-pip; do
+for pair in gcc:gcc nm:binutils readelf:binutils ip:iproute2 python3:python3 pip3:python3-pip valgrind:valgrind; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

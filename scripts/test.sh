@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 export HETCCL_REQUIRE_NETNS=${HETCCL_REQUIRE_NETNS:-1}
 # The GPU kernel compile test fails (not skips) without NVRTC.
 export HETCCL_REQUIRE_NVRTC=${HETCCL_REQUIRE_NVRTC:-1}
+# tests/sanitize.rs fails (not skips) without valgrind.
+export HETCCL_REQUIRE_VALGRIND=${HETCCL_REQUIRE_VALGRIND:-1}
 export CARGO_TERM_COLOR=never
 bash scripts/setup.sh
 echo "== cargo fmt --check"
