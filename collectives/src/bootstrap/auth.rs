@@ -44,22 +44,47 @@ pub fn prove(s: &mut TcpStream, secret: &[u8], hello: &[u8], deadline: Instant) 
     frame::send(s, &msg, deadline)
 }
 
-/// Accepting side: challenges the peer and returns its authenticated hello.
-pub fn verify(s: &mut TcpStream, secret: &[u8], deadline: Instant) -> Result<Vec<u8>> {
-    let mut challenge = [0u8; CHALLENGE];
-    getrandom::getrandom(&mut challenge).map_err(|e| Error::System(format!("getrandom: {e}")))?;
-    frame::write_all(s, &challenge, deadline)?;
-    let msg = frame::recv(s, TAG + MAX_HELLO, deadline)?;
-    if msg.len() < TAG {
-        return Err(Error::Remote("authentication: short answer".into()));
+/// The largest answer frame (tag and hello) the accepting side reads.
+pub const MAX_ANSWER: usize = TAG + MAX_HELLO;
+
+/// The accepting side's challenge, for callers that do their own
+/// (nonblocking) I/O: send [`bytes`](Self::bytes), read one frame of at most
+/// [`MAX_ANSWER`] bytes, and [`check`](Self::check) it.
+#[derive(Debug, Clone)]
+pub struct Challenge([u8; CHALLENGE]);
+
+impl Challenge {
+    /// A fresh random challenge.
+    pub fn new() -> Result<Self> {
+        let mut c = [0u8; CHALLENGE];
+        getrandom::getrandom(&mut c).map_err(|e| Error::System(format!("getrandom: {e}")))?;
+        Ok(Self(c))
     }
-    let (t, hello) = msg.split_at(TAG);
-    tag(secret, &challenge, hello)
-        .verify_slice(t)
-        .map_err(|_| {
+
+    /// What is sent to the peer.
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Checks the peer's answer (the payload of its frame); returns its hello.
+    pub fn check(&self, secret: &[u8], answer: &[u8]) -> Result<Vec<u8>> {
+        if answer.len() < TAG {
+            return Err(Error::Remote("authentication: short answer".into()));
+        }
+        let (t, hello) = answer.split_at(TAG);
+        tag(secret, &self.0, hello).verify_slice(t).map_err(|_| {
             Error::Remote("authentication failed: the peer does not know the secret".into())
         })?;
-    Ok(hello.to_vec())
+        Ok(hello.to_vec())
+    }
+}
+
+/// Accepting side: challenges the peer and returns its authenticated hello.
+pub fn verify(s: &mut TcpStream, secret: &[u8], deadline: Instant) -> Result<Vec<u8>> {
+    let c = Challenge::new()?;
+    frame::write_all(s, c.bytes(), deadline)?;
+    let msg = frame::recv(s, MAX_ANSWER, deadline)?;
+    c.check(secret, &msg)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod card;
 pub mod frame;
+pub mod gate;
 pub mod id;
 pub mod root;
 pub mod sock;
@@ -79,6 +80,8 @@ pub struct Bootstrap {
     pub cards: Vec<Card>,
     secret: [u8; 32],
     listener: TcpListener,
+    /// Connections to `listener` still authenticating (kept across accepts).
+    gate: parking_lot::Mutex<gate::Gate>,
     next: Option<TcpStream>,
     prev: Option<TcpStream>,
 }
@@ -122,6 +125,7 @@ impl Bootstrap {
             cards,
             secret: id.secret,
             listener,
+            gate: Default::default(),
             next: None,
             prev: None,
         };
@@ -179,10 +183,10 @@ impl Bootstrap {
         dl: Instant,
         want: impl Fn(Purpose, usize) -> bool,
     ) -> Result<(TcpStream, Purpose, usize)> {
+        let mut gate = self.gate.lock();
         loop {
-            let mut s = sock::accept(&self.listener, dl)?;
-            let adl = dl.min(Instant::now() + Duration::from_secs(5));
-            match auth::verify(&mut s, &self.secret, adl).and_then(|h| parse_hello(&h)) {
+            let (s, h) = gate.next(&self.listener, &self.secret, dl)?;
+            match parse_hello(&h) {
                 Ok((p, r)) if r < self.nranks() && want(p, r) => return Ok((s, p, r)),
                 Ok((p, r)) => tracing::warn!(target: "hetccl::BOOTSTRAP",
                     "rank {}: unexpected connection {p:?} from rank {r}; dropped", self.rank),

@@ -1,31 +1,32 @@
 //! The root: a thread started by `ncclGetUniqueId` that collects every
 //! rank's card and sends each rank the full table.
 //!
-//! Connections that fail authentication, send a malformed card, claim a
-//! rank twice or disagree on the size are dropped and logged; the root keeps
-//! waiting for the real ranks until the deadline.
+//! Connections are admitted concurrently ([`Gate`]): each has its own
+//! authentication deadline, so silent or slow connections do not hold up
+//! the real ranks. Connections that fail authentication, send a malformed
+//! card, claim a rank twice or disagree on the size are dropped and logged;
+//! the root keeps waiting for the real ranks until the deadline.
 
 use std::net::{TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::card::{decode_table, encode_table, Card, CARD_BYTES};
-use super::{auth, frame, sock};
+use super::frame;
+use super::gate::Gate;
 use crate::error::{Error, Result};
 
 /// The hello a rank sends the root: `ROOT` then its card.
 pub const ROOT_TAG: &[u8; 4] = b"ROOT";
-/// How long one connection may take to authenticate before it is dropped.
-const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Serves one communicator's rendezvous on `listener`, until every rank has
 /// its table or `deadline` passes.
 pub fn serve(listener: TcpListener, secret: [u8; 32], deadline: Instant) -> Result<()> {
     let mut conns: Vec<(TcpStream, Card)> = Vec::new();
     let mut nranks: Option<usize> = None;
+    let mut gate = Gate::new();
     while nranks.is_none_or(|n| conns.len() < n) {
-        let mut s = sock::accept(&listener, deadline)?;
-        let dl = deadline.min(Instant::now() + AUTH_TIMEOUT);
-        let card = match admit(&mut s, &secret, dl) {
+        let (s, hello) = gate.next(&listener, &secret, deadline)?;
+        let card = match parse_root_hello(&hello) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(target: "hetccl::BOOTSTRAP", "root: refused a connection from {:?}: {e}", s.peer_addr().ok());
@@ -54,8 +55,7 @@ pub fn serve(listener: TcpListener, secret: [u8; 32], deadline: Instant) -> Resu
     Ok(())
 }
 
-fn admit(s: &mut TcpStream, secret: &[u8], deadline: Instant) -> Result<Card> {
-    let hello = auth::verify(s, secret, deadline)?;
+fn parse_root_hello(hello: &[u8]) -> Result<Card> {
     if hello.len() != 4 + CARD_BYTES || &hello[..4] != ROOT_TAG {
         return Err(Error::Remote("not a root hello".into()));
     }
