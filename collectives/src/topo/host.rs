@@ -39,9 +39,19 @@ fn numa_from_sysfs() -> usize {
 
 fn probe() -> HostInfo {
     let fallback = || {
-        let n = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        // The machine's online processors, not this process's affinity mask:
+        // ranks bound one per core (`mpirun --bind-to core`, `hetccl-perf
+        // -np`) each see one CPU, yet the node is not oversubscribed.
+        // SAFETY: sysconf has no memory arguments.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        let n = usize::try_from(online)
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            });
         HostInfo {
             pus: n,
             cores: n,
