@@ -97,6 +97,12 @@ impl Board {
 
     /// Publishes `data` as this rank's input to small operation `seq`.
     ///
+    /// The sequence word is stored with `Release` only, not `SeqCst`: a
+    /// full fence would stall on the cache line the peers just read. A
+    /// waiter that announced its sleep at the same instant may therefore
+    /// miss the doorbell and sleep until its bounded timeout (5 ms); that
+    /// only happens after it has waited 2 ms already (see `wait.rs`).
+    ///
     /// # Safety
     /// Only the board's owner may post, and only once every rank has posted
     /// operation `seq - 1` (so nobody still reads operation `seq - 2`, which
@@ -107,7 +113,7 @@ impl Board {
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.slot_data(seq), data.len());
         }
-        self.slot_seq(seq).store(seq, Ordering::SeqCst);
+        self.slot_seq(seq).store(seq, Ordering::Release);
     }
 
     /// Whether this rank has posted small operation `seq`.

@@ -34,11 +34,6 @@ use crate::reduce::ReduceOp;
 use crate::transport::arena::Arena;
 use crate::transport::doorbell::Doorbell;
 
-/// Operations run by [`fastbox`] in this process (for tests and stats).
-pub static FAST_OPS: AtomicU64 = AtomicU64::new(0);
-/// Operations run by [`copy`] in this process (for tests and stats).
-pub static COPY_OPS: AtomicU64 = AtomicU64::new(0);
-
 /// The word whose address every rank publishes, so that peers can check
 /// that they may read this process's memory.
 static PROBE: AtomicU64 = AtomicU64::new(PROBE_VALUE);
@@ -147,6 +142,16 @@ impl Node {
         }
     }
 
+    /// Operations this rank ran through the board slots.
+    pub fn fast_ops(&self) -> u64 {
+        self.fast_seq.load(Ordering::Relaxed)
+    }
+
+    /// Operations this rank ran through the single-copy path.
+    pub fn copy_ops(&self) -> u64 {
+        self.copy_seq.load(Ordering::Relaxed)
+    }
+
     /// The number of ranks.
     pub fn nranks(&self) -> usize {
         self.boards.len()
@@ -244,14 +249,8 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
     let seq = e.seq.fetch_add(1, Ordering::Relaxed);
     watch.begin(seq);
     let r = match path {
-        Path::Fast => {
-            FAST_OPS.fetch_add(1, Ordering::Relaxed);
-            fastbox::run(node, a, op, seq, watch)
-        }
-        Path::Copy => {
-            COPY_OPS.fetch_add(1, Ordering::Relaxed);
-            copy::run(node, a, op, seq, watch)
-        }
+        Path::Fast => fastbox::run(node, a, op, seq, watch),
+        Path::Copy => copy::run(node, a, op, seq, watch),
     };
     watch.end();
     if r.is_err() {

@@ -185,8 +185,10 @@ impl Node {
         Ok(())
     }
 
-    /// Rings the doorbell of every other local rank that sleeps (after this
-    /// rank published something with a `SeqCst` store).
+    /// Rings the doorbell of every other local rank that sleeps. After a
+    /// `SeqCst` store the wake-up is guaranteed; after a `Release` store (the
+    /// board slots) a sleeper that announced its sleep at the same instant
+    /// wakes at its timeout instead.
     pub(crate) fn wake_peers(&self) {
         for (k, b) in self.bells.iter().enumerate() {
             if k != self.me {
