@@ -71,6 +71,10 @@ pub struct Options {
     pub alloc: Alloc,
     /// `--init config|rank`.
     pub init_config: bool,
+    /// `--bind-to core|none` for `-np` ranks: pin rank `r` to the `r`-th
+    /// CPU this process may use (as `mpirun --bind-to core`). Default: core
+    /// when the ranks fit the CPUs, none when they would oversubscribe them.
+    pub bind_core: Option<bool>,
     /// Messages for flags accepted with a fallback (printed by rank 0).
     pub notes: Vec<String>,
 }
@@ -168,6 +172,7 @@ pub fn command() -> Command {
         .arg(Arg::new("lib").long("lib").num_args(1).help("library to test (default: $HETCCL_PERF_LIB, else libhetccl.so next to this binary)"))
         .arg(Arg::new("id-file").long("id-file").num_args(1).help("rendezvous file on a shared filesystem, for ranks from mpirun/torchrun/Slurm"))
         .arg(Arg::new("alloc").long("alloc").num_args(1).help("buffers from 'nccl' (ncclMemAlloc, default) or 'host'"))
+        .arg(Arg::new("bind-to").long("bind-to").num_args(1).help("-np ranks: 'core' pins rank r to the r-th usable CPU, 'none' does not (default: core unless ranks outnumber CPUs)"))
         .arg(Arg::new("init").long("init").num_args(1).help("'config' (ncclCommInitRankConfig, default) or 'rank' (ncclCommInitRank)"))
         .arg(Arg::new("help").short('h').long("help").action(ArgAction::Help).help("print help"))
 }
@@ -304,6 +309,12 @@ pub fn parse(coll: Coll, flags: &[String]) -> Result<Options, String> {
         Some("rank") => false,
         Some(s) => return Err(format!("--init {s}: expected 'config' or 'rank'")),
     };
+    let bind_core = match get(&m, "bind-to") {
+        None => None,
+        Some("core") => Some(true),
+        Some("none") => Some(false),
+        Some(s) => return Err(format!("--bind-to {s}: expected 'core' or 'none'")),
+    };
     let np = int_flag(&m, "np", 0, 0)? as usize;
     let threads = int_flag(&m, "threads", 0, 0)? as usize;
     if np > 0 && threads > 0 {
@@ -336,6 +347,7 @@ pub fn parse(coll: Coll, flags: &[String]) -> Result<Options, String> {
         id_file: get(&m, "id-file").map(PathBuf::from),
         alloc,
         init_config,
+        bind_core,
         notes,
     })
 }

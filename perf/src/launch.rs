@@ -329,6 +329,21 @@ fn rendezvous(idf: &Path, rank: usize, timeout: Duration) -> Result<(FileStore, 
     Ok((FileStore::new(&dir)?, dir))
 }
 
+/// The CPUs this process may run on, in order.
+fn usable_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is writable and of the size passed.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Vec::new();
+    }
+    // SAFETY: reading a filled set.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
 /// `-np N`: runs this binary N times with rank variables and a fresh store
 /// directory; when one child fails the others are killed. Children also die
 /// with the supervisor (`PR_SET_PDEATHSIG`).
@@ -351,9 +366,12 @@ fn supervise(opts: &Options, argv: &[String]) -> i32 {
             return 2;
         }
     };
+    let cpus = usable_cpus();
+    let bind = opts.bind_core.unwrap_or(np <= cpus.len()) && !cpus.is_empty();
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut code = 0;
     for r in 0..np {
+        let cpu = bind.then(|| cpus[r % cpus.len()]);
         let mut cmd = Command::new(&exe);
         cmd.arg0(&argv[0])
             .args(&argv[1..])
@@ -362,8 +380,14 @@ fn supervise(opts: &Options, argv: &[String]) -> i32 {
             .env(ENV_STORE, &dir);
         // SAFETY: prctl is async-signal-safe; runs in the child before exec.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if let Some(c) = cpu {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(c, &mut set);
+                    // Best effort: a refused affinity leaves the rank unbound.
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                }
                 Ok(())
             });
         }
