@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 use crate::coll::{self, Job};
 use crate::ranks;
 
+/// A rank process and the threads collecting its stdout and stderr.
+type Kid = (Child, JoinHandle<Vec<u8>>, JoinHandle<Vec<u8>>);
+
 /// What happens to the victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -100,7 +103,7 @@ pub fn trial(
     let idp = ranks::id_path(&coll::id_dir(), &job.label);
     let vpath = format!("{}.victim", idp.display());
     let _ = std::fs::remove_file(&vpath);
-    let mut kids: Vec<(Child, JoinHandle<Vec<u8>>, JoinHandle<Vec<u8>>)> = Vec::new();
+    let mut kids: Vec<Kid> = Vec::new();
     for mut cmd in coll::commands(exe, so, job, &idp) {
         cmd.env("COLL_CHECK_VICTIM", victim.to_string())
             .env(
