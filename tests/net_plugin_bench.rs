@@ -228,10 +228,10 @@ fn tcp_server() {
     }
 }
 
-/// `BENCH_TCP_PEEK`, read once (not on every message).
-fn tcp_peek() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_or("BENCH_TCP_PEEK", "0") == "1")
+/// `BENCH_TCP_PEEK` (0, 1 or 2), read once (not on every message).
+fn tcp_peek() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| env_or("BENCH_TCP_PEEK", "0").parse().unwrap_or(0))
 }
 
 /// `BENCH_TCP_QUICKACK`, read once.
@@ -245,7 +245,7 @@ fn two_socks() -> bool {
 }
 
 fn read8(c: &mut TcpStream, b: &mut [u8; 8]) {
-    if tcp_peek() {
+    if tcp_peek() > 0 {
         return peek8(c, b);
     }
     let mut got = 0;
@@ -278,38 +278,51 @@ fn read8(c: &mut TcpStream, b: &mut [u8; 8]) {
 
 /// BENCH_TCP_PEEK=1: peek the message and discard it at the next read, so
 /// the ACK that consuming it may trigger leaves after the reply.
+/// BENCH_TCP_PEEK=2: the same, but the discard keeps the last byte queued
+/// (so the kernel sees a non-empty queue and sends no ACK) except every
+/// 8th time, which drains the queue and lets the ACK out.
 fn peek8(c: &mut TcpStream, b: &mut [u8; 8]) {
     use std::os::fd::AsRawFd;
-    static PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    static PENDING: AtomicUsize = AtomicUsize::new(0);
+    static HELD: AtomicUsize = AtomicUsize::new(0);
+    static COUNT: AtomicUsize = AtomicUsize::new(0);
     let fd = c.as_raw_fd();
-    if PENDING.swap(false, std::sync::atomic::Ordering::Relaxed) {
+    let mut buf = [0u8; 9];
+    if PENDING.swap(0, Relaxed) == 1 {
+        let held = HELD.load(Relaxed);
+        let keep = usize::from(tcp_peek() == 2 && COUNT.fetch_add(1, Relaxed) % 8 != 7);
+        let n = 8 + held - keep;
         // SAFETY: MSG_TRUNC discards without writing to the buffer.
-        let n = unsafe {
+        let got = unsafe {
             libc::recv(
                 fd,
-                std::ptr::null_mut(),
-                8,
+                buf.as_mut_ptr().cast(),
+                n,
                 libc::MSG_TRUNC | libc::MSG_DONTWAIT,
             )
         };
-        assert_eq!(n, 8);
+        assert_eq!(got, n as isize);
+        HELD.store(keep, Relaxed);
     }
+    let held = HELD.load(Relaxed);
     loop {
-        // SAFETY: b is 8 writable bytes.
+        // SAFETY: buf has room for held + 8 bytes.
         let n = unsafe {
             libc::recv(
                 fd,
-                b.as_mut_ptr().cast(),
-                8,
+                buf.as_mut_ptr().cast(),
+                8 + held,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
             )
         };
-        if n == 8 {
+        if n == (8 + held) as isize {
             break;
         }
         assert!(n >= 0 || std::io::Error::last_os_error().kind() == ErrorKind::WouldBlock);
     }
-    PENDING.store(true, std::sync::atomic::Ordering::Relaxed);
+    b.copy_from_slice(&buf[held..held + 8]);
+    PENDING.store(1, Relaxed);
     let every = tcp_quickack_every();
     if every > 0 {
         let v: i32 = 0;
