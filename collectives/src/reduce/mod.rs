@@ -261,6 +261,7 @@ macro_rules! dispatch {
     };
 }
 
+#[inline(always)]
 fn zip2_for<A: Arith>(c: Combine, dst: &mut [u8], src: &[u8]) {
     match c {
         Combine::Sum => kernels::zip2::<A::T>(dst, src, A::sum),
@@ -270,6 +271,7 @@ fn zip2_for<A: Arith>(c: Combine, dst: &mut [u8], src: &[u8]) {
     }
 }
 
+#[inline(always)]
 fn zip3_for<A: Arith>(c: Combine, dst: &mut [u8], a: &[u8], b: &[u8]) {
     match c {
         Combine::Sum => kernels::zip3::<A::T>(dst, a, b, A::sum),
@@ -279,6 +281,7 @@ fn zip3_for<A: Arith>(c: Combine, dst: &mut [u8], a: &[u8], b: &[u8]) {
     }
 }
 
+#[inline(always)]
 fn narrow_zip2_for<N: Narrow>(c: Combine, dst: &mut [u8], src: &[u8]) {
     match c {
         Combine::Sum => kernels::narrow_zip2::<N>(dst, src, |a, b| a + b),
@@ -288,6 +291,7 @@ fn narrow_zip2_for<N: Narrow>(c: Combine, dst: &mut [u8], src: &[u8]) {
     }
 }
 
+#[inline(always)]
 fn narrow_zip3_for<N: Narrow>(c: Combine, dst: &mut [u8], a: &[u8], b: &[u8]) {
     match c {
         Combine::Sum => kernels::narrow_zip3::<N>(dst, a, b, |a, b| a + b),
@@ -313,9 +317,46 @@ pub fn reduce_into(
     op: ReduceOp,
 ) -> Result<(), ReduceError> {
     check(dt, dst.len(), src.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        unsafe { avx2::reduce_into(dst, src, dt, op) };
+        return Ok(());
+    }
+    reduce_into_body(dst, src, dt, op);
+    Ok(())
+}
+
+#[inline(always)]
+fn reduce_into_body(dst: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
     let c = op.combine();
     dispatch!(dt, A => zip2_for::<A>(c, dst, src), N => narrow_zip2_for::<N>(c, dst, src));
-    Ok(())
+}
+
+#[inline(always)]
+fn reduce3_body(dst: &mut [u8], a: &[u8], b: &[u8], dt: DataType, op: ReduceOp) {
+    let c = op.combine();
+    dispatch!(dt, A => zip3_for::<A>(c, dst, a, b), N => narrow_zip3_for::<N>(c, dst, a, b));
+}
+
+/// The same kernels compiled for AVX2 (256-bit vectors), picked at run
+/// time: the element-wise operations are the same IEEE operations, so the
+/// results are bit-identical to the baseline build.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+
+    /// [`super::reduce_into`] after its checks.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn reduce_into(dst: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
+        reduce_into_body(dst, src, dt, op)
+    }
+
+    /// [`super::reduce3`] after its checks.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn reduce3(dst: &mut [u8], a: &[u8], b: &[u8], dt: DataType, op: ReduceOp) {
+        reduce3_body(dst, a, b, dt, op)
+    }
 }
 
 /// `dst = a ⊕ b` element-wise (the fused form for reduce-then-send steps).
@@ -328,8 +369,13 @@ pub fn reduce3(
 ) -> Result<(), ReduceError> {
     check(dt, dst.len(), a.len())?;
     check(dt, a.len(), b.len())?;
-    let c = op.combine();
-    dispatch!(dt, A => zip3_for::<A>(c, dst, a, b), N => narrow_zip3_for::<N>(c, dst, a, b));
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        unsafe { avx2::reduce3(dst, a, b, dt, op) };
+        return Ok(());
+    }
+    reduce3_body(dst, a, b, dt, op);
     Ok(())
 }
 
