@@ -125,11 +125,9 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         Some(a)
             if local.len() == nranks && (0..nranks).all(|p| p == rank || choice[p] == "shm") =>
         {
-            let pids: Vec<u32> = bs.cards.iter().map(|c| c.pid).collect();
             Some(crate::direct::Node::new(
                 a.clone(),
                 me_local,
-                &pids,
                 aborted.clone(),
                 spin,
                 &crate::api::launch::algo_filter()?,

@@ -48,8 +48,6 @@ pub struct Node {
     boards: Vec<Board>,
     bells: Vec<Doorbell>,
     bell: Doorbell,
-    /// Process id of every local rank (0 where it cannot be observed).
-    pids: Vec<u32>,
     aborted: Arc<AtomicBool>,
     spin: Duration,
     hang_report: Option<Duration>,
@@ -88,7 +86,6 @@ impl Node {
     pub fn new(
         arena: Arc<Arena>,
         me: usize,
-        pids: &[u32],
         aborted: Arc<AtomicBool>,
         spin: Duration,
         filter: &AlgoFilter,
@@ -106,16 +103,6 @@ impl Node {
         ctl.probe_addr
             .store(PROBE.as_ptr() as u64, Ordering::Relaxed);
         ctl.stage.store(0, Ordering::SeqCst);
-        let pids = pids
-            .iter()
-            .map(|&p| {
-                if std::path::Path::new(&format!("/proc/{p}")).exists() {
-                    p
-                } else {
-                    0
-                }
-            })
-            .collect();
         let patience = Patience::from_config();
         let mut allowed = [false; 5];
         for (i, &k) in KINDS.iter().enumerate() {
@@ -127,7 +114,6 @@ impl Node {
             me,
             boards,
             bells,
-            pids,
             aborted,
             spin,
             hang_report: patience.hang_report,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::Node;
 use crate::error::{Error, Result};
-use crate::exec::watch::{WaitOn, Watch};
+use crate::exec::watch::{ProcState, WaitOn, Watch};
 
 /// The operation a wait belongs to: its description for reports and
 /// errors, and the node's progress board it reports on (hang summary).
@@ -39,20 +39,6 @@ enum Phase {
     Spin,
     Yield,
     Sleep,
-}
-
-/// Whether process `pid` is gone (or a zombie).
-fn process_gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            // The state follows the command name's closing parenthesis.
-            let state = s
-                .rsplit_once(')')
-                .and_then(|(_, r)| r.trim_start().chars().next());
-            matches!(state, Some('Z') | Some('X'))
-        }
-        Err(_) => true,
-    }
 }
 
 impl Node {
@@ -122,7 +108,7 @@ impl Node {
             if phase == Phase::Spin {
                 continue;
             }
-            self.check_peer(waiting_for, now, &mut next_liveness)?;
+            self.check_peer(op.watch, waiting_for, now, &mut next_liveness)?;
             let on = WaitOn {
                 peer: self.rank_of(waiting_for),
                 step: 0,
@@ -164,8 +150,15 @@ impl Node {
         }
     }
 
-    /// Fails if local rank `k` closed its links or its process is gone.
-    fn check_peer(&self, k: usize, now: Instant, next_liveness: &mut Instant) -> Result<()> {
+    /// Fails if local rank `k` closed its links or its process is gone (as
+    /// the progress board sees it: same pid namespace, another process).
+    fn check_peer(
+        &self,
+        watch: &Watch,
+        k: usize,
+        now: Instant,
+        next_liveness: &mut Instant,
+    ) -> Result<()> {
         if self.arena.ring(k, self.me, 0).is_closed() {
             return Err(Error::Remote(format!(
                 "rank {} closed its links (aborted)",
@@ -174,10 +167,10 @@ impl Node {
         }
         if now >= *next_liveness {
             *next_liveness = now + LIVENESS_EVERY;
-            let pid = self.pids[k];
-            if pid != self.pids[self.me] && process_gone(pid) {
+            if watch.peer_state(self.rank_of(k)) == ProcState::Dead {
+                let pid = watch.pid(self.rank_of(k)).unwrap_or(0);
                 return Err(Error::Remote(format!(
-                    "rank {} (pid {pid}) exited",
+                    "rank {} (pid {pid}) died: its process is gone",
                     self.rank_of(k)
                 )));
             }
@@ -195,16 +188,5 @@ impl Node {
                 b.ring_if_sleeping();
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::process_gone;
-
-    #[test]
-    fn liveness_of_processes() {
-        assert!(!process_gone(std::process::id()));
-        assert!(process_gone(u32::MAX - 1), "no such pid");
     }
 }
