@@ -316,8 +316,12 @@ def cmd_run(a):
     }
     res = {"meta": meta, "launches": r.launches, "rows": r.rows}
     base = os.path.join(a.outdir, a.prefix)
-    with open(base + ".json", "w") as f:
-        json.dump(res, f, indent=1)
+    with open(base + ".json", "w") as f:  # one row per line: small and diffable
+        f.write('{"meta": ' + json.dumps(meta, indent=1) + ',\n "launches": [\n')
+        f.write(",\n".join(json.dumps(x) for x in r.launches))
+        f.write('\n ],\n "rows": [\n')
+        f.write(",\n".join(json.dumps(x) for x in r.rows))
+        f.write("\n ]\n}\n")
     with open(base + ".csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
@@ -325,6 +329,8 @@ def cmd_run(a):
             w.writerow(row)
     print(f"# wrote {base}.csv and {base}.json ({len(r.rows)} rows, {len(r.launches)} launches)")
     bad = report(res, a.outdir, a.plot_prefix, base + ".md")
+    import shutil
+    shutil.rmtree(a.tmpdir, ignore_errors=True)
     return 1 if bad else 0
 
 
@@ -481,6 +487,26 @@ def report(res, outdir, plot_prefix, md_path=None):
                          f"{fmt(s['ratio'])}{rng} | {fmt(s['h_time'])} | {fmt(s['o_time'])} | "
                          f"{fmt(s['t_ratio'])} | {fmt(s['mem'], 1)} | {fmt(s['h_mem'], 3)} | "
                          f"{s['pairs']}{wrong} |")
+    lines.append("")
+    lines.append("## Key sizes")
+    lines.append("")
+    lines.append("h/o = hetccl / OpenMPI medians; ratio = median pairwise ratio (busbw, or "
+                 "time for the smallest size); ÷ mem = hetccl busbw ÷ memcpy bytes/s.")
+    lines.append("")
+    lines.append("| collective | ranks, transport | smallest size: time h/o (µs) | t-ratio | "
+                 "64 KiB ratio | 1 MiB busbw h/o | ratio | largest: busbw h/o | ratio | ÷ mem |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (cfg, n, coll), tab in sorted(summ.items(), key=lambda kv: (COLLS.index(kv[0][2]),
+                                                                   kv[0][0] != "shm", kv[0][1])):
+        lo, hi = min(tab), max(tab)
+        a, b, c = tab[lo], tab.get(65536, {}), tab.get(1 << 20, {})
+        z = tab[hi]
+        lines.append(
+            f"| {coll} | {n}, {cfg} | {human(lo)}: {fmt(a['h_time'])} / {fmt(a['o_time'])} | "
+            f"{fmt(a['t_ratio'])} | {fmt(b.get('ratio'))} | "
+            f"{fmt(c.get('h_busbw'))} / {fmt(c.get('o_busbw'))} | {fmt(c.get('ratio'))} | "
+            f"{human(hi)}: {fmt(z['h_busbw'])} / {fmt(z['o_busbw'])} | {fmt(z['ratio'])} | "
+            f"{fmt(z['h_mem'], 3)} |")
     lines.append("")
     lines.append("## Issue 5 targets (from the medians above)")
     lines.append("")
