@@ -115,6 +115,22 @@ fn every_collective_np4() {
     every_collective(&["-np", "4"], 4);
 }
 
+/// The single-node direct paths across processes (board slots, then the
+/// single-copy path from 32 KiB): with `ncclMemAlloc` buffers, which peers
+/// map and access in place, and with plain host buffers, which they reach
+/// through `process_vm_readv`/`writev`; 3 ranks give uneven shards.
+#[test]
+fn direct_paths_np3_mapped_and_cma_buffers() {
+    for alloc in ["nccl", "host"] {
+        for c in ["all_reduce", "reduce_scatter", "all_gather", "broadcast"] {
+            run_ok(&[
+                c, "-np", "3", "-b", "4", "-e", "4M", "-f", "16", "-n", "2", "-w", "1", "--alloc",
+                alloc,
+            ]);
+        }
+    }
+}
+
 #[test]
 fn every_collective_threads() {
     every_collective(&["--threads", "3"], 3);

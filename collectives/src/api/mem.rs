@@ -2,9 +2,11 @@
 //!
 //! With the CUDA driver present (see [`crate::gpu::driver`]), `ncclMemAlloc`
 //! returns device memory from `cuMemAlloc` in the caller's current context,
-//! as NCCL does. Without it, allocations are page-aligned anonymous host
-//! mappings. Both kinds are recorded in registries, so that `ncclMemFree`
-//! rejects pointers it did not hand out instead of corrupting the heap.
+//! as NCCL does. Without it, allocations are page-aligned host pages of a
+//! `memfd` mapped shared (`crate::direct::region`), which the other ranks of
+//! a single-node communicator can map to reduce from in place. Both kinds are
+//! recorded in registries, so that `ncclMemFree` rejects pointers it did not
+//! hand out instead of corrupting the heap.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -20,9 +22,6 @@ use crate::export;
 
 /// The largest single allocation accepted (1 TiB): bigger is surely garbage.
 const MAX_ALLOC: usize = 1 << 40;
-
-/// Live allocations: address -> mapped length.
-static ALLOCS: Lazy<Mutex<HashMap<usize, usize>>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 /// Live device allocations: address -> length.
 static DEVICE_ALLOCS: Lazy<Mutex<HashMap<usize, usize>>> = Lazy::new(|| Mutex::new(HashMap::new()));
@@ -65,21 +64,7 @@ pub fn alloc_host(size: usize) -> Result<*mut c_void> {
             "size {size} is not in (0, {MAX_ALLOC}]"
         )));
     }
-    // SAFETY: an anonymous private mapping with no address hint.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(Error::last_os(&format!("mmap of {size} bytes")));
-    }
-    ALLOCS.lock().insert(p as usize, size);
+    let p = crate::direct::region::alloc(size)?;
     tracing::debug!(target: "hetccl::ALLOC", "ncclMemAlloc {size} bytes at {p:p}");
     Ok(p)
 }
@@ -89,21 +74,13 @@ pub fn alloc_host(size: usize) -> Result<*mut c_void> {
 /// # Safety
 /// Nothing may use the memory at `p` afterwards.
 pub unsafe fn free_host(p: *mut c_void) -> Result<()> {
-    let size = ALLOCS
-        .lock()
-        .remove(&(p as usize))
-        .ok_or_else(|| Error::arg(format!("{p:p} was not allocated by ncclMemAlloc")))?;
-    // SAFETY: `p`/`size` are exactly a mapping made by `alloc_host`, removed
-    // from the registry above so it cannot be unmapped twice.
-    if unsafe { libc::munmap(p, size) } != 0 {
-        return Err(Error::last_os("munmap"));
-    }
-    Ok(())
+    // SAFETY: per the contract.
+    unsafe { crate::direct::region::free(p) }
 }
 
 /// The size of the live allocation starting at `p`, if any.
 pub fn allocation_size(p: *const c_void) -> Option<usize> {
-    ALLOCS.lock().get(&(p as usize)).copied()
+    crate::direct::region::size_of(p)
 }
 
 export! {

@@ -2,9 +2,9 @@
 //! ([`crate::transport::arena::BOARD`] bytes, zeroed at creation).
 //!
 //! ```text
-//! offset 0      control line (64 B): single-copy handshake, owner writes
-//! offset 64     small-message slot, parity 0: seq (8 B) + data
-//! offset 64+S   small-message slot, parity 1
+//! offset 0      control lines (128 B): single-copy handshake, owner writes
+//! offset 128    small-message slot, parity 0: seq (8 B) + data
+//! offset 128+S  small-message slot, parity 1
 //! ```
 //!
 //! Every word is written by the board's owner only and read by the other
@@ -22,7 +22,7 @@ pub const FAST_BYTES: usize = 16 << 10;
 /// Bytes from one slot's start to the next.
 const SLOT_STRIDE: usize = 64 + FAST_BYTES;
 /// Where the first slot starts.
-const SLOT0: usize = 64;
+const SLOT0: usize = std::mem::size_of::<Control>();
 const _: () = assert!(SLOT0 + 2 * SLOT_STRIDE <= BOARD);
 
 /// The control line: what a rank tells the others about its current
@@ -43,6 +43,35 @@ pub struct Control {
     pub probe_addr: AtomicU64,
     /// 1 when the owner could read every peer's probe word, 2 when not.
     pub probe_ok: AtomicU64,
+    /// The shareable allocation holding the send buffer (see
+    /// [`Control::publish`]).
+    pub send_region: [AtomicU64; 4],
+    /// The shareable allocation holding the receive buffer.
+    pub recv_region: [AtomicU64; 4],
+}
+
+impl Control {
+    /// Publishes `r` (or "none") in `words`: id, descriptor, base, length.
+    pub fn publish(words: &[AtomicU64; 4], r: Option<super::region::Region>) {
+        let v = r.map_or([0; 4], |r| [r.id, r.fd as u64, r.base as u64, r.len as u64]);
+        for (w, v) in words.iter().zip(v) {
+            w.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads an allocation published by [`Control::publish`]: (id,
+    /// descriptor, base, length), `None` when there is none.
+    pub fn region(words: &[AtomicU64; 4]) -> Option<(u64, i32, usize, usize)> {
+        let id = words[0].load(Ordering::Relaxed);
+        (id != 0).then(|| {
+            (
+                id,
+                words[1].load(Ordering::Relaxed) as i32,
+                words[2].load(Ordering::Relaxed) as usize,
+                words[3].load(Ordering::Relaxed) as usize,
+            )
+        })
+    }
 }
 
 /// The value of the probe word every rank publishes at init.

@@ -22,7 +22,8 @@
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
-use super::board::PROBE_VALUE;
+use super::board::{Control, PROBE_VALUE};
+use super::region;
 use super::wait::Op;
 use super::Node;
 use crate::algo::Collective;
@@ -106,16 +107,14 @@ impl Node {
 
     /// Copies `dst.len()` bytes at `addr` in local rank `k`'s address space.
     fn read(&self, k: usize, addr: u64, dst: &mut [u8]) -> Result<()> {
-        let pid = self.boards[k].control().pid.load(Ordering::Relaxed) as libc::pid_t;
-        if pid as u32 == std::process::id() {
-            // SAFETY: a peer in this process published a buffer of at least
-            // `dst.len()` bytes at `addr` that stays valid until it reaches
+        if let Some(p) = self.peer_view(k, addr, dst.len()) {
+            // SAFETY: the peer's buffer (same process, or mapped) holds
+            // `dst.len()` bytes at `p` and stays valid until the peer reaches
             // the final stage, which it does only after this rank's reads.
-            unsafe {
-                std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
-            };
+            unsafe { std::ptr::copy_nonoverlapping(p.cast_const(), dst.as_mut_ptr(), dst.len()) };
             return Ok(());
         }
+        let pid = self.boards[k].control().pid.load(Ordering::Relaxed) as libc::pid_t;
         let mut done = 0usize;
         while done < dst.len() {
             let local = libc::iovec {
@@ -153,13 +152,13 @@ impl Node {
 
     /// Copies `src` to `addr` in local rank `k`'s address space.
     fn write(&self, k: usize, addr: u64, src: &[u8]) -> Result<()> {
-        let pid = self.boards[k].control().pid.load(Ordering::Relaxed) as libc::pid_t;
-        if pid as u32 == std::process::id() {
-            // SAFETY: a peer in this process published a buffer of at least
-            // `src.len()` bytes at `addr` that only this rank writes now.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+        if let Some(p) = self.peer_view(k, addr, src.len()) {
+            // SAFETY: the peer's buffer (same process, or mapped) holds
+            // `src.len()` bytes at `p`, which only this rank writes now.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
             return Ok(());
         }
+        let pid = self.boards[k].control().pid.load(Ordering::Relaxed) as libc::pid_t;
         let mut done = 0usize;
         while done < src.len() {
             let local = libc::iovec {
@@ -270,15 +269,25 @@ fn reduce_from_peers(
                 first = false;
             }
             for k in (0..n).filter(|&k| k != node.me) {
-                let addr = node.boards[k].control().send.load(Ordering::Relaxed);
-                node.read(k, addr + (off + start) as u64, tmp)?;
+                let addr =
+                    node.boards[k].control().send.load(Ordering::Relaxed) + (off + start) as u64;
+                let src: &[u8] = match node.peer_view(k, addr, end - start) {
+                    // SAFETY: the peer's input range, which nobody writes
+                    // until this rank reaches the final stage (in place,
+                    // only this rank writes it, after reading it here).
+                    Some(p) => unsafe { std::slice::from_raw_parts(p.cast_const(), end - start) },
+                    None => {
+                        node.read(k, addr, tmp)?;
+                        tmp
+                    }
+                };
                 let r = if pre {
-                    reduce::pre_op(tmp2, tmp, dt, op, n as u32)
+                    reduce::pre_op(tmp2, src, dt, op, n as u32)
                         .and_then(|()| reduce::reduce_into(o, tmp2, dt, op))
                 } else if let (true, Some(m)) = (first, m) {
-                    reduce::reduce3(o, m, tmp, dt, op)
+                    reduce::reduce3(o, m, src, dt, op)
                 } else {
-                    reduce::reduce_into(o, tmp, dt, op)
+                    reduce::reduce_into(o, src, dt, op)
                 };
                 r.map_err(kernel)?;
                 first = false;
@@ -311,6 +320,14 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
     let ctl = node.boards[me].control();
     ctl.send.store(a.send as u64, Ordering::Relaxed);
     ctl.recv.store(a.recv as u64, Ordering::Relaxed);
+    Control::publish(
+        &ctl.send_region,
+        region::find(a.send as usize, a.send_bytes),
+    );
+    Control::publish(
+        &ctl.recv_region,
+        region::find(a.recv as usize, a.recv_bytes),
+    );
     node.set_stage(c, 0);
     let all = 0..n;
     let wop = Op {

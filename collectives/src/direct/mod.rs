@@ -19,6 +19,8 @@
 pub mod board;
 pub mod copy;
 pub mod fastbox;
+mod peer_map;
+pub mod region;
 mod wait;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,6 +66,8 @@ pub struct Node {
     /// first large operation, the same way on every rank).
     copy_state: std::sync::atomic::AtomicU8,
     comm_hash: u64,
+    /// Peers' `ncclMemAlloc` buffers mapped into this process.
+    peer_maps: peer_map::PeerMaps,
 }
 
 /// The collectives this module serves, in `allowed` order.
@@ -125,6 +129,7 @@ impl Node {
             allowed,
             copy_state: std::sync::atomic::AtomicU8::new(0),
             comm_hash,
+            peer_maps: Default::default(),
         }
     }
 
