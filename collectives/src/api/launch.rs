@@ -333,7 +333,15 @@ fn run(ops: Vec<Pending>) -> Result<()> {
     if !nonblocking {
         return execute(ops);
     }
-    let comms: Vec<Arc<Comm>> = ops.iter().map(|p| p.comm.clone()).collect();
+    // One entry per communicator: a group with several operations on one
+    // comm must publish its result once, or a late second store could
+    // overwrite the `ncclInProgress` of the caller's next operation.
+    let mut comms: Vec<Arc<Comm>> = Vec::new();
+    for p in &ops {
+        if !comms.iter().any(|c| Arc::ptr_eq(c, &p.comm)) {
+            comms.push(p.comm.clone());
+        }
+    }
     for c in &comms {
         c.async_error
             .store(NcclResult::InProgress.raw(), Ordering::Release);
