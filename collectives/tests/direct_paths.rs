@@ -224,7 +224,9 @@ fn premulsum_float(n: usize, cs: &[Comm]) {
     for &count in &[5usize, 70_000] {
         let errs = on_all(cs, |r, c| {
             let mut op = 0i32;
-            let scalar = 2.0f32;
+            // Scalars differ per rank, as NCCL allows: each rank's input is
+            // multiplied by its own.
+            let scalar = (r + 1) as f32;
             check(unsafe {
                 ncclRedOpCreatePreMulSum(
                     &mut op,
@@ -247,7 +249,12 @@ fn premulsum_float(n: usize, cs: &[Comm]) {
                     null_mut(),
                 )
             });
-            (0..count).find(|&i| recv[i] != 2.0 * (0..n).map(|k| val(k, i) as f32).sum::<f32>())
+            (0..count).find(|&i| {
+                recv[i]
+                    != (0..n)
+                        .map(|k| (k + 1) as f32 * val(k, i) as f32)
+                        .sum::<f32>()
+            })
         });
         assert!(
             errs.iter().all(Option::is_none),

@@ -48,6 +48,10 @@ pub struct Control {
     pub send_region: [AtomicU64; 4],
     /// The shareable allocation holding the receive buffer.
     pub recv_region: [AtomicU64; 4],
+    /// The operation's PreMulSum scalar (little-endian bytes of the
+    /// datatype): scalars may differ per rank, and peers reduce this rank's
+    /// input.
+    pub scalar: AtomicU64,
 }
 
 impl Control {

@@ -30,7 +30,7 @@ use crate::algo::Collective;
 use crate::api::coll_args::CollArgs;
 use crate::error::{Error, Result};
 use crate::exec::watch::Watch;
-use crate::reduce::{self, ReduceError, ReduceOp};
+use crate::reduce::{self, ReduceError, ReduceOp, Scalar};
 
 /// Bytes read from a peer per call and reduced from cache.
 const CHUNK: usize = 128 << 10;
@@ -228,6 +228,17 @@ fn shard(count: usize, elem: usize, n: usize, k: usize) -> (usize, usize) {
     (lo * elem, hi * elem)
 }
 
+/// `op` as rank `k` runs it: with `k`'s published scalar for PreMulSum.
+fn peer_op(node: &Node, k: usize, op: ReduceOp, dt: hetccl_abi::DataType) -> ReduceOp {
+    match op {
+        ReduceOp::PreMulSum(_) => {
+            let raw = node.boards[k].control().scalar.load(Ordering::Relaxed);
+            Scalar::from_bytes(dt, &raw.to_le_bytes()).map_or(op, ReduceOp::PreMulSum)
+        }
+        other => other,
+    }
+}
+
 /// `out = op(mine, peers' [off, off + out.len()) of their `send`)`, chunk
 /// by chunk through the thread's chunk buffers. `mine` points to this
 /// rank's `out.len()` input bytes, which may be `out` itself (in place).
@@ -282,7 +293,7 @@ fn reduce_from_peers(
                     }
                 };
                 let r = if pre {
-                    reduce::pre_op(tmp2, src, dt, op, n as u32)
+                    reduce::pre_op(tmp2, src, dt, peer_op(node, k, op, dt), n as u32)
                         .and_then(|()| reduce::reduce_into(o, tmp2, dt, op))
                 } else if let (true, Some(m)) = (first, m) {
                     reduce::reduce3(o, m, src, dt, op)
@@ -320,6 +331,11 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
     let ctl = node.boards[me].control();
     ctl.send.store(a.send as u64, Ordering::Relaxed);
     ctl.recv.store(a.recv as u64, Ordering::Relaxed);
+    if let ReduceOp::PreMulSum(s) = op {
+        let mut raw = [0u8; 8];
+        raw[..a.dtype.size()].copy_from_slice(s.bytes(a.dtype));
+        ctl.scalar.store(u64::from_le_bytes(raw), Ordering::Relaxed);
+    }
     Control::publish(
         &ctl.send_region,
         region::find(a.send as usize, a.send_bytes),

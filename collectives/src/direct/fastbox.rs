@@ -40,22 +40,12 @@ fn kernel(e: ReduceError) -> Error {
     Error::Internal(format!("reduction kernel: {e}"))
 }
 
-/// `out = op(inputs...)` folded in rank order, with the op's pre- and
-/// post-operations.
+/// `out = op(inputs...)` folded in rank order, then the op's post-operation
+/// (the pre-operation, whose scalar may differ per rank, was applied by each
+/// input's owner before it posted).
 fn fold(out: &mut [u8], inputs: &[&[u8]], a: &CollArgs, op: ReduceOp) -> Result<()> {
     let (dt, n) = (a.dtype, inputs.len() as u32);
-    if op.has_pre_op(dt) {
-        reduce::pre_op(out, inputs[0], dt, op, n).map_err(kernel)?;
-        TMP.with(|t| {
-            let mut t = t.borrow_mut();
-            t.resize(out.len(), 0);
-            for x in &inputs[1..] {
-                reduce::pre_op(&mut t, x, dt, op, n).map_err(kernel)?;
-                reduce::reduce_into(out, &t, dt, op).map_err(kernel)?;
-            }
-            Ok::<_, Error>(())
-        })?;
-    } else if inputs.len() >= 2 {
+    if inputs.len() >= 2 {
         reduce::reduce3(out, inputs[0], inputs[1], dt, op).map_err(kernel)?;
         for x in &inputs[2..] {
             reduce::reduce_into(out, x, dt, op).map_err(kernel)?;
@@ -104,9 +94,23 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
         // SAFETY: validated: `send` holds `send_bytes` >= `posted` bytes.
         unsafe { std::slice::from_raw_parts(a.send.cast::<u8>(), posted) }
     };
-    // SAFETY: this rank owns its board, and every rank finished operation
-    // s - 1 before this one (its own wait below in the previous call).
-    unsafe { node.boards[me].post(s, input) };
+    if a.kind.reduces() && op.has_pre_op(a.dtype) {
+        // PreMulSum scalars may differ per rank: each rank posts its own
+        // input already multiplied.
+        TMP.with(|t| {
+            let mut t = t.borrow_mut();
+            t.resize(input.len(), 0);
+            reduce::pre_op(&mut t, input, a.dtype, op, n as u32).map_err(kernel)?;
+            // SAFETY: as below.
+            unsafe { node.boards[me].post(s, &t) };
+            Ok::<_, Error>(())
+        })?;
+    } else {
+        // SAFETY: this rank owns its board, and every rank finished
+        // operation s - 1 before this one (its own wait below in the
+        // previous call).
+        unsafe { node.boards[me].post(s, input) };
+    }
     node.wake_peers();
     let what = || {
         format!(
