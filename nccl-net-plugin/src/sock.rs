@@ -104,6 +104,20 @@ pub fn try_write(s: &mut TcpStream, buf: &[u8]) -> Result<Option<usize>> {
     }
 }
 
+/// Non-blocking gathering write of `a` then `b` (one `writev`): `Ok(None)`
+/// if the socket buffer is full, else how many bytes were taken.
+pub fn try_write2(s: &mut TcpStream, a: &[u8], b: &[u8]) -> Result<Option<usize>> {
+    let bufs = [std::io::IoSlice::new(a), std::io::IoSlice::new(b)];
+    loop {
+        match s.write_vectored(&bufs) {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(NetError::Remote(format!("send failed: {e}"))),
+        }
+    }
+}
+
 /// Non-blocking read: `Ok(None)` if nothing is available; end of stream is
 /// an error (the peer closed or died).
 pub fn try_read(s: &mut TcpStream, buf: &mut [u8]) -> Result<Option<usize>> {

@@ -20,7 +20,7 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 use crate::error::{NetError, Result};
-use crate::sock::{discard, try_peek, try_read, try_write};
+use crate::sock::{discard, try_peek, try_read, try_write, try_write2};
 use crate::wire::{decode_frame, Frame, FRAME_BYTES};
 
 /// The largest inline payload either side accepts.
@@ -127,6 +127,33 @@ impl Ctrl {
         v.extend_from_slice(&hdr);
         v.extend_from_slice(payload);
         self.out.push_back(Out::Bytes(v));
+    }
+
+    /// Sends a frame header and `payload` now, straight from the caller's
+    /// buffer, when nothing else is queued; whatever the socket does not
+    /// take (everything, if output is queued) is queued as by
+    /// [`Ctrl::push_frame`]. `Ok(true)` when it all went out.
+    pub(crate) fn send_frame(&mut self, f: &Frame, payload: &[u8]) -> Result<bool> {
+        if !self.out.is_empty() {
+            self.push_frame(f, payload);
+            return Ok(false);
+        }
+        let hdr = crate::wire::encode_frame(f);
+        let n = try_write2(&mut self.sock, &hdr, payload)?.unwrap_or(0);
+        if n == hdr.len() + payload.len() {
+            return Ok(true);
+        }
+        self.note_out_start();
+        let mut v = std::mem::take(&mut self.spare);
+        v.clear();
+        if n < hdr.len() {
+            v.extend_from_slice(&hdr[n..]);
+            v.extend_from_slice(payload);
+        } else {
+            v.extend_from_slice(&payload[n - hdr.len()..]);
+        }
+        self.out.push_back(Out::Bytes(v));
+        Ok(false)
     }
 
     /// Queues `len` bytes at `ptr`, written without a copy. [`Ctrl::flush`]
@@ -371,6 +398,50 @@ mod tests {
     use std::io::Write;
     use std::net::TcpListener;
     use std::time::Duration;
+
+    /// Frames sent straight from the caller's buffer while the peer is not
+    /// reading: once the socket is full they queue (also after a partial
+    /// write), and all arrive whole and in order.
+    #[test]
+    fn direct_sends_fall_back_to_the_queue() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let t = Duration::from_secs(30);
+        let mut r = Ctrl::new(l.accept().unwrap().0, t).unwrap();
+        let mut w = Ctrl::new(w, t).unwrap();
+        let n = 20_000u64; // 20 MB: more than both socket buffers hold
+        let body = |i: u64| vec![(i % 251) as u8; 1000 + (i % 7) as usize];
+        let mut direct = 0;
+        for i in 0..n {
+            let b = body(i);
+            let f = Frame::Msg {
+                tag: 1,
+                seq: i,
+                size: b.len() as u64,
+                inline: true,
+            };
+            direct += usize::from(w.send_frame(&f, &b).unwrap());
+        }
+        assert!(
+            direct > 0 && direct < n as usize,
+            "{direct} of {n} sent at once"
+        );
+        let (mut got, mut payload) = (0, Vec::new());
+        let t0 = Instant::now();
+        while got < n {
+            assert!(t0.elapsed() < t, "stuck at {got}");
+            w.flush(&mut Vec::new()).unwrap();
+            r.release().unwrap();
+            while let Some(ev) = r.next_event(MAX_INLINE, &mut payload).unwrap() {
+                let InEvent::Frame(Frame::Msg { seq, .. }) = ev else {
+                    panic!("unexpected {ev:?}");
+                };
+                assert_eq!((seq, &payload), (got, &body(got)));
+                got += 1;
+            }
+        }
+        assert!(!w.has_output());
+    }
 
     /// Frames dribbled in odd-sized pieces, and then all at once, come out
     /// whole and in order through peeking, releasing and a sink.

@@ -126,8 +126,16 @@ impl TcpSendComm {
             } else {
                 unsafe { std::slice::from_raw_parts(ptr, size) }
             };
-            st.ctrl.push_frame(&frame, payload);
-            St::Queued
+            // Written at once from the caller's buffer when the socket is idle.
+            match st.ctrl.send_frame(&frame, payload) {
+                Ok(true) => St::Done,
+                Ok(false) => St::Queued,
+                Err(e) => {
+                    tracing::warn!(target: "hetccl::NET", "send comm failed: {e}");
+                    st.failed = Some(e.clone());
+                    return Err(e);
+                }
+            }
         } else {
             st.ctrl.push_frame(&frame, &[]);
             st.awaiting += 1;
