@@ -23,6 +23,7 @@ use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
 use super::board::{Control, PROBE_VALUE};
+use super::ntcopy;
 use super::region;
 use super::wait::Op;
 use super::Node;
@@ -47,8 +48,10 @@ pub fn serves(kind: Collective) -> bool {
 }
 
 thread_local! {
-    /// Chunk buffers: a peer's data, and its pre-multiplied copy.
-    static BUFS: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Chunk buffers: a peer's data, its pre-multiplied copy, and the
+    /// reduced chunk (for non-temporal output).
+    static BUFS: RefCell<(Vec<u8>, Vec<u8>, Vec<u8>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 fn kernel(e: ReduceError) -> Error {
@@ -256,24 +259,39 @@ fn reduce_from_peers(
     let (dt, n) = (a.dtype, node.nranks());
     let pre = op.has_pre_op(dt);
     let in_place = std::ptr::eq(mine, out.as_ptr());
+    // Large outputs: reduce each chunk in a cached buffer and write it out
+    // (here and into the peers) with non-temporal stores, which skip the
+    // read-for-ownership of every output line.
+    let nt = out.len() * n >= ntcopy::NT_MIN_BYTES;
     BUFS.with(|b| {
-        let (tmp, tmp2) = &mut *b.borrow_mut();
+        let (tmp, tmp2, acc_buf) = &mut *b.borrow_mut();
         for start in (0..out.len()).step_by(CHUNK) {
             let end = (start + CHUNK).min(out.len());
+            let len = end - start;
             let o = &mut out[start..end];
             // SAFETY: the caller's input, disjoint from `out` unless in place
             // (then it is not read through this slice).
-            let m = (!in_place)
-                .then(|| unsafe { std::slice::from_raw_parts(mine.add(start), end - start) });
-            tmp.resize(end - start, 0);
-            tmp2.resize(end - start, 0);
+            let m =
+                (!in_place).then(|| unsafe { std::slice::from_raw_parts(mine.add(start), len) });
+            tmp.resize(len, 0);
+            tmp2.resize(len, 0);
+            let acc: &mut [u8] = if nt {
+                acc_buf.resize(len, 0);
+                if in_place {
+                    acc_buf.copy_from_slice(o);
+                }
+                acc_buf
+            } else {
+                o
+            };
+            // `acc` holds this rank's input when `m` is None (in place).
             let mut first = true;
             if pre {
                 match m {
-                    Some(m) => reduce::pre_op(o, m, dt, op, n as u32),
+                    Some(m) => reduce::pre_op(acc, m, dt, op, n as u32),
                     None => {
-                        tmp2.copy_from_slice(o);
-                        reduce::pre_op(o, tmp2, dt, op, n as u32)
+                        tmp2.copy_from_slice(acc);
+                        reduce::pre_op(acc, tmp2, dt, op, n as u32)
                     }
                 }
                 .map_err(kernel)?;
@@ -282,11 +300,11 @@ fn reduce_from_peers(
             for k in (0..n).filter(|&k| k != node.me) {
                 let addr =
                     node.boards[k].control().send.load(Ordering::Relaxed) + (off + start) as u64;
-                let src: &[u8] = match node.peer_view(k, addr, end - start) {
+                let src: &[u8] = match node.peer_view(k, addr, len) {
                     // SAFETY: the peer's input range, which nobody writes
                     // until this rank reaches the final stage (in place,
                     // only this rank writes it, after reading it here).
-                    Some(p) => unsafe { std::slice::from_raw_parts(p.cast_const(), end - start) },
+                    Some(p) => unsafe { std::slice::from_raw_parts(p.cast_const(), len) },
                     None => {
                         node.read(k, addr, tmp)?;
                         tmp
@@ -294,20 +312,34 @@ fn reduce_from_peers(
                 };
                 let r = if pre {
                     reduce::pre_op(tmp2, src, dt, peer_op(node, k, op, dt), n as u32)
-                        .and_then(|()| reduce::reduce_into(o, tmp2, dt, op))
+                        .and_then(|()| reduce::reduce_into(acc, tmp2, dt, op))
                 } else if let (true, Some(m)) = (first, m) {
-                    reduce::reduce3(o, m, src, dt, op)
+                    reduce::reduce3(acc, m, src, dt, op)
                 } else {
-                    reduce::reduce_into(o, src, dt, op)
+                    reduce::reduce_into(acc, src, dt, op)
                 };
                 r.map_err(kernel)?;
                 first = false;
             }
-            reduce::post_op(o, dt, op, n as u32).map_err(kernel)?;
+            reduce::post_op(acc, dt, op, n as u32).map_err(kernel)?;
+            let result: &[u8] = if nt {
+                // SAFETY: `o` is this rank's output chunk, `acc` a separate
+                // buffer of the same length.
+                unsafe { ntcopy::copy(o.as_mut_ptr(), acc_buf) };
+                acc_buf
+            } else {
+                o
+            };
             if push {
                 for k in (0..n).filter(|&k| k != node.me) {
-                    let addr = node.boards[k].control().recv.load(Ordering::Relaxed);
-                    node.write(k, addr + (off + start) as u64, o)?;
+                    let addr = node.boards[k].control().recv.load(Ordering::Relaxed)
+                        + (off + start) as u64;
+                    match node.peer_view(k, addr, len) {
+                        // SAFETY: shard `me` of the peer's output, which
+                        // only this rank writes.
+                        Some(p) if nt => unsafe { ntcopy::copy(p, result) },
+                        _ => node.write(k, addr, result)?,
+                    }
                 }
             }
         }

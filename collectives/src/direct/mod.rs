@@ -19,6 +19,7 @@
 pub mod board;
 pub mod copy;
 pub mod fastbox;
+mod ntcopy;
 mod peer_map;
 pub mod region;
 mod wait;
