@@ -79,10 +79,10 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
     let n = node.nranks();
     let me = node.me;
     let bytes = a.count * a.dtype.size();
-    let s = node
-        .fast_seq
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        + 1;
+    // Only the thread holding the communicator's exec lock counts: a load
+    // and a store, no read-modify-write.
+    let s = node.fast_seq.load(std::sync::atomic::Ordering::Relaxed) + 1;
+    node.fast_seq.store(s, std::sync::atomic::Ordering::Relaxed);
     let posted = match a.kind {
         Collective::Broadcast if a.root != me => 0,
         Collective::ReduceScatter => bytes * n,

@@ -55,8 +55,11 @@ impl Node {
             return Ok(());
         };
         let mut phase = Phase::Spin;
-        let mut last = Instant::now();
-        let mut next_liveness = last + LIVENESS_EVERY;
+        // The clock is read only once the wait lasts (most end within a few
+        // spins), so idle times start at the first check, up to 128 spins
+        // late.
+        let mut last: Option<Instant> = None;
+        let mut next_liveness: Option<Instant> = None;
         let mut reported = false;
         let mut published = false;
         let mut iter: u32 = 0;
@@ -69,7 +72,7 @@ impl Node {
                 Some(k) if k != waiting_for => {
                     waiting_for = k;
                     phase = Phase::Spin;
-                    last = Instant::now();
+                    last = None;
                     reported = false;
                     if published {
                         published = false;
@@ -97,7 +100,8 @@ impl Node {
                 Phase::Sleep => {}
             }
             let now = Instant::now();
-            let idle = now.duration_since(last);
+            let idle = now.duration_since(*last.get_or_insert(now));
+            let next_liveness = next_liveness.get_or_insert(now + LIVENESS_EVERY);
             phase = if idle < self.spin {
                 Phase::Spin
             } else if idle < self.spin + YIELD_FOR {
@@ -108,7 +112,7 @@ impl Node {
             if phase == Phase::Spin {
                 continue;
             }
-            self.check_peer(op.watch, waiting_for, now, &mut next_liveness)?;
+            self.check_peer(op.watch, waiting_for, now, next_liveness)?;
             let on = WaitOn {
                 peer: self.rank_of(waiting_for),
                 step: 0,
