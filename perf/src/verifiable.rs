@@ -59,6 +59,17 @@ pub fn copy_value(dt: DType, seed: u64, index: u64) -> u64 {
     }
 }
 
+/// A uniform value in `0..m` from 64 random bits (multiply-high: no
+/// division, which dominated data generation).
+fn below(x: u64, m: u64) -> u64 {
+    ((u128::from(x) * u128::from(m)) >> 64) as u64
+}
+
+/// `2^e` for small `e`, exactly.
+fn exp2i(e: i32) -> f64 {
+    f64::from_bits(((1023 + e) as u64) << 52)
+}
+
 /// Largest exactly representable integer magnitude of a float type.
 fn exact_int_limit(dt: DType) -> i64 {
     1i64 << (dt.mantissa_bits() + 1)
@@ -80,13 +91,13 @@ fn float_sum_parts(
         exact_int_limit(dt)
     };
     let h = rng(seed, index, 0);
-    let shift = ((h >> 40) % 9) as i32 - 4;
+    let shift = below(h.rotate_left(24), 9) as i32 - 4;
     let b = limit / n;
     let r = rng(seed, index, 1 + rank as u64);
     let v = if b >= 1 {
-        (r % (2 * b as u64 + 1)) as i64 - b
-    } else if (h % n as u64) as usize == rank {
-        (r % (2 * limit as u64 + 1)) as i64 - limit
+        below(r, 2 * b as u64 + 1) as i64 - b
+    } else if below(h, n as u64) as usize == rank {
+        below(r, 2 * limit as u64 + 1) as i64 - limit
     } else {
         0
     };
@@ -145,7 +156,7 @@ pub fn input(dt: DType, op: Op, nranks: usize, rank: usize, seed: u64, index: u6
     match op {
         Op::Sum | Op::MulSum => {
             let (v, shift) = float_sum_parts(dt, nranks, rank, seed, index, op == Op::MulSum);
-            dt.from_f64(v as f64 * 2f64.powi(shift))
+            dt.from_f64(v as f64 * exp2i(shift))
         }
         Op::Prod => dt.from_f64(float_prod_value(dt, nranks, rank, seed, index)),
         Op::Max | Op::Min => random_float(dt, rng(seed, index, 1 + rank as u64)),
@@ -221,7 +232,7 @@ pub fn expected(dt: DType, op: Op, nranks: usize, seed: u64, index: u64) -> u64 
                 sum += v as i128 * scale;
                 shift = s;
             }
-            dt.from_f64(sum as f64 * 2f64.powi(shift))
+            dt.from_f64(sum as f64 * exp2i(shift))
         }
         Op::Prod => {
             let p: f64 = (0..n)
