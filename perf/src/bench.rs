@@ -54,6 +54,17 @@ impl Progress {
     }
 }
 
+/// Whether every page of `[p, p + len)` is mapped in this process (host
+/// memory), by `mincore`, which fails with ENOMEM on unmapped pages.
+fn host_mapped(p: *mut u8, len: usize) -> bool {
+    let page = 4096usize;
+    let start = p as usize & !(page - 1);
+    let pages = (p as usize + len - start).div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `vec` has one byte per page of the range.
+    unsafe { libc::mincore(start as *mut libc::c_void, pages * page, vec.as_mut_ptr()) == 0 }
+}
+
 /// A benchmark buffer: from `ncclMemAlloc` or the host allocator.
 struct Buf<'a> {
     ptr: *mut u8,
@@ -66,12 +77,18 @@ impl<'a> Buf<'a> {
         let len = len.max(64);
         if alloc == Alloc::Nccl {
             match nccl.mem_alloc(len) {
-                Some(Ok(p)) if !p.is_null() => {
+                Some(Ok(p)) if !p.is_null() && host_mapped(p, len) => {
                     return Ok(Buf {
                         ptr: p,
                         len,
                         nccl: Some(nccl),
                     })
+                }
+                Some(Ok(p)) if !p.is_null() => {
+                    // Device memory (a library with CUDA): this benchmark
+                    // fills and checks buffers from the host, so it uses host
+                    // memory instead of crashing.
+                    let _ = nccl.mem_free(p);
                 }
                 Some(Ok(_)) => return Err("ncclMemAlloc returned NULL".into()),
                 Some(Err(e)) => return Err(e.to_string()),
