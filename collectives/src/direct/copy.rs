@@ -275,7 +275,10 @@ fn reduce_from_peers(
     // Large outputs: reduce each chunk in a cached buffer and write it out
     // (here and into the peers) with non-temporal stores, which skip the
     // read-for-ownership of every output line.
-    let nt = out.len() * n >= ntcopy::NT_MIN_BYTES;
+    // Not in place: there the output lines were just read (they are this
+    // rank's input, and the peers' outputs are their inputs, read here),
+    // and a non-temporal store to a cached line costs more than it saves.
+    let nt = !in_place && out.len() * n >= ntcopy::NT_MIN_BYTES;
     BUFS.with(|b| {
         let (tmp, tmp2, acc_buf) = &mut *b.borrow_mut();
         for start in (0..out.len()).step_by(CHUNK) {

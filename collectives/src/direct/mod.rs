@@ -69,6 +69,8 @@ pub struct Node {
     comm_hash: u64,
     /// Peers' `ncclMemAlloc` buffers mapped into this process.
     peer_maps: peer_map::PeerMaps,
+    /// This process's id (`getpid` is a system call in glibc).
+    pid: u32,
 }
 
 /// The collectives this module serves, in `allowed` order.
@@ -102,9 +104,9 @@ impl Node {
             .map(|i| unsafe { Board::at(arena.board(i)) })
             .collect();
         let bells: Vec<Doorbell> = (0..n).map(|i| arena.bell(i)).collect();
+        let pid = std::process::id();
         let ctl = boards[me].control();
-        ctl.pid
-            .store(u64::from(std::process::id()), Ordering::Relaxed);
+        ctl.pid.store(u64::from(pid), Ordering::Relaxed);
         ctl.probe_addr
             .store(PROBE.as_ptr() as u64, Ordering::Relaxed);
         ctl.stage.store(0, Ordering::SeqCst);
@@ -131,6 +133,7 @@ impl Node {
             copy_state: std::sync::atomic::AtomicU8::new(0),
             comm_hash,
             peer_maps: Default::default(),
+            pid,
         }
     }
 

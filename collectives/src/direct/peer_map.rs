@@ -94,7 +94,7 @@ impl Node {
     pub(crate) fn peer_view(&self, k: usize, addr: u64, len: usize) -> Option<*mut u8> {
         let ctl = self.boards[k].control();
         let pid = ctl.pid.load(Ordering::Relaxed) as u32;
-        if pid == std::process::id() {
+        if pid == self.pid {
             return Some(addr as *mut u8);
         }
         let addr = addr as usize;
