@@ -194,13 +194,12 @@ fn kill_9_through_the_net_plugin() {
     scenario("kill9_netplugin", libc::SIGKILL);
 }
 
-/// Known gap (docs/reliability.md): with the victim stopped, the
-/// survivor's pending requests did not fail within 7 s in the first runs
-/// (its helper threads sat idle, its caller polled `test`); the plugin's own
-/// stall limits in `nccl-net-plugin/src/tcp/{lanes,send,recv}.rs` need a
-/// look. Run with `--ignored` to reproduce.
+/// The victim stops; the survivor's pending requests fail on the plugin's
+/// stall limits: a data-socket task with nothing moving, or a send whose
+/// CTS does not come while nothing else of the comm moves (the victim was
+/// stopped between two exchanges, so only the survivor's next MSG frame is
+/// out, and its receive is idle).
 #[test]
-#[ignore = "known gap: a SIGSTOPped peer is not detected by the net plugin yet"]
 fn sigstop_through_the_net_plugin() {
     scenario("sigstop_netplugin", libc::SIGSTOP);
 }

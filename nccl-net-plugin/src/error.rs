@@ -30,7 +30,9 @@ pub enum NetError {
 }
 
 impl NetError {
-    /// The `ncclResult_t` NCCL gets for this error.
+    /// The `ncclResult_t` NCCL gets for this error. A timeout is a peer
+    /// that stopped answering: `ncclRemoteError`, as the engine reports a
+    /// stall (NVIDIA's NCCL has no code 8 for a net plugin to return).
     pub fn code(&self) -> NcclResult {
         match self {
             Self::InvalidArgument(_) => NcclResult::InvalidArgument,
@@ -38,7 +40,7 @@ impl NetError {
             Self::Internal(_) => NcclResult::InternalError,
             Self::System(_) => NcclResult::SystemError,
             Self::Remote(_) => NcclResult::RemoteError,
-            Self::Timeout(_) => NcclResult::Timeout,
+            Self::Timeout(_) => NcclResult::RemoteError,
         }
     }
 

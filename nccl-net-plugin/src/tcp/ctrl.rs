@@ -222,6 +222,11 @@ impl Ctrl {
             || (self.sink.is_some() && self.sink_since.elapsed() > timeout)
     }
 
+    /// When queued output last moved, or last started queueing.
+    pub(crate) fn last_out(&self) -> Instant {
+        self.out_since
+    }
+
     /// Whether output is still queued.
     pub(crate) fn has_output(&self) -> bool {
         !self.out.is_empty()

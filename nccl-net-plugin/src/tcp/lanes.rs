@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -91,9 +91,18 @@ struct Shared {
     inline: bool,
     /// Inline mode: when each lane last moved bytes.
     last: Mutex<Vec<Instant>>,
+    /// When any lane last moved bytes, in ns since `epoch`.
+    moved_ns: AtomicU64,
+    epoch: Instant,
 }
 
 impl Shared {
+    /// Notes that a lane moved bytes at `now`.
+    fn moved(&self, now: Instant) {
+        let ns = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+        self.moved_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
     /// Records the first error that stops the lanes.
     fn fail(&self, e: &NetError) {
         self.failed.lock().get_or_insert_with(|| e.clone());
@@ -171,6 +180,8 @@ impl Lanes {
             any_failed: AtomicBool::new(false),
             dir,
             timeout,
+            moved_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
         });
         let mut threads = Vec::with_capacity(nthreads);
         for t in 0..nthreads {
@@ -217,6 +228,12 @@ impl Lanes {
     /// Number of lanes.
     pub(crate) fn len(&self) -> usize {
         self.core.shared.socks.len()
+    }
+
+    /// When any lane last moved bytes (the start of the lanes if none has).
+    pub(crate) fn last_moved(&self) -> Instant {
+        let sh = &self.core.shared;
+        sh.epoch + Duration::from_nanos(sh.moved_ns.load(Ordering::Relaxed))
     }
 
     /// The error that stopped the lanes, if any.
@@ -344,7 +361,9 @@ fn poll_inline(sh: &Shared) -> Result<()> {
                 }
                 Ok(n) => {
                     t.off += n;
-                    last[lane] = Instant::now();
+                    let now = Instant::now();
+                    last[lane] = now;
+                    sh.moved(now);
                     if t.off == t.len {
                         let t = q.pop_front().expect("front exists");
                         t.prog.finish(&Ok(()));
@@ -422,6 +441,7 @@ fn run_task(sh: &Shared, task: &Task) -> Result<()> {
             Ok(n) => {
                 off += n;
                 last = Instant::now();
+                sh.moved(last);
             }
             Err(e)
                 if matches!(

@@ -7,6 +7,7 @@
 //! `isend` and `test`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -46,6 +47,9 @@ struct State {
     done: Vec<u64>,
     /// Messages in `AwaitCts`: only then is there anything to read.
     awaiting: usize,
+    /// When the receiver last answered (CTS or REJECT), or when `awaiting`
+    /// last became nonzero: the start of the receiver-silence clock.
+    cts_since: Instant,
 }
 
 /// The sending end of a comm. Thread-safe; every call takes the comm lock.
@@ -72,6 +76,7 @@ impl TcpSendComm {
             failed: None,
             done: Vec::new(),
             awaiting: 0,
+            cts_since: Instant::now(),
         };
         Self {
             st: Mutex::new(st),
@@ -138,6 +143,9 @@ impl TcpSendComm {
             }
         } else {
             st.ctrl.push_frame(&frame, &[]);
+            if st.awaiting == 0 {
+                st.cts_since = Instant::now();
+            }
             st.awaiting += 1;
             St::AwaitCts
         };
@@ -214,6 +222,7 @@ impl TcpSendComm {
             let Some(ev) = st.ctrl.next_event(MAX_INLINE, &mut Vec::new())? else {
                 break;
             };
+            st.cts_since = Instant::now();
             match ev {
                 InEvent::Frame(Frame::Cts { seq, mode }) => self.on_cts(st, seq, mode)?,
                 InEvent::Frame(Frame::Reject { seq }) => {
@@ -264,6 +273,29 @@ impl TcpSendComm {
         if let Some(e) = self.lanes.as_ref().and_then(Lanes::failure) {
             return Err(e);
         }
+        if st.awaiting > 0 && st.cts_since.elapsed() > self.opts.timeout {
+            self.check_receiver_silence(st)?;
+        }
+        Ok(())
+    }
+
+    /// A message awaits its CTS and the receiver has said nothing for the
+    /// timeout. That is a stall (a stopped or vanished receiver, or one that
+    /// left the operation) unless something else of this comm moved in that
+    /// time: its control-socket output or its data sockets.
+    fn check_receiver_silence(&self, st: &mut State) -> Result<()> {
+        let mut last = st.cts_since.max(st.ctrl.last_out());
+        if let Some(l) = &self.lanes {
+            last = last.max(l.last_moved());
+        }
+        if last.elapsed() > self.opts.timeout {
+            return Err(NetError::Timeout(format!(
+                "{} message(s) await the receiver's CTS and nothing moved for {:?}",
+                st.awaiting, self.opts.timeout
+            )));
+        }
+        // Something moved: restart the clock from then.
+        st.cts_since = last;
         Ok(())
     }
 

@@ -8,6 +8,10 @@ use super::*;
 use crate::iface::NetDevice;
 
 fn lo_net(nsocks: usize, nthreads: usize) -> TcpNet {
+    lo_net_timeout(nsocks, nthreads, Duration::from_secs(20))
+}
+
+fn lo_net_timeout(nsocks: usize, nthreads: usize, timeout: Duration) -> TcpNet {
     let dev = NetDevice {
         name: "lo".into(),
         addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -18,7 +22,7 @@ fn lo_net(nsocks: usize, nthreads: usize) -> TcpNet {
     let opts = TcpOptions {
         nsocks,
         nthreads,
-        timeout: Duration::from_secs(20),
+        timeout,
         ..TcpOptions::default()
     };
     TcpNet::new(Arc::new(vec![dev]), opts)
@@ -329,6 +333,52 @@ fn sender_close_after_completion_still_delivers() {
         assert_eq!(wait_recv(&r, rq).unwrap(), vec![50], "{nsocks}x{nthreads}");
         assert_eq!(&b[..50], &small[..]);
         assert!(dst == src);
+        r.close();
+    }
+}
+
+/// A send whose receiver never answers (no CTS: a stopped peer, or one that
+/// left) fails after the timeout; an idle receive, whose message has not
+/// started, does not.
+#[test]
+fn unanswered_send_times_out_but_idle_receive_does_not() {
+    for (nsocks, nthreads) in [(0, 0), (2, 0), (2, 2)] {
+        let timeout = Duration::from_millis(400);
+        let net = lo_net_timeout(nsocks, nthreads, timeout);
+        let (s, r) = pair(&net);
+        let mut rbuf = vec![0u8; 1 << 20];
+        let bufs = [RecvBuf {
+            ptr: rbuf.as_mut_ptr(),
+            cap: rbuf.len(),
+            tag: 1,
+        }];
+        // SAFETY: `rbuf` outlives the comms.
+        let rq = unsafe { r.irecv(&bufs, false) }.unwrap().unwrap();
+        // Tag 2 matches no receive: the MSG stays unexpected, no CTS comes.
+        let out = pattern(1 << 20, 3);
+        // SAFETY: `out` outlives the comms.
+        let sq = unsafe { s.isend(out.as_ptr(), out.len(), 2) }
+            .unwrap()
+            .unwrap();
+        let t0 = Instant::now();
+        let err = loop {
+            assert!(r.test(rq).unwrap().is_none());
+            match s.test(sq) {
+                Ok(None) => {}
+                Ok(Some(_)) => panic!("send completed without a receive"),
+                Err(e) => break e,
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "send did not fail");
+        };
+        let t = t0.elapsed();
+        assert!(matches!(err, NetError::Timeout(_)), "{err}");
+        assert!(t >= timeout, "failed after {t:?}");
+        assert_eq!(err.code(), hetccl_abi::NcclResult::RemoteError);
+        // The receive stays pending well past the timeout.
+        while t0.elapsed() < 3 * timeout {
+            assert!(r.test(rq).unwrap().is_none());
+        }
+        s.close();
         r.close();
     }
 }
