@@ -21,7 +21,9 @@ use crate::error::{NetError, Result};
 use crate::sock::{connect_done, random_u64, start_connect, try_read, try_write};
 use crate::wire::{decode_hello, encode_hello, Hello, ListenInfo, SockRole, HELLO_BYTES};
 
-/// Most sockets waiting for their hello on one listener.
+/// Most sockets waiting for their hello on one listener; beyond that the
+/// oldest is dropped (as `collectives/src/bootstrap/gate.rs` does), so a
+/// flood of silent connections cannot crowd out a real peer's sockets.
 const MAX_PENDING: usize = 1024;
 
 struct OutSock {
@@ -142,6 +144,8 @@ pub struct TcpListenComm {
     pending: Vec<Pending>,
     groups: HashMap<u64, Group>,
     opts: TcpOptions,
+    /// [`MAX_PENDING`]; smaller in tests.
+    pub(crate) max_pending: usize,
 }
 
 impl std::fmt::Debug for TcpListenComm {
@@ -160,7 +164,14 @@ impl TcpListenComm {
             pending: Vec::new(),
             groups: HashMap::new(),
             opts,
+            max_pending: MAX_PENDING,
         }
+    }
+
+    /// Sockets waiting for their hello.
+    #[cfg(test)]
+    pub(crate) fn pending_len(&self) -> usize {
+        self.pending.len()
     }
 
     /// The address and nonce this listener publishes.
@@ -173,9 +184,14 @@ impl TcpListenComm {
         loop {
             match self.listener.accept() {
                 Ok((sock, peer)) => {
-                    if self.pending.len() >= MAX_PENDING {
-                        tracing::warn!(target: "hetccl::NET", "dropping connection from {peer}: too many pending");
-                        continue;
+                    if self.pending.len() >= self.max_pending.max(1) {
+                        let oldest = (0..self.pending.len())
+                            .min_by_key(|&i| self.pending[i].since)
+                            .expect("pending is full");
+                        let old = self.pending.swap_remove(oldest);
+                        tracing::warn!(target: "hetccl::NET",
+                            "too many connections without a hello: dropping the oldest, from {:?} (new one from {peer})",
+                            old.sock.peer_addr());
                     }
                     sock.set_nonblocking(true)
                         .map_err(|e| NetError::io("O_NONBLOCK", &e))?;

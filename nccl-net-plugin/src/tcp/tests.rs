@@ -382,3 +382,55 @@ fn unanswered_send_times_out_but_idle_receive_does_not() {
         r.close();
     }
 }
+
+/// A listener whose pending set is full of silent connections drops the
+/// oldest of them, not a real peer's sockets.
+#[test]
+fn silent_connections_do_not_crowd_out_a_real_peer() {
+    let net = lo_net(2, 1);
+    let (mut l, h) = net.listen(0).unwrap();
+    l.max_pending = 8;
+    let addr = l.info().addr;
+    let mut silent: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    assert!(net.accept(&mut l).unwrap().is_none());
+    assert_eq!(l.pending_len(), 8);
+    let mut handle = h;
+    let (mut s, mut r) = (None, None);
+    let t0 = Instant::now();
+    while s.is_none() || r.is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "connect/accept did not finish"
+        );
+        if s.is_none() {
+            s = net.connect(0, &mut handle).unwrap();
+        }
+        // The flood goes on.
+        for _ in 0..2 {
+            silent.push(std::net::TcpStream::connect(addr).unwrap());
+        }
+        if r.is_none() {
+            r = net.accept(&mut l).unwrap();
+        }
+        assert!(l.pending_len() <= 8);
+    }
+    let (s, r) = (s.unwrap(), r.unwrap());
+    let out = pattern(4096, 7);
+    let mut got = vec![0u8; 4096];
+    let bufs = [RecvBuf {
+        ptr: got.as_mut_ptr(),
+        cap: got.len(),
+        tag: 5,
+    }];
+    // SAFETY: both buffers outlive the requests.
+    let rq = unsafe { r.irecv(&bufs, false) }.unwrap().unwrap();
+    let sq = unsafe { s.isend(out.as_ptr(), out.len(), 5) }
+        .unwrap()
+        .unwrap();
+    let (sent, recvd) = drive(&s, &[sq], &r, rq);
+    assert_eq!(sent[0].as_ref().ok(), Some(&4096));
+    assert_eq!(recvd.unwrap(), [4096]);
+    assert_eq!(got, out);
+}
