@@ -10,7 +10,8 @@
 //! in the middle of the loop. The survivor's pending requests must fail
 //! with `ncclRemoteError` (6) or `ncclSystemError` (2) — at once for
 //! kill -9 (closed sockets), within `HETCCL_TIMEOUT_S` (3 s) plus a margin
-//! for SIGSTOP (the stall limit of a send whose bytes do not drain) — and
+//! for SIGSTOP (the stall limit of a data-socket task that moves nothing, or
+//! of a send whose CTS does not come while nothing else moves) — and
 //! closing every comm and finalizing must take under 2 s.
 //!
 //! Trials per fault: `HETCCL_STRESS_REPS` (default 1); one `STRESS` line each.
