@@ -414,5 +414,5 @@ fn poison(c: &Comm, e: &Error) {
         other => other.code().raw(),
     };
     c.async_error.store(code, Ordering::Release);
-    c.failure.lock().get_or_insert_with(|| e.to_string());
+    c.record_failure(|| e.to_string());
 }

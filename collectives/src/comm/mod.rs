@@ -41,7 +41,10 @@ pub struct Comm {
     pub registrations: Mutex<HashMap<usize, (usize, usize)>>,
     /// Set when an operation failed part-way: the links may hold stray
     /// bytes, so every later operation fails at once with this reason.
+    /// Set through [`Comm::record_failure`].
     pub failure: Mutex<Option<String>>,
+    /// Whether `failure` is set (checked on every call without the lock).
+    failed: AtomicBool,
     /// The data-moving part: set once init completes (at once for blocking
     /// init, later for nonblocking init); never set for unit-test comms.
     pub engine: once_cell::sync::OnceCell<engine::Engine>,
@@ -61,6 +64,7 @@ impl Comm {
             registrations: Mutex::new(HashMap::new()),
             engine: once_cell::sync::OnceCell::new(),
             failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -73,9 +77,16 @@ impl Comm {
         })
     }
 
+    /// Records why an operation failed part-way (the first reason stays).
+    pub fn record_failure(&self, why: impl FnOnce() -> String) {
+        self.failure.lock().get_or_insert_with(why);
+        self.failed.store(true, Ordering::Release);
+    }
+
     /// Fails unless the comm accepts new operations.
     pub fn check_usable(&self) -> Result<()> {
-        if let Some(why) = self.failure.lock().as_ref() {
+        if self.failed.load(Ordering::Acquire) {
+            let why = self.failure.lock().clone().unwrap_or_default();
             return Err(Error::Remote(format!(
                 "an earlier operation failed ({why}); the communicator must be aborted"
             )));

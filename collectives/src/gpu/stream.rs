@@ -366,11 +366,7 @@ fn proxy(key: usize, rx: Receiver<Batch>) {
         if let Err(e) = r {
             tracing::warn!(target: "hetccl::COLL", "device-buffer operation failed: {e}");
             for op in &b.ops {
-                op.host
-                    .comm
-                    .failure
-                    .lock()
-                    .get_or_insert_with(|| e.to_string());
+                op.host.comm.record_failure(|| e.to_string());
             }
         }
         retiring.push(b);
