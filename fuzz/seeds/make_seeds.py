@@ -169,3 +169,19 @@ put("net_frame", "reject", frame(4, 0, 0, 5, 0))
 put("net_frame", "too_big", frame(1, 0, 0, 0, (1 << 40) + 1))
 put("net_frame", "bad_kind", frame(9, 0, 0, 0, 0))
 put("net_frame", "pad_set", frame(1, 0, 0, 0, 0, b"\x01\x00"))
+
+
+# Bootstrap hellos: rank to rank ("RING"/"HAND" + rank, "DATA" + channel +
+# rank, big-endian) and rank to root ("ROOT" + card).
+def boot(tag, *words):
+    return tag + b"".join(struct.pack(">I", w) for w in words)
+
+
+put("boot_hello", "ring", boot(b"RING", 3))
+put("boot_hello", "handoff", boot(b"HAND", 0))
+put("boot_hello", "data", boot(b"DATA", 2, 7))
+put("boot_hello", "data_short", boot(b"DATA", 2))
+put("boot_hello", "unknown", boot(b"XXXX", 1))
+put("boot_hello", "root_v4", b"ROOT" + card())
+put("boot_hello", "root_v6", b"ROOT" + card(1, 3, 6, bytes(15) + b"\x01"))
+put("boot_hello", "root_short", b"ROOT" + card()[:47])

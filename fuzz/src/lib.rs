@@ -30,11 +30,11 @@ use hetccl_abi::{ncclCollConfig_t, ncclConfig_t, ncclUniqueId};
 use hetccl_collectives::api::config_read::{read_coll_config, read_comm_config};
 use hetccl_collectives::bootstrap::card::{self, Card, CARD_BYTES};
 use hetccl_collectives::bootstrap::id::UniqueId;
-use hetccl_collectives::bootstrap::{auth, frame};
+use hetccl_collectives::bootstrap::{self, auth, frame, root};
 use hetccl_net::wire;
 
 /// The names of all targets, as `fuzz_targets/` and `seeds/` name them.
-pub const TARGETS: [&str; 10] = [
+pub const TARGETS: [&str; 11] = [
     "unique_id",
     "card",
     "card_table",
@@ -45,6 +45,7 @@ pub const TARGETS: [&str; 10] = [
     "net_handle",
     "net_hello",
     "net_frame",
+    "boot_hello",
 ];
 
 /// Runs target `name` on `data`; false for an unknown name.
@@ -60,9 +61,24 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "net_handle" => net_handle(data),
         "net_hello" => net_hello(data),
         "net_frame" => net_frame(data),
+        "boot_hello" => boot_hello(data),
         _ => return false,
     }
     true
+}
+
+/// The two bootstrap hellos: `bootstrap::parse_hello` (rank to rank) and
+/// `root::parse_root_hello` (rank to root) on the fuzz bytes. A peer hello
+/// that parses re-encodes to the same bytes; a root hello that parses holds
+/// a card that re-encodes and decodes to itself.
+pub fn boot_hello(data: &[u8]) {
+    if let Ok((purpose, rank)) = bootstrap::parse_hello(data) {
+        assert_eq!(bootstrap::hello(purpose, rank), data);
+    }
+    if let Ok(c) = root::parse_root_hello(data) {
+        let again = Card::decode(&c.encode()).expect("an encoded card decodes");
+        assert_eq!(again, c);
+    }
 }
 
 /// `data` as a fixed-size array: truncated, or padded with zeros.

@@ -47,7 +47,10 @@ pub enum Purpose {
     Handoff,
 }
 
-fn hello(purpose: Purpose, rank: usize) -> Vec<u8> {
+/// The hello a rank sends after authenticating to another rank's listener
+/// (public for the `boot_hello` fuzz target).
+#[doc(hidden)]
+pub fn hello(purpose: Purpose, rank: usize) -> Vec<u8> {
     let mut h = Vec::with_capacity(12);
     match purpose {
         Purpose::Ring => h.extend_from_slice(b"RING"),
@@ -61,7 +64,10 @@ fn hello(purpose: Purpose, rank: usize) -> Vec<u8> {
     h
 }
 
-fn parse_hello(h: &[u8]) -> Result<(Purpose, usize)> {
+/// Decodes a peer hello (untrusted: any bytes that passed authentication);
+/// public for the `boot_hello` fuzz target.
+#[doc(hidden)]
+pub fn parse_hello(h: &[u8]) -> Result<(Purpose, usize)> {
     let be = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes"));
     match (h.len(), h.get(..4)) {
         (8, Some(b"RING")) => Ok((Purpose::Ring, be(&h[4..8]) as usize)),

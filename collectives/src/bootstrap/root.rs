@@ -55,7 +55,10 @@ pub fn serve(listener: TcpListener, secret: [u8; 32], deadline: Instant) -> Resu
     Ok(())
 }
 
-fn parse_root_hello(hello: &[u8]) -> Result<Card> {
+/// Decodes a rank's hello to the root (its card); public for the
+/// `boot_hello` fuzz target.
+#[doc(hidden)]
+pub fn parse_root_hello(hello: &[u8]) -> Result<Card> {
     if hello.len() != 4 + CARD_BYTES || &hello[..4] != ROOT_TAG {
         return Err(Error::Remote("not a root hello".into()));
     }
