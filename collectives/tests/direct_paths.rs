@@ -6,12 +6,9 @@
 use std::ffi::CStr;
 use std::ptr::null_mut;
 
-use hetccl_abi::{ncclComm_t, ncclUniqueId};
 use hetccl_collectives::api::coll::*;
-use hetccl_collectives::api::comm_init::*;
 use hetccl_collectives::api::comm_life::*;
 use hetccl_collectives::api::redop::ncclRedOpCreatePreMulSum;
-use hetccl_collectives::api::version::ncclGetLastError;
 
 const INT32: i32 = 2;
 const FLOAT: i32 = 7;
@@ -20,47 +17,8 @@ const PROD: i32 = 1;
 const MAX: i32 = 2;
 const AVG: i32 = 4;
 
-fn check(r: i32) {
-    if r != 0 {
-        let msg = unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) };
-        panic!("nccl call failed: {r}: {}", msg.to_string_lossy());
-    }
-}
-
-#[derive(Clone, Copy)]
-struct Comm(ncclComm_t);
-unsafe impl Send for Comm {}
-
-fn comms(n: usize) -> Vec<Comm> {
-    std::env::set_var("HETCCL_SOCKET_IFNAME", "lo");
-    std::env::set_var("HETCCL_TIMEOUT_S", "60");
-    let mut id = ncclUniqueId::default();
-    check(unsafe { ncclGetUniqueId(&mut id) });
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                s.spawn(move || {
-                    let mut c: ncclComm_t = null_mut();
-                    check(unsafe { ncclCommInitRank(&mut c, n as i32, id, r as i32) });
-                    Comm(c)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-fn on_all<T: Send>(cs: &[Comm], f: impl Fn(usize, Comm) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let f = &f;
-        let hs: Vec<_> = cs
-            .iter()
-            .enumerate()
-            .map(|(r, &c)| s.spawn(move || f(r, c)))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
+mod thread_ranks;
+use thread_ranks::{check, comms, on_all, Comm};
 
 /// Rank `r`'s input element `i` (small integers: every sum is exact).
 fn val(r: usize, i: usize) -> i32 {

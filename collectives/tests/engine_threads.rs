@@ -12,62 +12,13 @@ use hetccl_collectives::api::comm_life::*;
 use hetccl_collectives::api::group::*;
 use hetccl_collectives::api::version::ncclGetLastError;
 
+mod thread_ranks;
+use thread_ranks::{check, comms, destroy, on_all, setup, Comm};
+
 const FLOAT: i32 = 7;
 const INT32: i32 = 2;
 const SUM: i32 = 0;
 const MAX: i32 = 2;
-
-fn setup() {
-    std::env::set_var("HETCCL_SOCKET_IFNAME", "lo");
-    std::env::set_var("HETCCL_TIMEOUT_S", "60");
-}
-
-fn check(r: i32) {
-    if r != 0 {
-        let msg = unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) };
-        panic!("nccl call failed: {r}: {}", msg.to_string_lossy());
-    }
-}
-
-#[derive(Clone, Copy)]
-struct Comm(ncclComm_t);
-unsafe impl Send for Comm {}
-
-fn comms(n: usize) -> Vec<Comm> {
-    setup();
-    let mut id = ncclUniqueId::default();
-    check(unsafe { ncclGetUniqueId(&mut id) });
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                s.spawn(move || {
-                    let mut c: ncclComm_t = null_mut();
-                    check(unsafe { ncclCommInitRank(&mut c, n as i32, id, r as i32) });
-                    Comm(c)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-fn on_all<T: Send>(cs: &[Comm], f: impl Fn(usize, Comm) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let f = &f;
-        let hs: Vec<_> = cs
-            .iter()
-            .enumerate()
-            .map(|(r, &c)| s.spawn(move || f(r, c)))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-fn destroy(cs: Vec<Comm>) {
-    for c in cs {
-        check(unsafe { ncclCommDestroy(c.0) });
-    }
-}
 
 #[test]
 fn allreduce_sizes_and_ranks() {

@@ -1,0 +1,70 @@
+//! Ranks as threads of the test process, through the exported C entry
+//! points: shared by the engine tests that need a few initialised
+//! communicators (`engine_threads.rs`, `direct_paths.rs`).
+#![allow(dead_code)]
+
+use std::ffi::CStr;
+use std::ptr::null_mut;
+
+use hetccl_abi::{ncclComm_t, ncclUniqueId};
+use hetccl_collectives::api::comm_init::{ncclCommInitRank, ncclGetUniqueId};
+use hetccl_collectives::api::comm_life::ncclCommDestroy;
+use hetccl_collectives::api::version::ncclGetLastError;
+
+/// Loopback bootstrap and a 60 s stall limit for every test of the binary.
+pub fn setup() {
+    std::env::set_var("HETCCL_SOCKET_IFNAME", "lo");
+    std::env::set_var("HETCCL_TIMEOUT_S", "60");
+}
+
+/// Panics with `ncclGetLastError`'s text unless `r` is `ncclSuccess`.
+pub fn check(r: i32) {
+    if r != 0 {
+        let msg = unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) };
+        panic!("nccl call failed: {r}: {}", msg.to_string_lossy());
+    }
+}
+
+/// A communicator handle that may cross threads.
+#[derive(Clone, Copy)]
+pub struct Comm(pub ncclComm_t);
+unsafe impl Send for Comm {}
+
+/// `n` ranks initialised concurrently, one thread each.
+pub fn comms(n: usize) -> Vec<Comm> {
+    setup();
+    let mut id = ncclUniqueId::default();
+    check(unsafe { ncclGetUniqueId(&mut id) });
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut c: ncclComm_t = null_mut();
+                    check(unsafe { ncclCommInitRank(&mut c, n as i32, id, r as i32) });
+                    Comm(c)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Runs `f(rank, comm)` on every rank at once, one thread each.
+pub fn on_all<T: Send>(cs: &[Comm], f: impl Fn(usize, Comm) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = cs
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| s.spawn(move || f(r, c)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Destroys every communicator.
+pub fn destroy(cs: Vec<Comm>) {
+    for c in cs {
+        check(unsafe { ncclCommDestroy(c.0) });
+    }
+}
