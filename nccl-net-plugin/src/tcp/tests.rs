@@ -356,11 +356,12 @@ fn unanswered_send_times_out_but_idle_receive_does_not() {
         let rq = unsafe { r.irecv(&bufs, false) }.unwrap().unwrap();
         // Tag 2 matches no receive: the MSG stays unexpected, no CTS comes.
         let out = pattern(1 << 20, 3);
+        // The send's stall clock starts inside isend: start ours before it.
+        let t0 = Instant::now();
         // SAFETY: `out` outlives the comms.
         let sq = unsafe { s.isend(out.as_ptr(), out.len(), 2) }
             .unwrap()
             .unwrap();
-        let t0 = Instant::now();
         let err = loop {
             assert!(r.test(rq).unwrap().is_none());
             match s.test(sq) {
