@@ -6,7 +6,7 @@ mod net;
 
 use std::time::{Duration, Instant};
 
-use net::procs::{hex, read_stdin_line, unhex, Netns, Proc};
+use net::procs::{cross_connect, hex, read_stdin_line, unhex, Netns, Proc};
 use net::{exchange, pattern, Api, LIMIT, OK, P};
 
 /// Sizes of the messages the two-process tests exchange.
@@ -17,23 +17,6 @@ fn role_api() -> Api {
         Ok("v8") => Api::v8_of(net::lib()),
         _ => Api::v12_of(net::lib()),
     }
-}
-
-/// Connects to `peer` and accepts on `l` in one thread.
-fn cross_connect(api: &Api, l: P, peer: &[u8; 128]) -> (P, P) {
-    let mut h = *peer;
-    let (mut s, mut r) = (P::null(), P::null());
-    let t0 = Instant::now();
-    while s.is_null() || r.is_null() {
-        assert!(t0.elapsed() < LIMIT, "cross connect did not finish");
-        if s.is_null() {
-            s = api.connect(&mut h).expect("connect");
-        }
-        if r.is_null() {
-            r = api.accept(l).expect("accept");
-        }
-    }
-    (s, r)
 }
 
 fn recv_checked(api: &Api, r: P, len: usize, tag: i32, seed: u32) -> Vec<u8> {

@@ -20,28 +20,12 @@ mod net;
 
 use std::time::{Duration, Instant};
 
-use net::procs::{hex, read_stdin_line, unhex, Proc};
+use net::procs::{cross_connect, hex, read_stdin_line, unhex, Proc};
 use net::{pattern, Api, LIMIT, P};
 
 const MSG: usize = 128 << 20;
 const TIMEOUT_S: f64 = 3.0;
 const MARGIN_S: f64 = 4.0;
-
-fn cross_connect(api: &Api, l: P, peer: &[u8; 128]) -> (P, P) {
-    let mut h = *peer;
-    let (mut s, mut r) = (P::null(), P::null());
-    let t0 = Instant::now();
-    while s.is_null() || r.is_null() {
-        assert!(t0.elapsed() < LIMIT, "cross connect did not finish");
-        if s.is_null() {
-            s = api.connect(&mut h).expect("connect");
-        }
-        if r.is_null() {
-            r = api.accept(l).expect("accept");
-        }
-    }
-    (s, r)
-}
 
 /// Posts a receive and a send of `MSG` bytes and polls both; `Err(code)` as
 /// soon as either fails.

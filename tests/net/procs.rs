@@ -210,3 +210,21 @@ impl Drop for Netns {
         let _ = ip(&["link", "del", &self.ifs[0]]);
     }
 }
+
+/// Connects to `peer` and accepts on `l` in one thread (both non-blocking,
+/// retried until both comms exist, within the harness limit).
+pub fn cross_connect(api: &super::Api, l: super::P, peer: &[u8; 128]) -> (super::P, super::P) {
+    let mut h = *peer;
+    let (mut s, mut r) = (super::P::null(), super::P::null());
+    let t0 = Instant::now();
+    while s.is_null() || r.is_null() {
+        assert!(t0.elapsed() < super::LIMIT, "cross connect did not finish");
+        if s.is_null() {
+            s = api.connect(&mut h).expect("connect");
+        }
+        if r.is_null() {
+            r = api.accept(l).expect("accept");
+        }
+    }
+    (s, r)
+}
