@@ -150,7 +150,21 @@ pub unsafe fn mirror(comm: ncclComm_t) -> Result<ncclComm_t> {
         super::coll::ncclBroadcast(id_ptr, id_ptr, size, 1, 0, comm, std::ptr::null_mut())
     };
     if rc == NcclResult::InProgress.raw() {
-        while c.async_error.load(Ordering::Acquire) == NcclResult::InProgress.raw() {
+        // The helper thread ends within the stall limit; this wait is bounded
+        // anyway, in case it never reports.
+        let limit = Duration::from_secs_f64(hetccl_core::config::get().timeout_s.max(1.0) + 10.0);
+        let t0 = std::time::Instant::now();
+        loop {
+            let st = c.async_error.load(Ordering::Acquire);
+            if st != NcclResult::InProgress.raw() {
+                code("broadcast of the mirror's unique id (hetccl)", st)?;
+                break;
+            }
+            if t0.elapsed() > limit {
+                return Err(Error::Remote(
+                    "broadcast of the mirror's unique id did not complete".into(),
+                ));
+            }
             std::thread::sleep(Duration::from_micros(100));
         }
     } else {
