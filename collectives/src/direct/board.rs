@@ -3,12 +3,15 @@
 //!
 //! ```text
 //! offset 0      control lines (128 B): single-copy handshake, owner writes
-//! offset 128    small-message slot, parity 0: seq (8 B) + data
-//! offset 128+S  small-message slot, parity 1
+//! offset 128    work line (64 B): single-copy work counters
+//! offset 192    done line (64 B): single-copy items finished, owner writes
+//! offset 256    small-message slot, parity 0: seq (8 B) + data
+//! offset 256+S  small-message slot, parity 1
 //! ```
 //!
 //! Every word is written by the board's owner only and read by the other
-//! local ranks. A slot's data is written before its `seq` is published with
+//! local ranks, except the work line's claim counter, which every rank
+//! advances with compare-and-swap (see `direct::copy`). A slot's data is written before its `seq` is published with
 //! `Release`; a reader that sees `seq == s` with `Acquire` may read the data
 //! of operation `s`. The data starts in the same cache line as `seq`, so an
 //! 8-byte operation moves one line per rank.
@@ -21,8 +24,12 @@ use crate::transport::arena::BOARD;
 pub const FAST_BYTES: usize = 16 << 10;
 /// Bytes from one slot's start to the next.
 const SLOT_STRIDE: usize = 64 + FAST_BYTES;
+/// Where the work line starts.
+const WORK: usize = std::mem::size_of::<Control>();
+/// Where the done line starts.
+const DONE: usize = WORK + 64;
 /// Where the first slot starts.
-const SLOT0: usize = std::mem::size_of::<Control>();
+const SLOT0: usize = DONE + 64;
 const _: () = assert!(SLOT0 + 2 * SLOT_STRIDE <= BOARD);
 
 /// The control line: what a rank tells the others about its current
@@ -111,6 +118,21 @@ impl Board {
         unsafe { &*(self.base as *const Control) }
     }
 
+    /// The claim counter of this rank's home work items (advanced by any
+    /// rank with compare-and-swap; monotonic over the communicator's life).
+    pub fn claim(&self) -> &AtomicU64 {
+        // SAFETY: the work line lies inside the board and starts 8-byte
+        // aligned; zero is a valid value.
+        unsafe { &*(self.base.add(WORK) as *const AtomicU64) }
+    }
+
+    /// The number of single-copy work items this rank has finished
+    /// (written by the owner only; monotonic over the communicator's life).
+    pub fn done(&self) -> &AtomicU64 {
+        // SAFETY: as for `claim`, on the done line.
+        unsafe { &*(self.base.add(DONE) as *const AtomicU64) }
+    }
+
     fn slot(&self, seq: u64) -> *mut u8 {
         // SAFETY: both slots lie inside the board.
         unsafe { self.base.add(SLOT0 + (seq as usize & 1) * SLOT_STRIDE) }
@@ -194,6 +216,10 @@ mod tests {
         assert_ne!(b.slot_data(1), b.slot_data(2));
         assert_eq!(b.slot_data(1), b.slot_data(3));
         assert_eq!(b.control().stage.load(Ordering::Relaxed), 0);
+        assert_eq!(b.claim().load(Ordering::Relaxed), 0);
+        b.done().store(5, Ordering::Relaxed);
+        assert_eq!(b.claim().load(Ordering::Relaxed), 0, "separate lines");
+        assert!(b.slot_seq(1).load(Ordering::Relaxed) == 1 && !b.posted(4));
         // SAFETY: allocated above with this layout.
         unsafe { std::alloc::dealloc(mem, layout) };
     }

@@ -7,9 +7,10 @@
 //!   everybody's, and computes its output from the slots. One cache line
 //!   per rank for an 8-byte allreduce, and no plan, batch or link.
 //! - [`copy`]: large operations with one kernel copy
-//!   (`process_vm_readv`, "CMA"): ranks publish their buffer addresses on
-//!   their board's control line and read each other's buffers directly; a
-//!   reduction then reads the peer's data once, from cache.
+//!   (`process_vm_readv`, "CMA"), or none for buffers a rank can map: ranks
+//!   publish their buffer addresses on their board's control line, and the
+//!   operation's work items (`work`), claimed by whichever ranks run,
+//!   read each other's buffers directly.
 //!
 //! Both run on the calling thread, outside groups, on blocking
 //! communicators, and count as the `Direct` algorithm for `NCCL_ALGO`.
@@ -23,6 +24,7 @@ mod ntcopy;
 mod peer_map;
 pub mod region;
 mod wait;
+mod work;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,6 +61,12 @@ pub struct Node {
     fast_seq: AtomicU64,
     /// Single-copy operations run so far.
     copy_seq: AtomicU64,
+    /// Per local rank: its home work items of all single-copy operations
+    /// run so far (where its claim counter starts in the next one).
+    claim_base: Box<[AtomicU64]>,
+    /// Work items of all single-copy operations run so far (the sum of the
+    /// done counters when they are all finished).
+    done_base: AtomicU64,
     /// `HETCCL_COPY_MIN_BYTES`.
     copy_min: usize,
     /// Whether `NCCL_ALGO` allows `Direct`, per collective.
@@ -129,6 +137,8 @@ impl Node {
             copy_min: usize::try_from(hetccl_core::config::get().copy_min_bytes)
                 .unwrap_or(usize::MAX),
             copy_seq: AtomicU64::new(0),
+            claim_base: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            done_base: AtomicU64::new(0),
             allowed,
             copy_state: std::sync::atomic::AtomicU8::new(0),
             comm_hash,
