@@ -63,31 +63,41 @@ static inline float val(int seed, int r, size_t i) {
 struct ctx {
     int coll, rank, n;
     size_t count; /* count passed to MPI as in nccl-tests */
+    size_t maxbytes; /* -e: the window operations rotate through */
     float *send, *recv;
 };
 
-static void op(struct ctx *c) {
+static size_t send_elems(struct ctx *c) { return c->coll == RS ? c->count * c->n : c->count; }
+static size_t recv_elems(struct ctx *c) { return c->coll == AG ? c->count * c->n : c->count; }
+
+/* Operation number `iter` of a loop. Like nccl-tests (and hetccl-perf),
+ * successive operations use successive windows of the buffers: the window
+ * is the operation's larger buffer size, and the buffers hold `maxbytes`,
+ * so a small operation does not run on the same cached bytes every time. */
+static void op(struct ctx *c, int iter) {
+    size_t total = send_elems(c) > recv_elems(c) ? send_elems(c) : recv_elems(c);
+    size_t steps = total ? c->maxbytes / (total * sizeof(float)) : 1;
+    if (steps < 1) steps = 1;
+    size_t shift = total * ((size_t)iter % steps);
+    float *send = c->send + shift, *recv = c->recv + shift;
     switch (c->coll) {
-    case AR: MPI_Allreduce(c->send, c->recv, (int)c->count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
-    case AG: MPI_Allgather(c->send, (int)c->count, MPI_FLOAT, c->recv, (int)c->count, MPI_FLOAT, MPI_COMM_WORLD); break;
-    case RS: MPI_Reduce_scatter_block(c->send, c->recv, (int)c->count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case AR: MPI_Allreduce(send, recv, (int)c->count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case AG: MPI_Allgather(send, (int)c->count, MPI_FLOAT, recv, (int)c->count, MPI_FLOAT, MPI_COMM_WORLD); break;
+    case RS: MPI_Reduce_scatter_block(send, recv, (int)c->count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
     case BC:
         /* out-of-place broadcast, as NCCL's ncclBroadcast(send, recv): the
          * root copies its send buffer into its receive buffer first. */
-        if (c->rank == 0) memcpy(c->recv, c->send, c->count * sizeof(float));
-        MPI_Bcast(c->recv, (int)c->count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        if (c->rank == 0) memcpy(recv, send, c->count * sizeof(float));
+        MPI_Bcast(recv, (int)c->count, MPI_FLOAT, 0, MPI_COMM_WORLD);
         break;
     }
 }
-
-static size_t send_elems(struct ctx *c) { return c->coll == RS ? c->count * c->n : c->count; }
-static size_t recv_elems(struct ctx *c) { return c->coll == AG ? c->count * c->n : c->count; }
 
 static long check(struct ctx *c, int seed) {
     size_t ns = send_elems(c), nr = recv_elems(c);
     for (size_t i = 0; i < ns; i++) c->send[i] = val(seed, c->rank, i);
     for (size_t i = 0; i < nr; i++) c->recv[i] = -12345.0f;
-    op(c);
+    op(c, 0);
     long wrong = 0;
     for (size_t i = 0; i < nr; i++) {
         float want = 0.0f;
@@ -153,6 +163,7 @@ int main(int argc, char **argv) {
         MPI_Abort(MPI_COMM_WORLD, 64);
     }
     /* Buffers for the largest size. */
+    c.maxbytes = maxb;
     size_t maxcount = count_for(c.coll, maxb, c.n) + 16;
     size_t elems = (c.coll == AG || c.coll == RS) ? maxcount * c.n : maxcount;
     if (posix_memalign((void **)&c.send, 4096, elems * sizeof(float)) ||
@@ -199,7 +210,7 @@ int main(int argc, char **argv) {
     /* Warm-up: doubling from min to max whatever the factor (as nccl-tests). */
     for (size_t b = minb; b <= maxb; b *= 2) {
         c.count = count_for(c.coll, b, c.n);
-        for (int w = 0; w < warm && c.count > 0; w++) op(&c);
+        for (int w = 0; w < warm && c.count > 0; w++) op(&c, w);
     }
     MPI_Barrier(MPI_COMM_WORLD);
 
@@ -210,10 +221,10 @@ int main(int argc, char **argv) {
     for (size_t b = minb; b <= maxb; b *= (size_t)factor) {
         c.count = count_for(c.coll, b, c.n);
         if (c.count == 0) continue;
-        op(&c);
+        op(&c, 0);
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = now();
-        for (int it = 0; it < iters; it++) op(&c);
+        for (int it = 0; it < iters; it++) op(&c, it);
         double dt = (now() - t0) / iters, sum = 0;
         MPI_Allreduce(&dt, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         double us = sum / c.n * 1e6;
