@@ -2,9 +2,10 @@
 //! destination lines are written without being read first (no
 //! read-for-ownership) and without evicting the cache's working set.
 
-/// Operations at least this large (bytes per rank's buffer) write their
-/// outputs with non-temporal stores; smaller ones stay in cache, where the
-/// caller will likely read them next.
+/// Reductions whose per-rank buffer times the number of ranks is at least
+/// this large (copies: half of it per rank's buffer) write their outputs
+/// with non-temporal stores; smaller ones stay in cache, where the caller
+/// will likely read them next.
 pub const NT_MIN_BYTES: usize = 8 << 20;
 
 /// Copies `src` to `dst` (`src.len()` bytes), with non-temporal stores for

@@ -174,8 +174,11 @@ impl<'a> Job<'a> {
         let plan = Plan::new(a.kind, node.nranks(), a.count * a.dtype.size());
         let (s, r) = plan.buffer_bytes();
         let volume = s.max(r);
+        // Reductions: by the bytes all ranks' outputs span together (4
+        // ranks at 2 MiB stream as much as 2 ranks at 4 MiB); copies: by
+        // this rank's buffer.
         let nt = if a.kind.reduces() {
-            volume >= ntcopy::NT_MIN_BYTES
+            volume.saturating_mul(node.nranks()) >= ntcopy::NT_MIN_BYTES
         } else {
             volume >= ntcopy::NT_MIN_BYTES / 2
         };
