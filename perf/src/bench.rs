@@ -648,12 +648,6 @@ impl Ctx<'_> {
         let n_ops = (opts.iters * opts.agg_iters).max(1) as f64;
         let delta = (t0.elapsed().as_secs_f64() - barrier_time) / n_ops;
         self.progress.tick();
-        // As nccl-tests: the times are combined and the ranks meet right
-        // after the timed loop, before any rank starts the (CPU-heavy) check,
-        // which would otherwise keep a rank still in its last timed
-        // operation off a shared CPU.
-        let times = self.ch.gather(&delta.to_le_bytes())?;
-        self.ch.barrier()?;
 
         // Checks: fresh data, one operation, compare; wrong counts summed over
         // ranks so that every rank stops after the same check.
@@ -679,7 +673,8 @@ impl Ctx<'_> {
             }
         }
 
-        // Times (gathered on rank 0 above), combined per -a.
+        // Times to rank 0, combined per -a.
+        let times = self.ch.gather(&delta.to_le_bytes())?;
         if let Some(all) = times {
             let ts: Vec<f64> = all
                 .iter()
