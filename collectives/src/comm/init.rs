@@ -119,6 +119,12 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     if local.len() > hw.pus {
         spin = std::time::Duration::ZERO;
     }
+    // Single-copy workers: one per processing unit unless configured.
+    let workers = match usize::try_from(cfg.copy_workers).unwrap_or(0) {
+        0 => hw.pus,
+        w => w,
+    }
+    .clamp(1, local.len().max(1));
     // The direct paths need every rank on this node, joined by shm; the
     // board is set up before the last barrier so peers see it afterwards.
     let direct = match &arena {
@@ -130,6 +136,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
                 me_local,
                 aborted.clone(),
                 spin,
+                workers,
                 &crate::api::launch::algo_filter()?,
                 comm_hash,
             ))

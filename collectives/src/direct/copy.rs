@@ -13,6 +13,7 @@
 //! operation. A rank that the scheduler keeps off a CPU only has to post
 //! its addresses: the running ranks take over its share.
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::board::{Control, PROBE_VALUE};
 use super::region;
@@ -35,6 +36,10 @@ pub fn serves(kind: Collective) -> bool {
             | Collective::Broadcast
     )
 }
+
+/// How long a rank outside the workers lets the operation go without any
+/// item finishing before it claims items itself.
+const HELP_AFTER: Duration = Duration::from_millis(1);
 
 const STATE_YES: u8 = 1;
 const STATE_NO: u8 = 2;
@@ -246,8 +251,6 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
         .iter()
         .map(|b| b.load(Ordering::Relaxed))
         .collect();
-    job.run(&bases)?;
-    node.set_stage(c, 1);
     // Every item of this operation is finished once the done counters add
     // up to all items run so far.
     let target = node.done_base.load(Ordering::Relaxed) + plan.items();
@@ -256,6 +259,31 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
             .map(|k| node.boards[k].done().load(Ordering::Acquire))
             .sum()
     };
+    if me < node.workers {
+        job.run(&bases)?;
+    } else {
+        // More ranks than processing units: leave the CPUs to the workers,
+        // and take part only if no item finishes for HELP_AFTER (a worker
+        // kept off its CPU).
+        let mut last = (done(), Instant::now());
+        node.wait(&wop, || {
+            let d = done();
+            if d >= target {
+                return None;
+            }
+            let now = Instant::now();
+            if d != last.0 {
+                last = (d, now);
+            } else if now.duration_since(last.1) >= HELP_AFTER {
+                return None;
+            }
+            Some((me + 1) % n)
+        })?;
+        if done() < target {
+            job.run(&bases)?;
+        }
+    }
+    node.set_stage(c, 1);
     let behind = (c << 8) | 1;
     node.wait(&wop, || {
         if done() >= target {

@@ -69,6 +69,9 @@ pub struct Node {
     done_base: AtomicU64,
     /// `HETCCL_COPY_MIN_BYTES`.
     copy_min: usize,
+    /// Local ranks `0..workers` run single-copy work items; the others
+    /// only help when the workers stall (`HETCCL_COPY_WORKERS`).
+    workers: usize,
     /// Whether `NCCL_ALGO` allows `Direct`, per collective.
     allowed: [bool; 5],
     /// Single-copy availability: 0 unknown, 1 yes, 2 no (decided by the
@@ -103,6 +106,7 @@ impl Node {
         me: usize,
         aborted: Arc<AtomicBool>,
         spin: Duration,
+        workers: usize,
         filter: &AlgoFilter,
         comm_hash: u64,
     ) -> Self {
@@ -139,6 +143,7 @@ impl Node {
             copy_seq: AtomicU64::new(0),
             claim_base: (0..n).map(|_| AtomicU64::new(0)).collect(),
             done_base: AtomicU64::new(0),
+            workers: workers.clamp(1, n.max(1)),
             allowed,
             copy_state: std::sync::atomic::AtomicU8::new(0),
             comm_hash,
@@ -182,11 +187,13 @@ impl Node {
         format!(
             "# direct paths (all {} ranks on this node; blocking calls outside groups):\n\
              #   board slots, up to {} B posted per rank: {}\n\
-             #   single-copy from {} B (HETCCL_COPY_MIN_BYTES), {copy}: {}\n",
+             #   single-copy from {} B (HETCCL_COPY_MIN_BYTES), {copy}, work items run by {} of {} ranks: {}\n",
             self.nranks(),
             board::FAST_BYTES,
             names(&|_| true),
             self.copy_min,
+            self.workers,
+            self.nranks(),
             names(&copy::serves),
         )
     }

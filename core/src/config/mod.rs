@@ -107,6 +107,12 @@ pub struct Config {
     /// (`process_vm_readv`) replaces the pipelined rings; 0 turns it off.
     /// Default 32768.
     pub copy_min_bytes: u64,
+    /// `HETCCL_COPY_WORKERS`: on single-node communicators, how many local
+    /// ranks (the lowest) run the single-copy path's work items; the others
+    /// post their buffers and wait, and take part only when no item
+    /// finishes for a while. 0 (default): one per online processing unit,
+    /// so every rank works unless ranks outnumber processing units.
+    pub copy_workers: u32,
     /// Bit `i` set: entry `i` of the variable table came from the environment.
     from_env: u64,
 }
@@ -141,6 +147,7 @@ impl Default for Config {
             ib_disable: false,
             spin_us: 50,
             copy_min_bytes: 32 << 10,
+            copy_workers: 0,
             from_env: 0,
         }
     }

@@ -53,6 +53,7 @@ fn every_variable_parses() {
         ("NCCL_IB_DISABLE", "1"),
         ("HETCCL_SPIN_US", "0"),
         ("HETCCL_COPY_MIN_BYTES", "1M"),
+        ("HETCCL_COPY_WORKERS", "3"),
     ]);
     assert!(w.is_empty(), "{w:?}");
     assert_eq!(c.debug, DebugLevel::Info);
@@ -81,6 +82,7 @@ fn every_variable_parses() {
     assert_eq!(c.net.as_deref(), Some("Socket"));
     assert_eq!(c.spin_us, 0);
     assert_eq!(c.copy_min_bytes, 1 << 20);
+    assert_eq!(c.copy_workers, 3);
     for name in Config::known_names().filter(|n| *n != "HETCCL_SOCKET_IFNAME") {
         assert!(c.is_set(name), "{name}");
     }

@@ -242,6 +242,15 @@ pub(crate) const VARS: &[Var] = &[
         },
         show: |c| Some(c.copy_min_bytes.to_string()),
     },
+    Var {
+        name: "HETCCL_COPY_WORKERS",
+        field: "copy_workers",
+        apply: |c, v| {
+            c.copy_workers = parse::int_in(v, 0, 4096)? as u32;
+            Ok(None)
+        },
+        show: |c| Some(c.copy_workers.to_string()),
+    },
 ];
 
 /// The table index of `name`, if hetccl reads it.
