@@ -7,7 +7,7 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::{hetccl_so, parse, perf_bin, run, Parsed};
+use common::{hetccl_so, parse, perf_bin, run, run_env, Parsed};
 use hetccl_perf::coll::Coll;
 
 fn text(o: &Output) -> (String, String) {
@@ -28,7 +28,12 @@ fn engine_gate(stderr: &str) {
 /// Runs, requires success, parses, and checks every reported #wrong is 0 and
 /// that only unchecked in-place variants (alltoall, sendrecv) show N/A.
 fn run_ok(args: &[&str]) -> Parsed {
-    let o = run(args);
+    run_ok_env(args, &[])
+}
+
+/// [`run_ok`] with extra environment variables.
+fn run_ok_env(args: &[&str], env: &[(&str, &str)]) -> Parsed {
+    let o = run_env(args, env);
     let (out, err) = text(&o);
     engine_gate(&err);
     assert!(
@@ -128,6 +133,47 @@ fn direct_paths_np3_mapped_and_cma_buffers() {
                 alloc,
             ]);
         }
+    }
+}
+
+/// Fewer single-copy workers than ranks (what 4 ranks on 2 CPUs get by
+/// default): the other ranks wait, or help when the workers stall; results
+/// stay exact, including PreMulSum with per-rank scalars.
+#[test]
+fn direct_paths_np3_with_fewer_workers() {
+    for workers in ["1", "2"] {
+        let env = [("HETCCL_COPY_WORKERS", workers)];
+        for alloc in ["nccl", "host"] {
+            for c in ["all_reduce", "reduce_scatter", "all_gather", "broadcast"] {
+                run_ok_env(
+                    &[
+                        c, "-np", "3", "-b", "64K", "-e", "4M", "-f", "8", "-n", "2", "-w", "1",
+                        "--alloc", alloc,
+                    ],
+                    &env,
+                );
+            }
+        }
+        run_ok_env(
+            &[
+                "all_reduce",
+                "-np",
+                "3",
+                "-b",
+                "1M",
+                "-e",
+                "1M",
+                "-n",
+                "2",
+                "-w",
+                "1",
+                "-o",
+                "mulsum",
+                "-d",
+                "float",
+            ],
+            &env,
+        );
     }
 }
 

@@ -310,8 +310,14 @@ pub fn hetccl_so() -> PathBuf {
 
 /// Runs hetccl-perf with `args` against this build's libhetccl.so.
 pub fn run(args: &[&str]) -> Output {
+    run_env(args, &[])
+}
+
+/// [`run`] with extra environment variables.
+pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(perf_bin())
         .args(args)
+        .envs(env.iter().copied())
         .env("HETCCL_PERF_LIB", hetccl_so())
         .env_remove("HETCCL_PERF_RANK")
         .env_remove("HETCCL_PERF_NRANKS")
