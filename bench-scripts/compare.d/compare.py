@@ -122,6 +122,14 @@ def sh(cmd):
     return " ".join(shlex.quote(c) for c in cmd)
 
 
+def size_bytes(s):
+    """A size as nccl-tests' -b/-e take it: digits with an optional K, M or
+    G (powers of 1024)."""
+    s = str(s).strip()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:].upper(), 1)
+    return int(s[:-1] if mult > 1 else s) * mult
+
+
 class Runner:
     def __init__(self, a):
         self.a = a
@@ -164,10 +172,10 @@ class Runner:
         err = "".join(f"[{i}] {e}" for i, (_, e) in enumerate(outs) if e.strip())
         return rc, outs[0][0], err
 
-    def launch(self, lib, coll, config, nranks, rnd):
+    def launch(self, lib, coll, config, nranks, rnd, part):
         a = self.a
         self.n += 1
-        cmds, envs = self.commands(lib, coll, config, nranks)
+        cmds, envs = self.commands(lib, coll, config, nranks, part)
         start, l1, t0 = utcnow(), load1(), time.monotonic()
         rc, out, err = self.spawn(cmds, envs, a.timeout)
         secs = time.monotonic() - t0
@@ -210,14 +218,32 @@ class Runner:
             for t in tail:
                 print(f"      {t}", flush=True)
 
-    def sweep_flags(self):
+    def parts(self):
+        """The sweep as (min, max, iters) launches: sizes up to --small-max
+        with --small-iters (a -n 20 loop of sub-microsecond operations times
+        a few microseconds, which one preemption doubles), the rest with
+        --iters. One part when --small-iters is 0 or no size is that small."""
         a = self.a
-        return ["-b", a.minbytes, "-e", a.maxbytes, "-f", str(a.factor),
-                "-n", str(a.iters), "-w", str(a.warmup)]
+        lo, hi = size_bytes(a.minbytes), size_bytes(a.maxbytes)
+        cut = size_bytes(a.small_max)
+        if a.small_iters <= 0 or lo > cut:
+            return [(a.minbytes, a.maxbytes, a.iters)]
+        s = lo
+        while s * a.factor <= min(cut, hi):
+            s *= a.factor
+        if s >= hi:
+            return [(a.minbytes, a.maxbytes, a.small_iters)]
+        return [(a.minbytes, str(s), a.small_iters), (str(s * a.factor), a.maxbytes, a.iters)]
 
-    def commands(self, lib, coll, config, nranks):
+    def sweep_flags(self, part):
         a = self.a
-        flags = self.sweep_flags()
+        lo, hi, iters = part
+        return ["-b", lo, "-e", hi, "-f", str(a.factor),
+                "-n", str(iters), "-w", str(a.warmup)]
+
+    def commands(self, lib, coll, config, nranks, part):
+        a = self.a
+        flags = self.sweep_flags(part)
         if lib == "hetccl":
             perf = [a.perf, PERF_NAME[coll]] + flags + ["-T", str(min(a.timeout, 120))]
             if a.lib:
@@ -292,7 +318,9 @@ def cmd_run(a):
     t_start = utcnow()
     print(f"# bench-scripts/compare: {len(configs)} configs x {len(colls)} collectives x "
           f"{a.rounds} rounds x (hetccl, OpenMPI); sizes {a.minbytes}..{a.maxbytes} x{a.factor}, "
-          f"-n {a.iters} -w {a.warmup}; started {t_start}", flush=True)
+          f"-n {a.iters} -w {a.warmup}"
+          + (f" (-n {a.small_iters} up to {a.small_max})" if len(r.parts()) > 1 else "")
+          + f"; started {t_start}", flush=True)
     for ci, (kind, n) in enumerate(configs):
         if kind == "tcp" and not a.ns_a:
             print(f"  skipping {kind}-{n}: no network namespaces", flush=True)
@@ -300,12 +328,15 @@ def cmd_run(a):
         r.memcpy(f"before-{kind}{n}")
         for coll in colls:
             for rnd in range(1, a.rounds + 1):
-                for lib in LIBS:  # A, B, A, B, ...
-                    r.launch(lib, coll, kind, n, rnd)
+                for part in r.parts():
+                    for lib in LIBS:  # A, B, A, B, ...
+                        r.launch(lib, coll, kind, n, rnd, part)
     r.memcpy("end")
     meta = {
         "command": a.command, "quick": a.quick, "rounds": a.rounds,
         "sizes": f"{a.minbytes}..{a.maxbytes} x{a.factor}", "iters": a.iters,
+        "small_iters": a.small_iters if len(r.parts()) > 1 else None,
+        "small_max": a.small_max,
         "warmup": a.warmup, "configs": a.configs, "collectives": a.colls,
         "start_utc": t_start, "end_utc": utcnow(), "host": platform.node(),
         "kernel": platform.release(), "nproc": os.cpu_count(), "cpu": cpu_model(),
@@ -460,7 +491,10 @@ def report(res, outdir, plot_prefix, md_path=None):
     lines.append(f"Run {meta['start_utc']} – {meta['end_utc']} on {meta['host']} "
                  f"({meta['nproc']} CPUs, {meta['cpu']}, Linux {meta['kernel']}), "
                  f"{meta['openmpi']}, git {meta['git']}. Sizes {meta['sizes']}, "
-                 f"-n {meta['iters']} -w {meta['warmup']}, {meta['rounds']} rounds.")
+                 f"-n {meta['iters']}"
+                 + (f" (-n {meta['small_iters']} up to {meta['small_max']}, a launch of its own)"
+                    if meta.get("small_iters") else "")
+                 + f" -w {meta['warmup']}, {meta['rounds']} rounds.")
     lines.append("")
     lines.append(f"Command: `{meta['command']}`")
     lines.append("")
@@ -627,6 +661,9 @@ def main():
     r.add_argument("--maxbytes", default="256M")
     r.add_argument("--factor", type=int, default=2)
     r.add_argument("--iters", type=int, default=20)
+    r.add_argument("--small-iters", type=int, default=0,
+                   help="-n for sizes up to --small-max (0: --iters everywhere)")
+    r.add_argument("--small-max", default="4K")
     r.add_argument("--warmup", type=int, default=1)
     r.add_argument("--timeout", type=int, default=300, help="seconds per launch")
     r.add_argument("--perf", required=True)
