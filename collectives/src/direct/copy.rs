@@ -245,22 +245,9 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
     };
     node.wait_stage(c, 0, &wop, all.clone())?;
     let job = Job::new(node, a, op);
-    let plan = *job.plan();
-    let bases: Vec<u64> = node
-        .claim_base
-        .iter()
-        .map(|b| b.load(Ordering::Relaxed))
-        .collect();
-    // Every item of this operation is finished once the done counters add
-    // up to all items run so far.
-    let target = node.done_base.load(Ordering::Relaxed) + plan.items();
-    let done = || -> u64 {
-        (0..n)
-            .map(|k| node.boards[k].done().load(Ordering::Acquire))
-            .sum()
-    };
+    let (target, done) = (job.target(), || job.done());
     if me < node.workers {
-        job.run(&bases)?;
+        job.run()?;
     } else {
         // More ranks than processing units: leave the CPUs to the workers,
         // and take part only if no item finishes for HELP_AFTER (a worker
@@ -280,7 +267,7 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
             Some((me + 1) % n)
         })?;
         if done() < target {
-            job.run(&bases)?;
+            job.run()?;
         }
     }
     node.set_stage(c, 1);
@@ -300,10 +287,6 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
             None => Some((me + 1) % n),
         }
     })?;
-    for (r, b) in node.claim_base.iter().enumerate() {
-        let (lo, hi) = plan.home(r);
-        b.store(b.load(Ordering::Relaxed) + (hi - lo), Ordering::Relaxed);
-    }
-    node.done_base.store(target, Ordering::Relaxed);
+    job.finish();
     Ok(())
 }

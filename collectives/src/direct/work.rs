@@ -191,11 +191,6 @@ impl<'a> Job<'a> {
         }
     }
 
-    /// The plan.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
     fn send(&self, k: usize) -> u64 {
         self.node.boards[k].control().send.load(Ordering::Relaxed)
     }
@@ -218,22 +213,45 @@ impl<'a> Job<'a> {
         self.nt && !self.in_place(k)
     }
 
+    /// The sum of the done counters once every item of this operation (and
+    /// of all before it) is finished.
+    pub fn target(&self) -> u64 {
+        self.node.done_base.load(Ordering::Relaxed) + self.plan.items()
+    }
+
+    /// The sum of every rank's done counter now.
+    pub fn done(&self) -> u64 {
+        self.node
+            .boards
+            .iter()
+            .map(|b| b.done().load(Ordering::Acquire))
+            .sum()
+    }
+
     /// Claims and runs items until none is left: this rank's home items
-    /// first, then the other ranks'. Returns the number of items run.
-    pub fn run(&self, bases: &[u64]) -> Result<u64> {
+    /// first, then the other ranks'.
+    pub fn run(&self) -> Result<()> {
         let (n, me) = (self.plan.n, self.node.me);
-        let mut ran = 0;
         for r in (0..n).map(|i| (me + i) % n) {
             let (lo, hi) = self.plan.home(r);
-            let end = bases[r] + (hi - lo);
-            while let Some(idx) = claim(self.node.boards[r].claim(), bases[r], end) {
+            let base = self.node.claim_base[r].load(Ordering::Relaxed);
+            while let Some(idx) = claim(self.node.boards[r].claim(), base, base + (hi - lo)) {
                 self.run_item(lo + idx)?;
-                ran += 1;
                 let done = self.node.boards[me].done();
                 done.store(done.load(Ordering::Relaxed) + 1, Ordering::Release);
             }
         }
-        Ok(ran)
+        Ok(())
+    }
+
+    /// Moves the counters' bases past this operation (once [`Job::done`]
+    /// reached [`Job::target`]), where every rank moves them alike.
+    pub fn finish(&self) {
+        for (r, b) in self.node.claim_base.iter().enumerate() {
+            let (lo, hi) = self.plan.home(r);
+            b.store(b.load(Ordering::Relaxed) + (hi - lo), Ordering::Relaxed);
+        }
+        self.node.done_base.store(self.target(), Ordering::Relaxed);
     }
 
     fn run_item(&self, t: u64) -> Result<()> {
