@@ -30,8 +30,19 @@ fn lo_net_timeout(nsocks: usize, nthreads: usize, timeout: Duration) -> TcpNet {
 
 /// Connects a pair in one thread, alternating connect and accept.
 fn pair(net: &TcpNet) -> (TcpSendComm, TcpRecvComm) {
-    let (mut l, h) = net.listen(0).unwrap();
-    let mut handle = h;
+    let (mut l, mut handle) = net.listen(0).unwrap();
+    pair_on(net, &mut l, &mut handle, |_| {})
+}
+
+/// Connects to listener `l` (whose handle is `handle`) in one thread,
+/// alternating connect and accept, and calling `between` after each
+/// connect step.
+fn pair_on(
+    net: &TcpNet,
+    l: &mut TcpListenComm,
+    handle: &mut [u8; HANDLE_BYTES],
+    mut between: impl FnMut(&TcpListenComm),
+) -> (TcpSendComm, TcpRecvComm) {
     let (mut s, mut r) = (None, None);
     let t0 = Instant::now();
     while s.is_none() || r.is_none() {
@@ -40,10 +51,11 @@ fn pair(net: &TcpNet) -> (TcpSendComm, TcpRecvComm) {
             "connect/accept did not finish"
         );
         if s.is_none() {
-            s = net.connect(0, &mut handle).unwrap();
+            s = net.connect(0, handle).unwrap();
         }
+        between(l);
         if r.is_none() {
-            r = net.accept(&mut l).unwrap();
+            r = net.accept(l).unwrap();
         }
     }
     (s.unwrap(), r.unwrap())
@@ -398,26 +410,14 @@ fn silent_connections_do_not_crowd_out_a_real_peer() {
     assert!(net.accept(&mut l).unwrap().is_none());
     assert_eq!(l.pending_len(), 8);
     let mut handle = h;
-    let (mut s, mut r) = (None, None);
-    let t0 = Instant::now();
-    while s.is_none() || r.is_none() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "connect/accept did not finish"
-        );
-        if s.is_none() {
-            s = net.connect(0, &mut handle).unwrap();
-        }
+    let (s, r) = pair_on(&net, &mut l, &mut handle, |l| {
         // The flood goes on.
         for _ in 0..2 {
             silent.push(std::net::TcpStream::connect(addr).unwrap());
         }
-        if r.is_none() {
-            r = net.accept(&mut l).unwrap();
-        }
         assert!(l.pending_len() <= 8);
-    }
-    let (s, r) = (s.unwrap(), r.unwrap());
+    });
+    assert!(l.pending_len() <= 8);
     let out = pattern(4096, 7);
     let mut got = vec![0u8; 4096];
     let bufs = [RecvBuf {
