@@ -80,10 +80,11 @@ fn map_peer(pid: u32, fd: i32, len: usize) -> *mut u8 {
     // SAFETY: f is open.
     unsafe { libc::close(f) };
     if p == libc::MAP_FAILED {
-        std::ptr::null_mut()
-    } else {
-        p.cast()
+        return std::ptr::null_mut();
     }
+    // SAFETY: the shared mapping just made.
+    unsafe { super::region::prefault(p, len) };
+    p.cast()
 }
 
 impl Node {
