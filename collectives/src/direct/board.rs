@@ -31,6 +31,7 @@ const DONE: usize = WORK + 64;
 /// Where the first slot starts.
 const SLOT0: usize = DONE + 64;
 const _: () = assert!(SLOT0 + 2 * SLOT_STRIDE <= BOARD);
+const _: () = assert!(WORK == 128);
 
 /// The control line: what a rank tells the others about its current
 /// single-copy operation (see `direct::copy`).
@@ -59,6 +60,10 @@ pub struct Control {
     /// datatype): scalars may differ per rank, and peers reduce this rank's
     /// input.
     pub scalar: AtomicU64,
+    /// One more than the CPU the owner ran on when it posted its current
+    /// operation (0 = unknown): ranks that share a CPU leave the work items
+    /// to one of them (see `direct::copy`).
+    pub cpu: AtomicU64,
 }
 
 impl Control {

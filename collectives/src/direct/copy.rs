@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::board::{Control, PROBE_VALUE};
+use super::elect;
 use super::region;
 use super::wait::Op;
 use super::work::Job;
@@ -236,6 +237,7 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
         &ctl.recv_region,
         region::find(a.recv as usize, a.recv_bytes),
     );
+    ctl.cpu.store(elect::current_cpu(), Ordering::Relaxed);
     node.set_stage(c, 0);
     let all = 0..n;
     let wop = Op {
@@ -246,12 +248,15 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
     node.wait_stage(c, 0, &wop, all.clone())?;
     let job = Job::new(node, a, op);
     let (target, done) = (job.target(), || job.done());
-    if me < node.workers {
+    let cpus: Vec<u64> = (0..n)
+        .map(|k| node.boards[k].control().cpu.load(Ordering::Relaxed))
+        .collect();
+    if elect::is_worker(&cpus, node.workers, me) {
         job.run()?;
     } else {
-        // More ranks than processing units: leave the CPUs to the workers,
-        // and take part only if no item finishes for HELP_AFTER (a worker
-        // kept off its CPU).
+        // More ranks than processing units, and a worker was on this
+        // rank's CPU: leave the CPU to it, and take part only if no item
+        // finishes for HELP_AFTER (a worker kept off its CPU).
         let mut last = (done(), Instant::now());
         node.wait(&wop, || {
             let d = done();

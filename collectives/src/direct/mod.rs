@@ -19,6 +19,7 @@
 
 pub mod board;
 pub mod copy;
+mod elect;
 pub mod fastbox;
 mod ntcopy;
 mod peer_map;
@@ -69,8 +70,9 @@ pub struct Node {
     done_base: AtomicU64,
     /// `HETCCL_COPY_MIN_BYTES`.
     copy_min: usize,
-    /// Local ranks `0..workers` run single-copy work items; the others
-    /// only help when the workers stall (`HETCCL_COPY_WORKERS`).
+    /// How many local ranks run single-copy work items, one per CPU the
+    /// ranks were seen on (see `elect`); the others only help when the
+    /// workers stall (`HETCCL_COPY_WORKERS`).
     workers: usize,
     /// Whether `NCCL_ALGO` allows `Direct`, per collective.
     allowed: [bool; 5],
