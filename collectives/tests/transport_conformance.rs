@@ -72,6 +72,21 @@ fn recv_msg(c: &Conn, n: usize, elem: usize) -> Vec<u8> {
     out
 }
 
+/// Receives one message of `n` bytes straight into a buffer, passing the
+/// unfilled remainder each time, as the executor does.
+fn recv_into(c: &Conn, n: usize) -> Vec<u8> {
+    let dl = deadline();
+    let mut out = vec![0u8; n];
+    let mut got = 0;
+    while got < n {
+        let k = c.rx.try_recv_into(&mut out[got..]).unwrap();
+        assert!(k <= n - got, "never more than the message");
+        got += k;
+        assert!(Instant::now() < dl, "recv stalled at {got}");
+    }
+    out
+}
+
 fn messages(sizes: &[usize]) -> Vec<Vec<u8>> {
     sizes
         .iter()
@@ -90,6 +105,23 @@ fn ordered_messages(p: Pair) {
                 "message of {} bytes intact and in order",
                 m.len()
             );
+        }
+    });
+}
+
+fn received_into_place_between_staged(p: Pair) {
+    // Direct receives, alternating with staged ones on the same link, keep
+    // the messages intact and in order.
+    let msgs = messages(&[5, 1 << 20, 4096, 3 << 20, 1, 77_777]);
+    std::thread::scope(|s| {
+        s.spawn(|| msgs.iter().for_each(|m| send_msg(&p.a, m)));
+        for (k, m) in msgs.iter().enumerate() {
+            let got = if k % 2 == 1 {
+                recv_into(&p.b, m.len())
+            } else {
+                recv_msg(&p.b, m.len(), 1)
+            };
+            assert!(got == *m, "message {k} of {} bytes intact", m.len());
         }
     });
 }
@@ -177,6 +209,10 @@ macro_rules! conformance {
                 super::ordered_messages($make);
             }
             #[test]
+            fn received_into_place_between_staged() {
+                super::received_into_place_between_staged($make);
+            }
+            #[test]
             fn both_directions_at_once() {
                 super::both_directions_at_once($make);
             }
@@ -198,3 +234,23 @@ macro_rules! conformance {
 
 conformance!(shm_transport, shm_pair());
 conformance!(tcp_transport, tcp_pair());
+
+#[test]
+fn tcp_refuses_a_second_destination_while_a_receive_is_in_flight() {
+    // Declared before the pair: the posted receive points into `a` until
+    // the links are dropped.
+    let (mut a, mut b) = ([0u8; 16], [0u8; 16]);
+    let p = tcp_pair();
+    assert_eq!(p.b.rx.try_recv_into(&mut a).unwrap(), 0, "nothing sent yet");
+    let e = p.b.rx.try_recv_into(&mut b).unwrap_err();
+    assert!(e.to_string().contains("in flight"), "{e}");
+    assert!(
+        p.b.rx.try_recv_with(16, 1, &mut |_| {}).is_err(),
+        "nor a staged one"
+    );
+    assert_eq!(
+        p.b.rx.try_recv_into(&mut a).unwrap(),
+        0,
+        "the same one is fine"
+    );
+}

@@ -97,11 +97,7 @@ pub(super) fn run_message(
         StepKind::Recv { dst, .. } => {
             let d = slice_mut(job, &dst);
             while *moved < dst.len {
-                let mut off = *moved;
-                let n = conn.rx.try_recv_with(dst.len - *moved, 1, &mut |s| {
-                    d[off..off + s.len()].copy_from_slice(s);
-                    off += s.len();
-                })?;
+                let n = conn.rx.try_recv_into(&mut d[*moved..])?;
                 if n == 0 {
                     break;
                 }

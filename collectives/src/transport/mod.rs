@@ -134,6 +134,19 @@ pub trait RecvLink: Send + Sync + std::fmt::Debug {
     /// what remains of it), in whole `elem`-byte elements, to `f` (possibly
     /// in several slices, in order); returns the bytes taken.
     fn try_recv_with(&self, max: usize, elem: usize, f: &mut dyn FnMut(&[u8])) -> Result<usize>;
+    /// Moves up to `dst.len()` received bytes of the current message (what
+    /// remains of it) into `dst`; returns the bytes taken. The caller
+    /// passes the unfilled remainder, the same range until something is
+    /// taken, and `dst` stays valid until the operation completes or the
+    /// communicator is poisoned. Message links receive straight into it;
+    /// the default copies what [`RecvLink::try_recv_with`] hands over.
+    fn try_recv_into(&self, dst: &mut [u8]) -> Result<usize> {
+        let mut off = 0;
+        self.try_recv_with(dst.len(), 1, &mut |s| {
+            dst[off..off + s.len()].copy_from_slice(s);
+            off += s.len();
+        })
+    }
     /// What to wait on when nothing is ready.
     fn wait_source(&self) -> WaitSource;
     /// Marks the link dead (abort).

@@ -56,8 +56,74 @@ struct NetRecv {
 
 #[derive(Default)]
 struct RecvState {
-    req: Option<(RecvRequest, usize)>,
+    /// The receive in flight, its length, and where it lands: `None` for
+    /// the staging buffer, else the address of the caller's range.
+    req: Option<(RecvRequest, usize, Option<usize>)>,
     stage: Vec<u8>,
+}
+
+impl NetRecv {
+    /// Posts a receive of `len` bytes into `ptr` unless one is in flight;
+    /// returns the request in flight, or `None` when the transport cannot
+    /// take one now. A request in flight into another place than `into`
+    /// means an abandoned operation, which poisons the communicator, so
+    /// this cannot happen on a healthy one.
+    fn post(
+        &self,
+        st: &mut RecvState,
+        ptr: *mut u8,
+        len: usize,
+        into: Option<usize>,
+    ) -> Result<Option<(RecvRequest, usize)>> {
+        if let Some((req, want, at)) = st.req {
+            if at != into || want != len {
+                return Err(Error::Internal(format!(
+                    "tcp: a receive of {want} B is in flight elsewhere; asked for {len} B"
+                )));
+            }
+            return Ok(Some((req, want)));
+        }
+        let buf = RecvBuf {
+            ptr,
+            cap: len,
+            tag: self.tag,
+        };
+        // SAFETY: `ptr` is the link's staging buffer, neither moved nor
+        // resized while the receive is in flight, or the caller's range,
+        // which stays valid until the operation completes (see
+        // `RecvLink::try_recv_into`); the sockets are driven only from
+        // this link's calls.
+        Ok(
+            match unsafe { self.comm.irecv(&[buf], false) }.map_err(net_err)? {
+                Some(req) => {
+                    st.req = Some((req, len, into));
+                    Some((req, len))
+                }
+                None => None,
+            },
+        )
+    }
+
+    /// Tests the request in flight: the received length once it is done.
+    fn finish(
+        &self,
+        st: &mut RecvState,
+        req: RecvRequest,
+        want: usize,
+        elem: usize,
+    ) -> Result<Option<usize>> {
+        let Some(sizes) = self.comm.test(req).map_err(net_err)? else {
+            return Ok(None);
+        };
+        st.req = None;
+        let n = sizes.first().copied().unwrap_or(0);
+        if n != want || n % elem != 0 {
+            return Err(Error::Remote(format!(
+                "tcp: received a message of {n} bytes where {want} were expected"
+            )));
+        }
+        Ok(Some(n))
+    }
 }
 
 impl std::fmt::Debug for NetSend {
@@ -118,35 +184,33 @@ impl RecvLink for NetRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        if st.req.is_none() {
-            if st.stage.len() < max {
-                st.stage.resize(max, 0);
-            }
-            let buf = RecvBuf {
-                ptr: st.stage.as_mut_ptr(),
-                cap: max,
-                tag: self.tag,
-            };
-            // SAFETY: the staging buffer lives in this link and is neither
-            // moved nor resized while the receive is in flight.
-            match unsafe { self.comm.irecv(&[buf], false) }.map_err(net_err)? {
-                Some(req) => st.req = Some((req, max)),
-                None => return Ok(0),
-            }
+        if st.req.is_none() && st.stage.len() < max {
+            st.stage.resize(max, 0);
         }
-        let (req, want) = st.req.expect("set above");
-        let Some(sizes) = self.comm.test(req).map_err(net_err)? else {
+        let stage = st.stage.as_mut_ptr();
+        let Some((req, want)) = self.post(st, stage, max, None)? else {
             return Ok(0);
         };
-        st.req = None;
-        let n = sizes.first().copied().unwrap_or(0);
-        if n != want || n % elem != 0 {
-            return Err(Error::Remote(format!(
-                "tcp: received a message of {n} bytes where {want} were expected"
-            )));
-        }
+        let Some(n) = self.finish(st, req, want, elem)? else {
+            return Ok(0);
+        };
         f(&st.stage[..n]);
         Ok(n)
+    }
+    fn try_recv_into(&self, dst: &mut [u8]) -> Result<usize> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        let mut st = self.st.lock();
+        let st = &mut *st;
+        let at = dst.as_mut_ptr() as usize;
+        let Some((req, want)) = self.post(st, dst.as_mut_ptr(), dst.len(), Some(at))? else {
+            return Ok(0);
+        };
+        Ok(self.finish(st, req, want, 1)?.unwrap_or(0))
     }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Poll
