@@ -204,10 +204,17 @@ impl Builder {
         }
     }
 
-    /// `dst = src` unless they are the same range.
+    /// `dst = src` unless they are the same range, split like
+    /// [`Builder::send`], so that the executor can move messages between
+    /// the pieces of a large copy.
     pub fn copy(&mut self, src: BufRange, dst: BufRange) {
         if src != dst {
-            self.push(StepKind::Copy { src, dst });
+            for (o, l) in self.pieces(src.len).collect::<Vec<_>>() {
+                self.push(StepKind::Copy {
+                    src: src.sub(o, l),
+                    dst: dst.sub(o, l),
+                });
+            }
         }
     }
 

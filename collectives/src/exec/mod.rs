@@ -218,14 +218,23 @@ impl<'a> Batch<'a> {
     /// Runs every step that can run now; returns whether anything moved.
     pub fn poll(&mut self) -> Result<bool> {
         let mut progressed = false;
+        // At most one local step (one piece of a copy or reduction) per
+        // pass, so that links, which move only when polled, keep moving
+        // during a long run of local work.
+        let mut ran_local = false;
         let mut i = 0;
         while i < self.ready.len() {
             let g = self.ready[i];
             let (ji, si) = self.index[g as usize];
             let kind = self.jobs[ji].plan.steps[si].kind;
             let finished = match kind.message() {
+                None if ran_local => {
+                    i += 1;
+                    continue;
+                }
                 None => {
                     step::run_local(&mut self.jobs[ji], &kind)?;
+                    ran_local = true;
                     true
                 }
                 Some((peer, chan, is_send)) => {
