@@ -248,10 +248,13 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
     node.wait_stage(c, 0, &wop, all.clone())?;
     let job = Job::new(node, a, op);
     let (target, done) = (job.target(), || job.done());
-    let cpus: Vec<u64> = (0..n)
-        .map(|k| node.boards[k].control().cpu.load(Ordering::Relaxed))
-        .collect();
-    if elect::is_worker(&cpus, node.workers, me) {
+    let worker = node.workers >= n || {
+        let cpus: Vec<u64> = (0..n)
+            .map(|k| node.boards[k].control().cpu.load(Ordering::Relaxed))
+            .collect();
+        elect::is_worker(&cpus, node.workers, me)
+    };
+    if worker {
         job.run()?;
     } else {
         // More ranks than processing units, and a worker was on this

@@ -20,28 +20,11 @@ pub fn is_worker(cpus: &[u64], workers: usize, me: usize) -> bool {
     if workers >= n {
         return true;
     }
-    let first_on_cpu = |k: usize| cpus[k] != 0 && !cpus[..k].contains(&cpus[k]);
-    let mut chosen = 0;
-    for k in (0..n).filter(|&k| first_on_cpu(k)) {
-        if chosen == workers {
-            return false;
-        }
-        if k == me {
-            return true;
-        }
-        chosen += 1;
-    }
+    let first_on_cpu = |k: &usize| cpus[*k] != 0 && !cpus[..*k].contains(&cpus[*k]);
+    let firsts = (0..n).filter(first_on_cpu);
     // Fewer distinct CPUs than workers: the lowest other ranks fill up.
-    for k in (0..n).filter(|&k| !first_on_cpu(k)) {
-        if chosen == workers {
-            return false;
-        }
-        if k == me {
-            return true;
-        }
-        chosen += 1;
-    }
-    false
+    let others = (0..n).filter(|k| !first_on_cpu(k));
+    firsts.chain(others).take(workers).any(|k| k == me)
 }
 
 #[cfg(test)]
