@@ -55,23 +55,14 @@ if command -v flock >/dev/null; then
 fi
 
 shopt -s nullglob
+. "$(dirname "$0")/lib/wheel.sh"
 for entry in "${PKGS[@]}"; do
     read -r name version prefix <<<"$entry"
-    found=("$wheels/${prefix}-${version}-"*.whl)
-    if [ ${#found[@]} -eq 0 ]; then
-        echo "fetch-nvidia-headers: downloading ${name}==${version}" >&2
-        "$PY" -m pip download --quiet --no-deps --only-binary=:all: \
-            --dest "$wheels" "${name}==${version}" >&2
-        found=("$wheels/${prefix}-${version}-"*.whl)
-        if [ ${#found[@]} -eq 0 ]; then
-            echo "fetch-nvidia-headers: pip left no ${prefix}-${version}-*.whl in $wheels" >&2
-            exit 1
-        fi
-    fi
+    wheel=$(fetch_wheel fetch-nvidia-headers "$name" "$version" "$prefix" "$wheels")
     stamp="$ext/.extracted-${prefix}-${version}"
     if [ ! -e "$stamp" ]; then
-        echo "fetch-nvidia-headers: extracting ${found[0]##*/}" >&2
-        "$PY" -m zipfile -e "${found[0]}" "$ext"
+        echo "fetch-nvidia-headers: extracting ${wheel##*/}" >&2
+        "$PY" -m zipfile -e "$wheel" "$ext"
         touch "$stamp"
     fi
 done

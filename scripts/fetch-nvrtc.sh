@@ -42,19 +42,13 @@ if command -v flock >/dev/null; then
 fi
 
 shopt -s nullglob
-found=("$wheels/${PREFIX}-${VERSION}-"*.whl)
-if [ ${#found[@]} -eq 0 ]; then
-    echo "fetch-nvrtc: downloading ${NAME}==${VERSION}" >&2
-    "$PY" -m pip download --quiet --no-deps --only-binary=:all: \
-        --dest "$wheels" "${NAME}==${VERSION}" >&2
-    found=("$wheels/${PREFIX}-${VERSION}-"*.whl)
-    [ ${#found[@]} -gt 0 ] || { echo "fetch-nvrtc: pip left no ${PREFIX}-${VERSION}-*.whl in $wheels" >&2; exit 1; }
-fi
+. "$(dirname "$0")/lib/wheel.sh"
+wheel=$(fetch_wheel fetch-nvrtc "$NAME" "$VERSION" "$PREFIX" "$wheels")
 stamp="$dest/.extracted-${PREFIX}-${VERSION}"
 if [ ! -e "$stamp" ]; then
-    echo "fetch-nvrtc: extracting the libraries of ${found[0]##*/}" >&2
+    echo "fetch-nvrtc: extracting the libraries of ${wheel##*/}" >&2
     # Only the shared libraries: the wheel also carries headers we do not need.
-    "$PY" - "${found[0]}" "$dest" <<'PYEOF'
+    "$PY" - "$wheel" "$dest" <<'PYEOF'
 import sys, zipfile
 whl, dest = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(whl) as z:
