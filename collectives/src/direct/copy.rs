@@ -237,7 +237,9 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
         &ctl.recv_region,
         region::find(a.recv as usize, a.recv_bytes),
     );
-    ctl.cpu.store(elect::current_cpu(), Ordering::Relaxed);
+    if node.workers < n {
+        ctl.cpu.store(elect::current_cpu(), Ordering::Relaxed);
+    }
     node.set_stage(c, 0);
     let all = 0..n;
     let wop = Op {

@@ -56,32 +56,26 @@ struct NetRecv {
 
 #[derive(Default)]
 struct RecvState {
-    /// The receive in flight, its length, and where it lands: `None` for
-    /// the staging buffer, else the address of the caller's range.
-    req: Option<(RecvRequest, usize, Option<usize>)>,
+    /// The receive in flight, its length, and the address it lands at (the
+    /// staging buffer or the caller's range).
+    req: Option<(RecvRequest, usize, usize)>,
     stage: Vec<u8>,
 }
 
 impl NetRecv {
     /// Posts a receive of `len` bytes into `ptr` unless one is in flight;
     /// returns the request in flight, or `None` when the transport cannot
-    /// take one now. A request in flight into another place than `into`
-    /// means an abandoned operation, which poisons the communicator, so
-    /// this cannot happen on a healthy one.
-    fn post(
-        &self,
-        st: &mut RecvState,
-        ptr: *mut u8,
-        len: usize,
-        into: Option<usize>,
-    ) -> Result<Option<(RecvRequest, usize)>> {
+    /// take one now. A request in flight into another range than
+    /// `ptr`/`len` means an abandoned operation, which poisons the
+    /// communicator, so this cannot happen on a healthy one.
+    fn post(&self, st: &mut RecvState, ptr: *mut u8, len: usize) -> Result<Option<RecvRequest>> {
         if let Some((req, want, at)) = st.req {
-            if at != into || want != len {
+            if at != ptr as usize || want != len {
                 return Err(Error::Internal(format!(
                     "tcp: a receive of {want} B is in flight elsewhere; asked for {len} B"
                 )));
             }
-            return Ok(Some((req, want)));
+            return Ok(Some(req));
         }
         let buf = RecvBuf {
             ptr,
@@ -96,8 +90,8 @@ impl NetRecv {
         Ok(
             match unsafe { self.comm.irecv(&[buf], false) }.map_err(net_err)? {
                 Some(req) => {
-                    st.req = Some((req, len, into));
-                    Some((req, len))
+                    st.req = Some((req, len, ptr as usize));
+                    Some(req)
                 }
                 None => None,
             },
@@ -188,10 +182,10 @@ impl RecvLink for NetRecv {
             st.stage.resize(max, 0);
         }
         let stage = st.stage.as_mut_ptr();
-        let Some((req, want)) = self.post(st, stage, max, None)? else {
+        let Some(req) = self.post(st, stage, max)? else {
             return Ok(0);
         };
-        let Some(n) = self.finish(st, req, want, elem)? else {
+        let Some(n) = self.finish(st, req, max, elem)? else {
             return Ok(0);
         };
         f(&st.stage[..n]);
@@ -206,11 +200,10 @@ impl RecvLink for NetRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        let at = dst.as_mut_ptr() as usize;
-        let Some((req, want)) = self.post(st, dst.as_mut_ptr(), dst.len(), Some(at))? else {
+        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
             return Ok(0);
         };
-        Ok(self.finish(st, req, want, 1)?.unwrap_or(0))
+        Ok(self.finish(st, req, dst.len(), 1)?.unwrap_or(0))
     }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Poll
