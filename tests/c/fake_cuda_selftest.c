@@ -1,0 +1,647 @@
+/*
+ * fake_cuda_selftest.c: exercises the emulated CUDA driver (tests/c/fake_cuda.c)
+ * through the real <cuda.h> and prints `key value` lines, which
+ * tests/fake_cuda_selftest.rs checks. Results are printed raw (return codes,
+ * flags) so that the Rust side asserts concrete values.
+ *
+ * Usage: fake_cuda_selftest all        (FAKE_CUDA_DEVICES=2)
+ *        fake_cuda_selftest nomemops   (FAKE_CUDA_NO_STREAM_MEMOPS=1)
+ *        fake_cuda_selftest nodev      (FAKE_CUDA_DEVICES=0)
+ *        fake_cuda_selftest ipc_child <hex handle>   (started by `all`)
+ * A call that must succeed and does not makes the program exit 2.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #call, (int)r_);              \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void kv(const char *k, long long v) { printf("%s %lld\n", k, v); }
+static void kvs(const char *k, const char *v) { printf("%s %s\n", k, v ? v : "(null)"); }
+static void kv2(const char *k, long long a, long long b) { printf("%s %lld,%lld\n", k, a, b); }
+
+static void sleep_ms(int ms) {
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+static void set_flag(volatile uint32_t *f, uint32_t v) {
+    __atomic_store_n((uint32_t *)f, v, __ATOMIC_RELEASE);
+}
+
+static void fill(unsigned char *p, size_t n, unsigned mul, unsigned add) {
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * mul + add);
+}
+
+static int check(const unsigned char *p, size_t n, unsigned mul, unsigned add) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (unsigned char)(i * mul + add)) return 0;
+    return 1;
+}
+
+static CUcontext ctx0, ctx1;
+
+/* Pinned memory holding a 32-bit flag (host pointer; same device pointer). */
+static volatile uint32_t *new_flag(uint32_t v) {
+    void *p;
+    CK(cuMemHostAlloc(&p, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    *(uint32_t *)p = v;
+    return p;
+}
+
+static CUstream new_stream(void) {
+    CUstream s;
+    CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    return s;
+}
+
+static CUevent new_event(void) {
+    CUevent e;
+    CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    return e;
+}
+
+/* ---------------------------------------------------------------- basics */
+
+static void t_devices(void) {
+    int n = -1;
+    kv("init.before_init", cuDeviceGetCount(&n));
+    CK(cuInit(0));
+    CK(cuDeviceGetCount(&n));
+    kv("dev.count", n);
+    CUdevice d;
+    kv("dev.bad_ordinal", cuDeviceGet(&d, n));
+    int major = -1, minor = -1, uva = -1, reg = -1;
+    CK(cuDeviceGet(&d, 0));
+    CK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d));
+    CK(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d));
+    CK(cuDeviceGetAttribute(&uva, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, d));
+    CK(cuDeviceGetAttribute(&reg, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, d));
+    printf("dev.cc %d.%d\n", major, minor);
+    kv("dev.unified", uva);
+    kv("dev.host_ptr_reg", reg);
+    char name[64];
+    CK(cuDeviceGetName(name, sizeof name, d));
+    kvs("dev.name", name);
+    size_t mem = 0;
+    CK(cuDeviceTotalMem(&mem, d));
+    kv("dev.totalmem_gib", (long long)(mem >> 30));
+    int ver = 0;
+    CK(cuDriverGetVersion(&ver));
+    kv("drv.version", ver);
+}
+
+static void t_contexts(void) {
+    CUcontext c = (CUcontext)1;
+    CK(cuCtxGetCurrent(&c));
+    kv("ctx.none_current", c == NULL);
+    CUdevice d = -1;
+    kv("ctx.getdevice_none", cuCtxGetDevice(&d));
+    CUdeviceptr p;
+    kv("ctx.alloc_none", cuMemAlloc(&p, 16));
+    int junk;
+    kv("ctx.set_bad", cuCtxSetCurrent((CUcontext)&junk));
+    CK(cuDevicePrimaryCtxRetain(&ctx0, 0));
+    CK(cuDevicePrimaryCtxRetain(&ctx1, 1));
+    CK(cuCtxSetCurrent(ctx1));
+    CK(cuCtxGetDevice(&d));
+    kv("ctx.device", d);
+    CK(cuCtxSetCurrent(ctx0));
+    kv("args.null_out", cuMemAlloc(NULL, 16));
+    kv("args.zero_alloc", cuMemAlloc(&p, 0));
+    kv("args.null_event_record", cuEventRecord(NULL, NULL));
+    kv("args.null_event_query", cuEventQuery(NULL));
+}
+
+/* ---------------------------------------------------------------- copies */
+
+static void t_copies(void) {
+    enum { N = 10000 };
+    static unsigned char src[N], dst[N];
+    CUdeviceptr a, b;
+    CK(cuMemAlloc(&a, N));
+    CK(cuMemAlloc(&b, N));
+    fill(src, N, 7, 3);
+    memset(dst, 0, N);
+    CK(cuMemcpyHtoD(a, src, N));
+    CK(cuMemcpyDtoD(b, a, N));
+    CK(cuMemcpyDtoH(dst, b, N));
+    kv("copy.roundtrip", memcmp(src, dst, N) == 0);
+
+    /* Async, interior offsets, and the generic cuMemcpyAsync in every direction. */
+    CUstream s = new_stream();
+    memset(dst, 0, N);
+    CK(cuMemsetD8Async(b, 0, N, s));
+    CK(cuMemcpyDtoDAsync(b + 100, a + 7, 5000, s));
+    CK(cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, b + 100, 5000, s));
+    CK(cuStreamSynchronize(s));
+    kv("copy.async_interior", memcmp(dst, src + 7, 5000) == 0);
+
+    CK(cuMemsetD8(b, 0x5A, N));
+    CK(cuMemsetD8Async(b + 10, 0x11, 20, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(dst, b, N));
+    int ok = 1;
+    for (int i = 0; i < N; i++) ok &= dst[i] == ((i >= 10 && i < 30) ? 0x11 : 0x5A);
+    kv("copy.memset", ok);
+
+    kv("copy.overrun", cuMemcpyHtoD(a + N - 10, src, 11));
+
+    /* The three default-stream handles name one stream. */
+    memset(dst, 0, N);
+    CK(cuMemcpyDtoHAsync(dst, a, 100, NULL));
+    CK(cuMemcpyDtoHAsync(dst + 100, a + 100, 100, CU_STREAM_LEGACY));
+    CK(cuMemcpyDtoHAsync(dst + 200, a + 200, 100, CU_STREAM_PER_THREAD));
+    CK(cuStreamSynchronize(CU_STREAM_PER_THREAD));
+    kv("copy.default_handles", memcmp(dst, src, 300) == 0);
+    CK(cuCtxSynchronize());
+    CK(cuStreamDestroy(s));
+    CK(cuMemFree(a));
+    CK(cuMemFree(b));
+    kv("copy.double_free", cuMemFree(a));
+}
+
+/* ------------------------------------------------------------ attributes */
+
+static CUresult attrs(CUdeviceptr p, uint64_t v[6]) {
+    CUpointer_attribute at[6] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE,      CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE,       CU_POINTER_ATTRIBUTE_CONTEXT,
+    };
+    void *data[6];
+    for (int i = 0; i < 6; i++) {
+        v[i] = 0;
+        data[i] = &v[i];
+    }
+    return cuPointerGetAttributes(6, at, data, p);
+}
+
+static void t_attributes(void) {
+    uint64_t v[6];
+    CUdeviceptr d;
+    CK(cuCtxSetCurrent(ctx1));
+    CK(cuMemAlloc(&d, 10000));
+    CK(cuCtxSetCurrent(ctx0));
+    kv("attr.dev.rc", attrs(d + 1234, v));
+    kv("attr.dev.type", (unsigned)v[0]);
+    kv("attr.dev.managed", (unsigned)v[1]);
+    kv("attr.dev.ordinal", (int)v[2]);
+    kv("attr.dev.start_ok", v[3] == d);
+    kv("attr.dev.size", (long long)v[4]);
+    kv("attr.dev.ctx_ok", v[5] == (uint64_t)(uintptr_t)ctx1);
+    unsigned t = 99;
+    kv("attr.dev.single_rc", cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d + 9999));
+    kv("attr.dev.single_type", t);
+    CUdeviceptr hd;
+    kv("attr.dev.hostdevptr", cuMemHostGetDevicePointer(&hd, (void *)(uintptr_t)d, 0));
+
+    void *h;
+    CK(cuMemHostAlloc(&h, 5000, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    CK(cuMemHostGetDevicePointer(&hd, (char *)h + 10, 0));
+    kv("attr.pinned.devptr_same", hd == (CUdeviceptr)(uintptr_t)h + 10);
+    kv("attr.pinned.rc", attrs((CUdeviceptr)(uintptr_t)h + 4999, v));
+    kv("attr.pinned.type", (unsigned)v[0]);
+    kv("attr.pinned.ordinal", (int)v[2]);
+    kv("attr.pinned.start_ok", v[3] == (uint64_t)(uintptr_t)h);
+    kv("attr.pinned.size", (long long)v[4]);
+
+    int local = 0;
+    for (int i = 0; i < 6; i++) v[i] = 0x5555;
+    CUresult rc = attrs((CUdeviceptr)(uintptr_t)&local, v);
+    kv("attr.unknown.rc", rc);
+    int zeros = 1;
+    for (int i = 0; i < 6; i++) zeros &= v[i] == 0;
+    kv("attr.unknown.zeros", zeros);
+    kv("attr.unknown.single", cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                    (CUdeviceptr)(uintptr_t)&local));
+    kv("attr.past_end.type", (attrs(d + 10000, v), (unsigned)v[0]));
+
+    /* The PROT_NONE view: a host read of a device pointer faults; pinned is fine. */
+    fflush(stdout);
+    for (int which = 0; which < 2; which++) {
+        volatile char *p = which == 0 ? (volatile char *)(uintptr_t)d : (volatile char *)h;
+        pid_t pid = fork();
+        if (pid == 0) {
+            struct rlimit no_core = {0, 0};
+            setrlimit(RLIMIT_CORE, &no_core);
+            signal(SIGSEGV, SIG_DFL);
+            char c = *p;
+            _exit(c == 42 ? 3 : 0);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        kv(which == 0 ? "segv.device_read_signal" : "segv.pinned_read_signal",
+           WIFSIGNALED(st) ? WTERMSIG(st) : -WEXITSTATUS(st));
+    }
+    CK(cuMemFree(d));
+    CK(cuMemFreeHost(h));
+    kv("attr.freed.type", (attrs(d, v), (unsigned)v[0]));
+}
+
+/* --------------------------------------------------------- stream order */
+
+static void t_fifo(void) {
+    enum { N = 4096 };
+    static unsigned char src[N];
+    CUstream s = new_stream();
+    CUevent e = new_event();
+    volatile uint32_t *flag = new_flag(0);
+    CUdeviceptr a;
+    CK(cuMemAlloc(&a, N));
+    fill(src, N, 3, 1);
+    CK(cuMemcpyHtoD(a, src, N));
+    unsigned char *out;
+    CK(cuMemHostAlloc((void **)&out, N, 0));
+    memset(out, 0, N);
+
+    kv("fifo.wait_rc", cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1,
+                                           CU_STREAM_WAIT_VALUE_GEQ));
+    CK(cuMemcpyDtoHAsync(out, a, N, s));
+    CK(cuEventRecord(e, s));
+    sleep_ms(50);
+    kv("fifo.query_pending", cuStreamQuery(s));
+    kv("fifo.event_pending", cuEventQuery(e));
+    kv("fifo.copy_before", out[1] != 0);
+    set_flag(flag, 1);
+    CK(cuEventSynchronize(e));
+    kv("fifo.copy_after", check(out, N, 3, 1));
+    kv("fifo.event_after", cuEventQuery(e));
+    CK(cuStreamSynchronize(s));
+    kv("fifo.query_after", cuStreamQuery(s));
+    /* Only a running op left (the queue itself is empty): still NOT_READY. */
+    set_flag(flag, 0);
+    CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    sleep_ms(20);
+    kv("fifo.query_running", cuStreamQuery(s));
+    set_flag(flag, 1);
+    CK(cuStreamSynchronize(s));
+
+    /* Each wait-value comparison: blocked by `init`, released by `fin`. */
+    static const struct {
+        const char *key;
+        unsigned flags;
+        uint32_t init, value, fin;
+    } W[] = {
+        {"wv.geq_cyclic", CU_STREAM_WAIT_VALUE_GEQ, 0xFFFFFFFFu, 1, 1},
+        {"wv.eq", CU_STREAM_WAIT_VALUE_EQ, 6, 5, 5},
+        {"wv.and", CU_STREAM_WAIT_VALUE_AND, 0x0F, 0xF0, 0x10},
+        {"wv.nor", CU_STREAM_WAIT_VALUE_NOR, 0xFFFFFFFEu, 1, 0xFFFFFF00u},
+        {"wv.geq_flush", CU_STREAM_WAIT_VALUE_GEQ | CU_STREAM_WAIT_VALUE_FLUSH, 0, 2, 3},
+    };
+    for (size_t i = 0; i < sizeof W / sizeof W[0]; i++) {
+        set_flag(flag, W[i].init);
+        CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, W[i].value, W[i].flags));
+        CK(cuEventRecord(e, s));
+        sleep_ms(20);
+        CUresult pending = cuEventQuery(e);
+        set_flag(flag, W[i].fin);
+        CK(cuEventSynchronize(e));
+        kv2(W[i].key, pending, cuEventQuery(e));
+    }
+    kv("wv.bad_flags", cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, 7));
+    kv("wv.unaligned", cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag + 1, 1, 0));
+
+    /* A flag in device memory, written by a synchronous copy (default stream). */
+    uint32_t zero = 0, one = 1;
+    CK(cuMemcpyHtoD(a, &zero, 4));
+    CK(cuStreamWaitValue32(s, a, 1, CU_STREAM_WAIT_VALUE_EQ));
+    CK(cuEventRecord(e, s));
+    sleep_ms(20);
+    CUresult pending = cuEventQuery(e);
+    CK(cuMemcpyHtoD(a, &one, 4));
+    CK(cuEventSynchronize(e));
+    kv2("wv.devflag", pending, cuEventQuery(e));
+
+    /* A freshly created event is complete; destroying a pending one is safe. */
+    CUevent fresh = new_event();
+    kv("event.fresh", cuEventQuery(fresh));
+    CK(cuEventDestroy(fresh));
+    set_flag(flag, 0);
+    CUevent doomed = new_event();
+    CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    CK(cuEventRecord(doomed, s));
+    kv("event.destroy_pending", cuEventDestroy(doomed));
+    set_flag(flag, 1);
+    kv("event.destroy_pending_sync", cuStreamSynchronize(s));
+
+    /* Freeing memory that queued work still reads: it stays mapped until then. */
+    set_flag(flag, 0);
+    memset(out, 0, N);
+    CK(cuMemcpyHtoD(a, src, N));
+    CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    CK(cuMemcpyDtoHAsync(out, a, N, s));
+    kv("free.pending_rc", cuMemFree(a));
+    set_flag(flag, 1);
+    kv("free.pending_sync", cuStreamSynchronize(s));
+    kv("free.pending_data", check(out, N, 3, 1));
+
+    CK(cuEventDestroy(e));
+    CK(cuStreamDestroy(s));
+    CK(cuMemFreeHost(out));
+    CK(cuMemFreeHost((void *)flag));
+}
+
+/* ------------------------------------------------------- host functions */
+
+static struct {
+    pthread_t main;
+    char order[8];
+    int n, on_worker, saw_copy;
+    unsigned char *copied;
+    volatile int ran;
+} g_hf;
+
+static void hf_one(void *u) {
+    (void)u;
+    g_hf.order[g_hf.n++] = '1';
+    g_hf.on_worker = !pthread_equal(pthread_self(), g_hf.main);
+}
+
+static void hf_two(void *u) {
+    g_hf.order[g_hf.n++] = (char)(uintptr_t)u;
+    g_hf.saw_copy = check(g_hf.copied, 256, 5, 9);
+}
+
+static void hf_mark(void *u) {
+    (void)u;
+    __atomic_store_n(&g_hf.ran, 1, __ATOMIC_RELEASE);
+}
+
+static void t_host_funcs(void) {
+    static unsigned char src[256];
+    fill(src, 256, 5, 9);
+    CUstream s = new_stream();
+    volatile uint32_t *flag = new_flag(0);
+    g_hf.main = pthread_self();
+    CK(cuMemHostAlloc((void **)&g_hf.copied, 256, 0));
+    CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    CK(cuLaunchHostFunc(s, hf_one, NULL));
+    CK(cuMemcpyAsync((CUdeviceptr)(uintptr_t)g_hf.copied, (CUdeviceptr)(uintptr_t)src, 256, s));
+    CK(cuLaunchHostFunc(s, hf_two, (void *)(uintptr_t)'2'));
+    sleep_ms(20);
+    kv("hostfn.ran_before", g_hf.n);
+    set_flag(flag, 1);
+    CK(cuStreamSynchronize(s));
+    kvs("hostfn.order", g_hf.order);
+    kv("hostfn.on_worker", g_hf.on_worker);
+    kv("hostfn.saw_copy", g_hf.saw_copy);
+
+    /* cuStreamDestroy returns at once; the queued work still runs. */
+    set_flag(flag, 0);
+    CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    CK(cuLaunchHostFunc(s, hf_mark, NULL));
+    kv("destroy.rc", cuStreamDestroy(s));
+    kv("destroy.returned_early", __atomic_load_n(&g_hf.ran, __ATOMIC_ACQUIRE) == 0);
+    set_flag(flag, 1);
+    for (int i = 0; i < 5000 && !__atomic_load_n(&g_hf.ran, __ATOMIC_ACQUIRE); i++) sleep_ms(1);
+    kv("destroy.pending_ran", __atomic_load_n(&g_hf.ran, __ATOMIC_ACQUIRE));
+}
+
+/* ------------------------------------------------- cross-stream, ctx sync */
+
+static void *set_later(void *arg) {
+    sleep_ms(50);
+    set_flag(arg, 1);
+    return NULL;
+}
+
+static void t_cross_stream(void) {
+    CUstream s1 = new_stream(), s2 = new_stream();
+    CUevent e1 = new_event(), e2 = new_event(), never = new_event();
+    volatile uint32_t *flag = new_flag(0);
+    static unsigned char src[512], dst[512];
+    fill(src, 512, 11, 2);
+    CK(cuStreamWaitEvent(s2, never, 0));
+    kv("xwait.unrecorded", cuStreamSynchronize(s2));
+
+    CK(cuStreamWaitValue32(s1, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    CK(cuEventRecord(e1, s1));
+    CK(cuStreamWaitEvent(s2, e1, 0));
+    CK(cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, 512, s2));
+    CK(cuEventRecord(e2, s2));
+    sleep_ms(50);
+    kv("xwait.pending", cuEventQuery(e2));
+    kv("xwait.copy_before", dst[1] != 0);
+    set_flag(flag, 1);
+    CK(cuEventSynchronize(e2));
+    kv("xwait.done", cuEventQuery(e1));
+    kv("xwait.copy_after", check(dst, 512, 11, 2));
+
+    /* cuCtxSynchronize drains every stream of the context. */
+    set_flag(flag, 0);
+    memset(dst, 0, sizeof dst);
+    CK(cuStreamWaitValue32(s1, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    CK(cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, 512, s1));
+    pthread_t th;
+    pthread_create(&th, NULL, set_later, (void *)flag);
+    CK(cuCtxSynchronize());
+    kv("ctxsync.flag_was_set", __atomic_load_n(flag, __ATOMIC_ACQUIRE) == 1);
+    kv("ctxsync.copy_done", check(dst, 512, 11, 2));
+    pthread_join(th, NULL);
+
+    CK(cuEventDestroy(e1));
+    CK(cuEventDestroy(e2));
+    CK(cuEventDestroy(never));
+    CK(cuStreamDestroy(s1));
+    CK(cuStreamDestroy(s2));
+    CK(cuMemFreeHost((void *)flag));
+}
+
+/* -------------------------------------------------------------- capture */
+
+static void noop(void *u) { (void)u; }
+
+/* What hetccl does without stream memory operations: block in a host function. */
+static void wait_flag_fn(void *u) {
+    while (__atomic_load_n((uint32_t *)u, __ATOMIC_ACQUIRE) == 0) sleep_ms(1);
+}
+
+static void t_capture(void) {
+    CUstream s = new_stream();
+    CUevent e = new_event();
+    CUstreamCaptureStatus st = (CUstreamCaptureStatus)99;
+    CUdeviceptr a;
+    CK(cuMemAlloc(&a, 64));
+    char buf[64] = {0};
+    CK(cuStreamIsCapturing(s, &st));
+    kv("capture.before", st);
+    kv("capture.begin", cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CK(cuStreamIsCapturing(s, &st));
+    kv("capture.active", st);
+    kv("capture.begin_again", cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    kv("capture.copy", cuMemcpyHtoDAsync(a, buf, 64, s));
+    kv("capture.memset", cuMemsetD8Async(a, 1, 64, s));
+    kv("capture.record", cuEventRecord(e, s));
+    kv("capture.wait_value", cuStreamWaitValue32(s, a, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    kv("capture.wait_event", cuStreamWaitEvent(s, e, 0));
+    kv("capture.host_func", cuLaunchHostFunc(s, noop, NULL));
+    kv("capture.sync", cuStreamSynchronize(s));
+    kv("capture.event_untouched", cuEventQuery(e));
+    CUgraph g = NULL;
+    kv("capture.end", cuStreamEndCapture(s, &g));
+    kv("capture.graph_nonnull", g != NULL);
+    kv("capture.graph_destroy", cuGraphDestroy(g));
+    CK(cuStreamIsCapturing(s, &st));
+    kv("capture.after", st);
+    kv("capture.end_again", cuStreamEndCapture(s, &g));
+    CK(cuStreamIsCapturing(NULL, &st));
+    kv("capture.null_stream", st);
+    kv("capture.begin_null", cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_RELAXED));
+    kv("capture.copy_after", cuMemcpyHtoDAsync(a, buf, 64, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuStreamDestroy(s));
+    CK(cuEventDestroy(e));
+    CK(cuMemFree(a));
+}
+
+/* ------------------------------------------------------ kernels, errors */
+
+static void t_kernels_errors(void) {
+    CUmodule m = NULL;
+    CUfunction f = NULL;
+    kv("kernel.load", cuModuleLoadData(&m, "not a cubin"));
+    kv("kernel.get_function", cuModuleGetFunction(&f, m, "k"));
+    kv("kernel.launch", cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    const char *s = NULL;
+    CK(cuGetErrorName(CUDA_ERROR_NOT_READY, &s));
+    kvs("err.name_600", s);
+    CK(cuGetErrorName(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, &s));
+    kvs("err.name_900", s);
+    CK(cuGetErrorName(CUDA_ERROR_INVALID_CONTEXT, &s));
+    kvs("err.name_201", s);
+    CK(cuGetErrorString(CUDA_SUCCESS, &s));
+    kvs("err.text_0", s);
+    kv("err.unknown", cuGetErrorName((CUresult)12345, &s));
+    kv("err.unknown_null", s == NULL);
+}
+
+/* ------------------------------------------------------------------ IPC */
+
+static void t_ipc(const char *self) {
+    enum { N = 8192 };
+    static unsigned char buf[N];
+    CUdeviceptr a;
+    CK(cuMemAlloc(&a, N));
+    fill(buf, N, 7, 3);
+    CK(cuMemcpyHtoD(a, buf, N));
+    CUipcMemHandle h;
+    void *pinned;
+    CK(cuMemHostAlloc(&pinned, 64, 0));
+    kv("ipc.pinned", cuIpcGetMemHandle(&h, (CUdeviceptr)(uintptr_t)pinned));
+    CK(cuMemFreeHost(pinned));
+    CK(cuIpcGetMemHandle(&h, a));
+    CUdeviceptr mine;
+    kv("ipc.same_process", cuIpcOpenMemHandle(&mine, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+
+    char hex[2 * CU_IPC_HANDLE_SIZE + 1];
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
+        sprintf(hex + 2 * i, "%02x", (unsigned char)h.reserved[i]);
+    char *argv[] = {(char *)self, "ipc_child", hex, NULL};
+    fflush(stdout);
+    pid_t pid;
+    if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) != 0) {
+        perror("posix_spawn");
+        exit(2);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    kv("ipc.child_exit", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    CK(cuMemcpyDtoH(buf, a, N));
+    kv("ipc.parent_sees_child", check(buf, N, 11, 5));
+    CK(cuMemFree(a));
+}
+
+static int ipc_child(const char *hex) {
+    CUipcMemHandle h;
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++) {
+        unsigned x;
+        if (sscanf(hex + 2 * i, "%2x", &x) != 1) return 2;
+        h.reserved[i] = (char)x;
+    }
+    CK(cuInit(0));
+    CK(cuDevicePrimaryCtxRetain(&ctx0, 0));
+    CK(cuCtxSetCurrent(ctx0));
+    enum { N = 8192 };
+    static unsigned char buf[N];
+    CUdeviceptr p = 0;
+    kv("ipc.child_open", cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    unsigned t = 0;
+    CK(cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p + 100));
+    kv("ipc.child_memtype", t);
+    CK(cuMemcpyDtoH(buf, p, N));
+    kv("ipc.child_read_ok", check(buf, N, 7, 3));
+    fill(buf, N, 11, 5);
+    CK(cuMemcpyHtoD(p, buf, N));
+    kv("ipc.child_close", cuIpcCloseMemHandle(p));
+    kv("ipc.child_close_again", cuIpcCloseMemHandle(p));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *mode = argc > 1 ? argv[1] : "all";
+    if (strcmp(mode, "ipc_child") == 0 && argc > 2) return ipc_child(argv[2]);
+    if (strcmp(mode, "nodev") == 0) {
+        kv("init.rc", cuInit(0));
+        int n = -1;
+        kv("init.count_after_failure", cuDeviceGetCount(&n));
+        return 0;
+    }
+    if (strcmp(mode, "nomemops") == 0) {
+        CK(cuInit(0));
+        CK(cuDevicePrimaryCtxRetain(&ctx0, 0));
+        CK(cuCtxSetCurrent(ctx0));
+        int memops = -1;
+        CK(cuDeviceGetAttribute(&memops, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, 0));
+        kv("memops.attr", memops);
+        CUstream s = new_stream();
+        volatile uint32_t *flag = new_flag(0);
+        kv("memops.wait", cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, 0));
+        CUevent e = new_event();
+        CK(cuLaunchHostFunc(s, wait_flag_fn, (void *)flag));
+        CK(cuEventRecord(e, s));
+        sleep_ms(20);
+        CUresult pending = cuEventQuery(e);
+        set_flag(flag, 1);
+        CK(cuEventSynchronize(e));
+        kv2("memops.hostfn_wait", pending, cuEventQuery(e));
+        printf("done 1\n");
+        return 0;
+    }
+    if (strcmp(mode, "all") != 0) {
+        fprintf(stderr, "unknown mode %s\n", mode);
+        return 2;
+    }
+    t_devices();
+    t_contexts();
+    t_copies();
+    t_attributes();
+    t_fifo();
+    t_host_funcs();
+    t_cross_stream();
+    t_capture();
+    t_kernels_errors();
+    t_ipc(argv[0]);
+    printf("done 1\n");
+    return 0;
+}

@@ -1,0 +1,357 @@
+//! Self-test of the emulated CUDA driver (`tests/c/fake_cuda.c`): its
+//! exported symbols, and every emulated behaviour as seen by a C program
+//! (`tests/c/fake_cuda_selftest.c`) built against NVIDIA's real `cuda.h`
+//! and linked to the fake.
+
+mod common;
+#[path = "support/fake_cuda.rs"]
+mod fake_cuda;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const TAG: &str = "selftest";
+
+/// What hetccl (through cudarc) and its tests may call, by exported name.
+const EXPORTS: &[&str] = &[
+    "cuCtxGetCurrent",
+    "cuCtxGetDevice",
+    "cuCtxSetCurrent",
+    "cuCtxSynchronize",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDeviceTotalMem_v2",
+    "cuDriverGetVersion",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventQuery",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuGraphDestroy",
+    "cuInit",
+    "cuIpcCloseMemHandle",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuLaunchHostFunc",
+    "cuLaunchKernel",
+    "cuMemAlloc_v2",
+    "cuMemFreeHost",
+    "cuMemFree_v2",
+    "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemcpy",
+    "cuMemcpyAsync",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemcpyDtoD_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemsetD8Async",
+    "cuMemsetD8_v2",
+    "cuModuleGetFunction",
+    "cuModuleLoadData",
+    "cuPointerGetAttribute",
+    "cuPointerGetAttributes",
+    "cuStreamBeginCapture_v2",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamEndCapture",
+    "cuStreamIsCapturing",
+    "cuStreamQuery",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuStreamWaitValue32_v2",
+];
+
+fn selftest_exe() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = fake_cuda::fake_cuda_dir(TAG);
+        common::compile_c(
+            "tests/c/fake_cuda_selftest.c",
+            "fake_cuda_selftest_prog",
+            &common::CcOpts {
+                link_nvidia_nccl: false,
+                extra: vec![
+                    "-L".into(),
+                    dir.display().to_string(),
+                    "-l:libcuda.so.1".into(),
+                    format!("-Wl,-rpath,{}", dir.display()),
+                    "-pthread".into(),
+                ],
+            },
+        )
+    })
+}
+
+/// Runs the self-test in `mode` with only `env` from the fake's switches.
+fn run(mode: &str, env: &[(&str, &str)]) -> (BTreeMap<String, String>, Output) {
+    let mut cmd = Command::new(selftest_exe());
+    cmd.arg(mode)
+        .env("LD_LIBRARY_PATH", fake_cuda::ld_library_path(TAG))
+        .env("FAKE_CUDA_TIMEOUT_S", "60");
+    for k in [
+        "FAKE_CUDA_DEVICES",
+        "FAKE_CUDA_NO_STREAM_MEMOPS",
+        "FAKE_CUDA_LOG",
+    ] {
+        cmd.env_remove(k);
+    }
+    cmd.envs(env.iter().copied());
+    let out = common::run_ok(&mut cmd);
+    let kv = common::parse_kv(&String::from_utf8_lossy(&out.stdout));
+    (kv, out)
+}
+
+/// Asserts every `(key, value)` of `want` against `got`, reporting all
+/// mismatches at once.
+fn expect(got: &BTreeMap<String, String>, want: &[(&str, &str)], out: &Output) {
+    let bad: Vec<String> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k).map(String::as_str) != Some(*v))
+        .map(|(k, v)| format!("{k}: want {v:?}, got {:?}", got.get(*k)))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "fake_cuda self-test mismatches:\n{}\nstderr:\n{}",
+        bad.join("\n"),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn exports_exactly_the_emulated_api() {
+    let lib = fake_cuda::fake_cuda_dir(TAG).join("libcuda.so.1");
+    let nm = common::tool("nm");
+    let out = common::run_ok(Command::new(&nm).args(["-D", "--defined-only"]).arg(&lib));
+    let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[1] == "T").then(|| f[2].to_string())
+        })
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = EXPORTS.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(got, want, "exported functions of {}", lib.display());
+    let link = std::fs::read_link(fake_cuda::fake_cuda_dir(TAG).join("libcuda.so"))
+        .expect("libcuda.so is a symlink");
+    assert_eq!(link, Path::new("libcuda.so.1"));
+}
+
+#[test]
+fn emulated_driver_behaves() {
+    let (kv, out) = run("all", &[("FAKE_CUDA_DEVICES", "2")]);
+    // "wait-value pending, then done" pairs: NOT_READY (600), then SUCCESS.
+    let pend = "600,0";
+    #[rustfmt::skip]
+    let want: &[(&str, &str)] = &[
+        // Init, devices.
+        ("init.before_init", "3"), // CUDA_ERROR_NOT_INITIALIZED
+        ("dev.count", "2"),
+        ("dev.bad_ordinal", "101"), // CUDA_ERROR_INVALID_DEVICE
+        ("dev.cc", "9.0"),
+        ("dev.unified", "1"),
+        ("dev.host_ptr_reg", "1"),
+        ("dev.name", "hetccl fake GPU"),
+        ("dev.totalmem_gib", "80"),
+        // Contexts: thread-local current context; none -> INVALID_CONTEXT.
+        ("ctx.none_current", "1"),
+        ("ctx.getdevice_none", "201"),
+        ("ctx.alloc_none", "201"),
+        ("ctx.set_bad", "201"),
+        ("ctx.device", "1"),
+        ("args.null_out", "1"),
+        ("args.zero_alloc", "1"),
+        ("args.null_event_record", "400"), // CUDA_ERROR_INVALID_HANDLE
+        ("args.null_event_query", "400"),
+        // Copies: H->D->D->H, async at interior offsets, memset, bounds.
+        ("copy.roundtrip", "1"),
+        ("copy.async_interior", "1"),
+        ("copy.memset", "1"),
+        ("copy.overrun", "1"),
+        ("copy.default_handles", "1"),
+        ("copy.double_free", "1"),
+        // Pointer attributes: device memory allocated on device 1, asked
+        // at an interior pointer; pinned memory; unknown pointers.
+        ("attr.dev.rc", "0"),
+        ("attr.dev.type", "2"), // CU_MEMORYTYPE_DEVICE
+        ("attr.dev.managed", "0"),
+        ("attr.dev.ordinal", "1"),
+        ("attr.dev.start_ok", "1"),
+        ("attr.dev.size", "10000"),
+        ("attr.dev.ctx_ok", "1"),
+        ("attr.dev.single_rc", "0"),
+        ("attr.dev.single_type", "2"),
+        ("attr.dev.hostdevptr", "1"), // not pinned memory: INVALID_VALUE
+        ("attr.pinned.devptr_same", "1"),
+        ("attr.pinned.rc", "0"),
+        ("attr.pinned.type", "1"), // CU_MEMORYTYPE_HOST
+        ("attr.pinned.ordinal", "0"),
+        ("attr.pinned.start_ok", "1"),
+        ("attr.pinned.size", "5000"),
+        ("attr.unknown.rc", "0"),
+        ("attr.unknown.zeros", "1"),
+        ("attr.unknown.single", "1"),
+        ("attr.past_end.type", "0"),
+        ("attr.freed.type", "0"),
+        // Host reads: a device pointer faults (SIGSEGV), pinned memory not.
+        ("segv.device_read_signal", "11"),
+        ("segv.pinned_read_signal", "0"),
+        // Stream order: work behind a wait-value waits for the host's write.
+        ("fifo.wait_rc", "0"),
+        ("fifo.query_pending", "600"),
+        ("fifo.event_pending", "600"),
+        ("fifo.copy_before", "0"),
+        ("fifo.copy_after", "1"),
+        ("fifo.event_after", "0"),
+        ("fifo.query_after", "0"),
+        ("fifo.query_running", "600"),
+        ("wv.geq_cyclic", pend),
+        ("wv.eq", pend),
+        ("wv.and", pend),
+        ("wv.nor", pend),
+        ("wv.geq_flush", pend),
+        ("wv.bad_flags", "1"),
+        ("wv.unaligned", "1"),
+        ("wv.devflag", pend),
+        // Events.
+        ("event.fresh", "0"),
+        ("event.destroy_pending", "0"),
+        ("event.destroy_pending_sync", "0"),
+        ("free.pending_rc", "0"),
+        ("free.pending_sync", "0"),
+        ("free.pending_data", "1"),
+        // Host functions: on the worker thread, in stream order.
+        ("hostfn.ran_before", "0"),
+        ("hostfn.order", "12"),
+        ("hostfn.on_worker", "1"),
+        ("hostfn.saw_copy", "1"),
+        ("destroy.rc", "0"),
+        ("destroy.returned_early", "1"),
+        ("destroy.pending_ran", "1"),
+        // cuStreamWaitEvent across streams; cuCtxSynchronize.
+        ("xwait.unrecorded", "0"),
+        ("xwait.pending", "600"),
+        ("xwait.copy_before", "0"),
+        ("xwait.done", "0"),
+        ("xwait.copy_after", "1"),
+        ("ctxsync.flag_was_set", "1"),
+        ("ctxsync.copy_done", "1"),
+        // Capture: status, and every enqueue refused while capturing.
+        ("capture.before", "0"), // CU_STREAM_CAPTURE_STATUS_NONE
+        ("capture.begin", "0"),
+        ("capture.active", "1"), // CU_STREAM_CAPTURE_STATUS_ACTIVE
+        ("capture.begin_again", "401"), // CUDA_ERROR_ILLEGAL_STATE
+        ("capture.copy", "900"), // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        ("capture.memset", "900"),
+        ("capture.record", "900"),
+        ("capture.wait_value", "900"),
+        ("capture.wait_event", "900"),
+        ("capture.host_func", "900"),
+        ("capture.sync", "900"),
+        ("capture.event_untouched", "0"),
+        ("capture.end", "0"),
+        ("capture.graph_nonnull", "1"),
+        ("capture.graph_destroy", "0"),
+        ("capture.after", "0"),
+        ("capture.end_again", "401"),
+        ("capture.null_stream", "0"),
+        ("capture.begin_null", "900"),
+        ("capture.copy_after", "0"),
+        // No kernels; error names.
+        ("kernel.load", "801"), // CUDA_ERROR_NOT_SUPPORTED
+        ("kernel.get_function", "801"),
+        ("kernel.launch", "801"),
+        ("err.name_600", "CUDA_ERROR_NOT_READY"),
+        ("err.name_900", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"),
+        ("err.name_201", "CUDA_ERROR_INVALID_CONTEXT"),
+        ("err.text_0", "no error"),
+        ("err.unknown", "1"),
+        ("err.unknown_null", "1"),
+        // IPC: another process opens the handle, reads, writes back.
+        ("ipc.pinned", "1"),
+        ("ipc.same_process", "201"),
+        ("ipc.child_open", "0"),
+        ("ipc.child_memtype", "2"),
+        ("ipc.child_read_ok", "1"),
+        ("ipc.child_close", "0"),
+        ("ipc.child_close_again", "1"),
+        ("ipc.child_exit", "0"),
+        ("ipc.parent_sees_child", "1"),
+        ("done", "1"),
+    ];
+    expect(&kv, want, &out);
+    // CUDA_VERSION of the fetched cuda.h (12090 for CUDA 12.9).
+    let ver: u32 = kv["drv.version"].parse().expect("drv.version is a number");
+    assert!(ver >= 12000, "drv.version {ver}");
+    let unchecked: Vec<&String> = kv
+        .keys()
+        .filter(|k| *k != "drv.version" && !want.iter().any(|(w, _)| w == k))
+        .collect();
+    assert!(
+        unchecked.is_empty(),
+        "keys printed but not checked: {unchecked:?}"
+    );
+}
+
+#[test]
+fn no_stream_memops_switch_and_log() {
+    let (kv, out) = run(
+        "nomemops",
+        &[("FAKE_CUDA_NO_STREAM_MEMOPS", "1"), ("FAKE_CUDA_LOG", "1")],
+    );
+    expect(
+        &kv,
+        &[
+            ("memops.attr", "0"),
+            ("memops.wait", "801"), // CUDA_ERROR_NOT_SUPPORTED
+            ("memops.hostfn_wait", "600,0"),
+            ("done", "1"),
+        ],
+        &out,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    for call in [
+        "cuInit(0)",
+        "cuStreamWaitValue32_v2(stream=",
+        "cuLaunchHostFunc(stream=",
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("fake_cuda[") && l.contains(call)),
+            "FAKE_CUDA_LOG=1 printed no {call:?} line:\n{err}"
+        );
+    }
+    // Without the switch the wait is supported and nothing is logged.
+    let (kv, out) = run("nomemops", &[]);
+    expect(&kv, &[("memops.attr", "1"), ("memops.wait", "0")], &out);
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn zero_devices_fail_init() {
+    let (kv, out) = run("nodev", &[("FAKE_CUDA_DEVICES", "0")]);
+    expect(
+        &kv,
+        &[
+            ("init.rc", "100"), // CUDA_ERROR_NO_DEVICE
+            ("init.count_after_failure", "3"),
+        ],
+        &out,
+    );
+}

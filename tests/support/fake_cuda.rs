@@ -1,0 +1,67 @@
+//! The emulated CUDA driver (`tests/c/fake_cuda.c`) for integration tests
+//! of the device-buffer paths on machines without a GPU.
+//!
+//! [`fake_cuda_dir`] builds it once per test binary as `libcuda.so.1` (plus
+//! a `libcuda.so` link, the first name `cudarc` tries) and returns the
+//! directory; put it first in a child process's `LD_LIBRARY_PATH`
+//! ([`ld_library_path`]) and hetccl loads the fake instead of NVIDIA's
+//! driver. Device pointers are real addresses mapped `PROT_NONE`, so a host
+//! access of one crashes, as on a GPU. The model, its switches and where it
+//! differs from the real driver are described at the top of the C file.
+//!
+//! Switches, read from the child's environment:
+//! - `FAKE_CUDA_DEVICES=N` (default 1; 0: `cuInit` fails with
+//!   `CUDA_ERROR_NO_DEVICE`);
+//! - `FAKE_CUDA_NO_STREAM_MEMOPS=1`: `cuStreamWaitValue32` returns
+//!   `CUDA_ERROR_NOT_SUPPORTED` (hetccl's host-function fallback);
+//! - `FAKE_CUDA_LOG=1`: one line per driver call on stderr;
+//! - `FAKE_CUDA_TIMEOUT_S` (default 120): any wait inside the fake aborts
+//!   the process after this long.
+//!
+//! Needs `mod common;` at the test crate's root, then
+//! `#[path = "support/fake_cuda.rs"] mod fake_cuda;`.
+#![allow(dead_code)]
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::common;
+
+/// Compiles the fake driver (first call only) into
+/// `CARGO_TARGET_TMPDIR/fake_cuda_<tag>/` and returns that directory, which
+/// holds `libcuda.so.1` and `libcuda.so`. `tag` must differ between test
+/// binaries (they may compile at the same time); later calls in the same
+/// binary return the first directory whatever their tag.
+pub fn fake_cuda_dir(tag: &str) -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let name = format!("fake_cuda_{tag}");
+        let dir = common::tmp_dir().join(&name);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        common::compile_c(
+            "tests/c/fake_cuda.c",
+            &format!("{name}/libcuda.so.1"),
+            &common::CcOpts {
+                link_nvidia_nccl: false,
+                extra: vec!["-shared".into(), "-fPIC".into(), "-pthread".into()],
+            },
+        );
+        let link = dir.join("libcuda.so");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("libcuda.so.1", &link)
+            .unwrap_or_else(|e| panic!("symlink {}: {e}", link.display()));
+        dir
+    })
+}
+
+/// `LD_LIBRARY_PATH` for a child that must load the fake driver: its
+/// directory first, then this process's `LD_LIBRARY_PATH`, if any.
+pub fn ld_library_path(tag: &str) -> OsString {
+    let mut v = OsString::from(fake_cuda_dir(tag));
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
+        v.push(":");
+        v.push(old);
+    }
+    v
+}
