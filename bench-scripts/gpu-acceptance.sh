@@ -15,10 +15,10 @@
 #      all_gather_into_tensor, reduce_scatter_tensor, broadcast,
 #      all_to_all_single, batch_isend_irecv, barrier on CUDA tensors in
 #      float32/bfloat16/float16 with exact checks, plus a stream-order check.
-#   b) performance: hetccl-perf all_reduce with 2 and 4 ranks (host buffers:
-#      hetccl-perf cannot allocate device buffers yet), then the same PyTorch
-#      all_reduce timing on CUDA tensors through hetccl (LD_PRELOAD) and
-#      through NVIDIA's NCCL, 2 and 4 ranks, NCCL_MULTI_RANK_GPU_ENABLE=1.
+#   b) performance: hetccl-perf all_reduce on device buffers (--alloc device,
+#      calls on a stream per rank) with 2 and 4 ranks on the GPU, for hetccl
+#      and for NVIDIA's NCCL (--lib), NCCL_MULTI_RANK_GPU_ENABLE=1; then the
+#      PyTorch all_reduce timing on CUDA tensors through both, 2 and 4 ranks.
 #   c) NVIDIA's NCCL with hetccl as its network plugin: NCCL_NET_PLUGIN=hetccl
 #      (libnccl-net-hetccl.so from dist/lib), P2P and SHM disabled, 2 ranks; the
 #      NCCL_DEBUG=INFO log must show the hetccl net in use.
@@ -105,13 +105,15 @@ fi
 
 # b) performance.
 for n in 2 4; do
-    step "b_perf_hetccl_${n}ranks" 60 "$PERF" all_reduce -np "$n" -b 8 -e 16M -f 8 -n 20 -w 5 \
-        --alloc host --lib "$LIB"
+    step "b_perf_hetccl_${n}ranks" 40 "$PERF" all_reduce -np "$n" -b 8 -e 16M -f 8 -n 20 -w 5 \
+        --alloc device --lib "$LIB"
+    step "b_perf_nvidia_${n}ranks" 40 "$PERF" all_reduce -np "$n" -b 8 -e 16M -f 8 -n 20 -w 5 \
+        --alloc device --lib "$NV_NCCL"
 done
 for n in 2 4; do
-    step "b_torch_bench_hetccl_${n}ranks" 60 env LD_PRELOAD="$LIB" \
+    step "b_torch_bench_hetccl_${n}ranks" 40 env LD_PRELOAD="$LIB" \
         "${RUN[@]}" --standalone --nproc_per_node "$n" "$WORK" bench --label hetccl --out "$outdir/b_bench_hetccl_$n.json"
-    step "b_torch_bench_nvidia_${n}ranks" 60 env LD_PRELOAD="$NV_NCCL" \
+    step "b_torch_bench_nvidia_${n}ranks" 40 env LD_PRELOAD="$NV_NCCL" \
         "${RUN[@]}" --standalone --nproc_per_node "$n" "$WORK" bench --label nvidia --out "$outdir/b_bench_nvidia_$n.json"
 done
 

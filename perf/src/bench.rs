@@ -8,8 +8,10 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use crate::buffers::Buf;
 use crate::cli::{Alloc, Options};
 use crate::coll::{Coll, Counts, Step};
+use crate::cuda::{self, Gpu};
 use crate::dtype::{premul_scalar, DType, Op};
 use crate::nccl::{Comm, Nccl, NcclError, UniqueId};
 use crate::report;
@@ -51,85 +53,6 @@ impl Progress {
         (self.start.elapsed().as_millis() as u64)
             .saturating_sub(self.last_ms.load(Ordering::Relaxed)) as f64
             / 1e3
-    }
-}
-
-/// Whether every page of `[p, p + len)` is mapped in this process (host
-/// memory), by `mincore`, which fails with ENOMEM on unmapped pages.
-fn host_mapped(p: *mut u8, len: usize) -> bool {
-    let page = 4096usize;
-    let start = p as usize & !(page - 1);
-    let pages = (p as usize + len - start).div_ceil(page);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: `vec` has one byte per page of the range.
-    unsafe { libc::mincore(start as *mut libc::c_void, pages * page, vec.as_mut_ptr()) == 0 }
-}
-
-/// A benchmark buffer: from `ncclMemAlloc` or the host allocator.
-struct Buf<'a> {
-    ptr: *mut u8,
-    len: usize,
-    nccl: Option<&'a Nccl>,
-}
-
-impl<'a> Buf<'a> {
-    fn new(nccl: &'a Nccl, len: usize, alloc: Alloc) -> Result<Buf<'a>, String> {
-        let len = len.max(64);
-        if alloc == Alloc::Nccl {
-            match nccl.mem_alloc(len) {
-                Some(Ok(p)) if !p.is_null() && host_mapped(p, len) => {
-                    return Ok(Buf {
-                        ptr: p,
-                        len,
-                        nccl: Some(nccl),
-                    })
-                }
-                Some(Ok(p)) if !p.is_null() => {
-                    // Device memory (a library with CUDA): this benchmark
-                    // fills and checks buffers from the host, so it uses host
-                    // memory instead of crashing.
-                    let _ = nccl.mem_free(p);
-                }
-                Some(Ok(_)) => return Err("ncclMemAlloc returned NULL".into()),
-                Some(Err(e)) => return Err(e.to_string()),
-                None => {}
-            }
-        }
-        let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(|e| e.to_string())?;
-        // SAFETY: non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(format!("cannot allocate {len} bytes"));
-        }
-        Ok(Buf {
-            ptr,
-            len,
-            nccl: None,
-        })
-    }
-
-    /// The whole buffer as a slice (never alive across a library call).
-    #[allow(clippy::mut_from_ref)]
-    fn slice(&self) -> &mut [u8] {
-        // SAFETY: ptr/len describe a live allocation owned by self; callers
-        // hold no other reference while the slice lives.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for Buf<'_> {
-    fn drop(&mut self) {
-        match self.nccl {
-            Some(n) => {
-                let _ = n.mem_free(self.ptr);
-            }
-            None => {
-                let layout =
-                    std::alloc::Layout::from_size_align(self.len, 4096).expect("layout was valid");
-                // SAFETY: allocated with this layout in new().
-                unsafe { std::alloc::dealloc(self.ptr, layout) };
-            }
-        }
     }
 }
 
@@ -190,6 +113,7 @@ struct Ctx<'a> {
     nranks: usize,
     send: Buf<'a>,
     recv: Buf<'a>,
+    gpu: Option<&'a Gpu>,
     printer: Option<Printer>,
     progress: &'a Progress,
     errors: u64,
@@ -227,6 +151,17 @@ pub struct RankArgs<'a> {
 
 const ID_OK: &[u8] = b"OK";
 const ID_ERR: &[u8] = b"ER";
+
+/// The rank's CUDA device: required for `--alloc device`; for the default
+/// `--alloc nccl`, opened when a CUDA driver is present (the library's
+/// `ncclMemAlloc` may return device memory, as on a GPU machine).
+fn open_gpu(alloc: Alloc, rank: usize) -> Result<Option<Gpu>, RankError> {
+    match alloc {
+        Alloc::Device => Ok(Some(Gpu::open(cuda::local_rank(rank))?)),
+        Alloc::Nccl if cuda::driver_present() => Ok(Gpu::open(cuda::local_rank(rank)).ok()),
+        _ => Ok(None),
+    }
+}
 
 /// Runs the whole benchmark as one rank.
 pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankError> {
@@ -281,8 +216,13 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
         printer = Some(p);
     }
 
+    // The rank's CUDA device, when its buffers may be device memory.
+    let gpu = open_gpu(opts.alloc, rank)?;
+    let gpu = gpu.as_ref();
+
     // Device report: every rank's line, printed by rank 0 in rank order.
-    let line = report::rank_line(rank, std::process::id(), &hostname());
+    let dev = gpu.map(|g| (g.device, g.name.as_str()));
+    let line = report::rank_line(rank, std::process::id(), &hostname(), dev);
     if let Some(lines) = ch.gather(line.as_bytes())? {
         let p = printer.as_mut().expect("rank 0 prints");
         let mut devices = Vec::new();
@@ -293,7 +233,13 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
             let t: Vec<&str> = l.split_whitespace().collect();
             let pid = t.get(6).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
             let host = t.get(8).copied().unwrap_or("");
-            devices.push(json!({"rank": r, "group": 0, "pid": pid, "hostname": host, "device": -1, "device_hex": "cpu", "device_info": "host"}));
+            let device = t.get(10).and_then(|v| v.parse::<i32>().ok()).unwrap_or(-1);
+            let hex = t
+                .get(11)
+                .map(|v| v.trim_matches(['[', ']']))
+                .unwrap_or("cpu");
+            let info = t.get(12..).map(|v| v.join(" ")).unwrap_or_default();
+            devices.push(json!({"rank": r, "group": 0, "pid": pid, "hostname": host, "device": device, "device_hex": hex, "device_info": info}));
         }
         if let Some((_, doc)) = p.json.as_mut() {
             doc["config"] = json!({
@@ -346,8 +292,8 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
     args.progress.tick();
 
     let pad = 8 * opts.unalign;
-    let send = Buf::new(nccl, opts.max_bytes + pad, opts.alloc)?;
-    let recv = Buf::new(nccl, opts.max_bytes + pad, opts.alloc)?;
+    let send = Buf::new(nccl, gpu, opts.max_bytes + pad, opts.alloc)?;
+    let recv = Buf::new(nccl, gpu, opts.max_bytes + pad, opts.alloc)?;
     if let Some(p) = &printer {
         for l in report::table_header(opts.report_cputime) {
             p.print(&l);
@@ -362,6 +308,7 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
         nranks,
         send,
         recv,
+        gpu,
         printer,
         progress: args.progress,
         errors: 0,
@@ -552,6 +499,7 @@ impl Ctx<'_> {
                 op_id,
                 root,
                 self.comm,
+                self.stream(),
             )
         };
         if created {
@@ -576,15 +524,39 @@ impl Ctx<'_> {
 
     /// Fills the buffers for a check; returns the expected checked region
     /// (empty unless `want_expected`).
-    fn init_data(&self, step: &Step, rep: u64, want_expected: bool) -> Vec<u8> {
+    fn init_data(
+        &mut self,
+        step: &Step,
+        rep: u64,
+        want_expected: bool,
+    ) -> Result<Vec<u8>, RankError> {
         let off = self.opts.unalign * step.dt.size();
-        let send = &mut self.send.slice()[off..];
-        let recv = &mut self.recv.slice()[off..];
-        if want_expected {
+        let send = &mut self.send.host()[off..];
+        let recv = &mut self.recv.host()[off..];
+        let expected = if want_expected {
             step.init(send, recv, rep)
         } else {
             step.init_inputs(send, recv, rep);
             Vec::new()
+        };
+        self.send.push()?;
+        self.recv.push()?;
+        Ok(expected)
+    }
+
+    /// The stream calls are issued on (NULL for host buffers).
+    fn stream(&self) -> *mut std::ffi::c_void {
+        match self.gpu {
+            Some(g) if self.send.is_device() => g.stream(),
+            _ => std::ptr::null_mut(),
+        }
+    }
+
+    /// Waits for the rank's stream (device buffers only).
+    fn sync(&self) -> Result<(), RankError> {
+        match self.gpu {
+            Some(g) if self.send.is_device() => Ok(g.sync()?),
+            _ => Ok(()),
         }
     }
 
@@ -599,7 +571,7 @@ impl Ctx<'_> {
         let opts = self.opts;
         let step = self.step(dt, op, root, counts, in_place);
         if opts.check > 0 {
-            self.init_data(&step, 99, false);
+            self.init_data(&step, 99, false)?;
         }
         // One synchronising operation, then a barrier, then the timed loop.
         let first = self.start_coll(dt, op, root, counts, in_place, 0);
@@ -622,6 +594,7 @@ impl Ctx<'_> {
             }
         }
         first?;
+        self.sync()?;
         self.ch.barrier()?;
         let mut barrier_time = 0.0;
         let t0 = Instant::now();
@@ -632,6 +605,7 @@ impl Ctx<'_> {
             for a in 0..opts.agg_iters {
                 self.start_coll(dt, op, root, counts, in_place, iter * opts.agg_iters + a)?;
                 if opts.blocking == 1 {
+                    self.sync()?;
                     self.ch.barrier()?;
                 }
             }
@@ -639,11 +613,13 @@ impl Ctx<'_> {
                 self.nccl.group_end()?;
             }
             if opts.blocking == 3 {
+                self.sync()?;
                 let b0 = Instant::now();
                 self.ch.barrier()?;
                 barrier_time += b0.elapsed().as_secs_f64();
             }
         }
+        self.sync()?;
         self.nccl.comm_async_error(self.comm)?;
         let n_ops = (opts.iters * opts.agg_iters).max(1) as f64;
         let delta = (t0.elapsed().as_secs_f64() - barrier_time) / n_ops;
@@ -655,10 +631,11 @@ impl Ctx<'_> {
         self.rep += 1;
         let mut wrong_total = 0u64;
         for _ in 0..opts.check {
-            let expected = self.init_data(&step, self.rep, true);
+            let expected = self.init_data(&step, self.rep, true)?;
             self.start_coll(dt, op, root, counts, in_place, 0)?;
             let off = self.opts.unalign * dt.size() + step.check_offset();
-            let got = &mut self.recv.slice()[off..off + expected.len()];
+            self.recv.pull(off, expected.len())?;
+            let got = &mut self.recv.host()[off..off + expected.len()];
             if self.corrupt && !got.is_empty() {
                 // Self-test hook: damage one result element on this rank.
                 got[0] ^= 0x5a;

@@ -16,6 +16,9 @@ pub enum Alloc {
     Nccl,
     /// Page-aligned host memory from hetccl-perf itself.
     Host,
+    /// CUDA device memory (`cuMemAlloc` on the rank's device), with calls
+    /// issued on a stream of the rank, as nccl-tests does.
+    Device,
 }
 
 /// Everything a run needs to know.
@@ -171,7 +174,7 @@ pub fn command() -> Command {
         .arg(Arg::new("threads").long("threads").num_args(1).help("run N ranks as threads of this process"))
         .arg(Arg::new("lib").long("lib").num_args(1).help("library to test (default: $HETCCL_PERF_LIB, else libhetccl.so next to this binary)"))
         .arg(Arg::new("id-file").long("id-file").num_args(1).help("rendezvous file on a shared filesystem, for ranks from mpirun/torchrun/Slurm"))
-        .arg(Arg::new("alloc").long("alloc").num_args(1).help("buffers from 'nccl' (ncclMemAlloc, default) or 'host'"))
+        .arg(Arg::new("alloc").long("alloc").num_args(1).help("buffers from 'nccl' (ncclMemAlloc, default), 'host' or 'device' (cuMemAlloc)"))
         .arg(Arg::new("bind-to").long("bind-to").num_args(1).help("-np ranks: 'core' pins rank r to the r-th usable CPU, 'none' does not (default: core unless ranks outnumber CPUs)"))
         .arg(Arg::new("init").long("init").num_args(1).help("'config' (ncclCommInitRankConfig, default) or 'rank' (ncclCommInitRank)"))
         .arg(Arg::new("help").short('h').long("help").action(ArgAction::Help).help("print help"))
@@ -302,7 +305,8 @@ pub fn parse(coll: Coll, flags: &[String]) -> Result<Options, String> {
     let alloc = match get(&m, "alloc") {
         None | Some("nccl") => Alloc::Nccl,
         Some("host") => Alloc::Host,
-        Some(s) => return Err(format!("--alloc {s}: expected 'nccl' or 'host'")),
+        Some("device") => Alloc::Device,
+        Some(s) => return Err(format!("--alloc {s}: expected 'nccl', 'host' or 'device'")),
     };
     let init_config = match get(&m, "init") {
         None | Some("config") => true,

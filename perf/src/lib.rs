@@ -6,12 +6,15 @@
 //! collective counts, bandwidth formulas and data), [`verifiable`] (exact
 //! data generation), [`report`] (the output format), [`bench`] (one rank's
 //! run), [`launch`] and [`store`] (how ranks start and talk out of band),
-//! [`nccl`] (the dynamically loaded API).
+//! [`nccl`] (the dynamically loaded API), [`buffers`] and [`cuda`] (host
+//! or device buffers, and the CUDA driver for the latter).
 
 pub mod bench;
+pub mod buffers;
 pub mod cfmt;
 pub mod cli;
 pub mod coll;
+pub mod cuda;
 pub mod dtype;
 pub mod launch;
 pub mod nccl;

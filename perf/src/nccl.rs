@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 pub type NcclResult = c_int;
 /// `ncclComm_t`.
 pub type Comm = *mut c_void;
-/// `cudaStream_t` (always NULL here: host buffers).
+/// `cudaStream_t` (NULL for host buffers, the rank's stream for device buffers).
 pub type Stream = *mut c_void;
 
 /// `ncclInvalidUsage`.
@@ -492,32 +492,32 @@ impl Nccl {
         op: c_int,
         root: usize,
         comm: Comm,
+        st: Stream,
     ) -> Result<(), NcclError> {
         use crate::coll::Coll;
         let s = send as *const c_void;
         let r = recv as *mut c_void;
-        let null: Stream = std::ptr::null_mut();
         let root = root as c_int;
         let (call, rc) = match kind {
             // SAFETY (all arms): caller guarantees the buffers.
             Coll::AllReduce => ("ncclAllReduce", unsafe {
-                (self.all_reduce)(s, r, count, dtype, op, comm, null)
+                (self.all_reduce)(s, r, count, dtype, op, comm, st)
             }),
             Coll::AllGather => ("ncclAllGather", unsafe {
-                (self.all_gather)(s, r, count, dtype, comm, null)
+                (self.all_gather)(s, r, count, dtype, comm, st)
             }),
             Coll::ReduceScatter => ("ncclReduceScatter", unsafe {
-                (self.reduce_scatter)(s, r, count, dtype, op, comm, null)
+                (self.reduce_scatter)(s, r, count, dtype, op, comm, st)
             }),
             Coll::Broadcast => ("ncclBroadcast", unsafe {
-                (self.broadcast)(s, r, count, dtype, root, comm, null)
+                (self.broadcast)(s, r, count, dtype, root, comm, st)
             }),
             Coll::Reduce => ("ncclReduce", unsafe {
-                (self.reduce)(s, r, count, dtype, op, root, comm, null)
+                (self.reduce)(s, r, count, dtype, op, root, comm, st)
             }),
             Coll::AlltoAll if self.has_native("alltoall") => {
                 let f = self.alltoall.expect("checked");
-                ("ncclAlltoAll", unsafe { f(s, r, count, dtype, comm, null) })
+                ("ncclAlltoAll", unsafe { f(s, r, count, dtype, comm, st) })
             }
             Coll::Gather if self.has_native("gather") => {
                 if count == 0 {
@@ -525,7 +525,7 @@ impl Nccl {
                 }
                 let f = self.gather.expect("checked");
                 ("ncclGather", unsafe {
-                    f(s, r, count, dtype, root, comm, null)
+                    f(s, r, count, dtype, root, comm, st)
                 })
             }
             Coll::Scatter if self.has_native("scatter") => {
@@ -534,11 +534,13 @@ impl Nccl {
                 }
                 let f = self.scatter.expect("checked");
                 ("ncclScatter", unsafe {
-                    f(s, r, count, dtype, root, comm, null)
+                    f(s, r, count, dtype, root, comm, st)
                 })
             }
             Coll::AlltoAll | Coll::Gather | Coll::Scatter | Coll::SendRecv => {
-                return unsafe { self.p2p(kind, send, recv, count, dtype, root as usize, comm) };
+                return unsafe {
+                    self.p2p(kind, send, recv, count, dtype, root as usize, comm, st)
+                };
             }
         };
         self.check(call, rc, comm)
@@ -555,32 +557,24 @@ impl Nccl {
         dtype: c_int,
         root: usize,
         comm: Comm,
+        st: Stream,
     ) -> Result<(), NcclError> {
         use crate::coll::Coll;
         let (n, rank) = self.comm_count_rank(comm)?;
         let bytes = count * crate::bench::dtype_size(dtype);
-        let null: Stream = std::ptr::null_mut();
         if matches!(kind, Coll::Gather | Coll::Scatter) && count == 0 {
             return Ok(());
         }
         let send_to = |buf: *const u8, peer: usize| -> Result<(), NcclError> {
             // SAFETY: caller guarantees the buffers.
-            let rc = unsafe {
-                (self.send)(
-                    buf as *const c_void,
-                    count,
-                    dtype,
-                    peer as c_int,
-                    comm,
-                    null,
-                )
-            };
+            let rc =
+                unsafe { (self.send)(buf as *const c_void, count, dtype, peer as c_int, comm, st) };
             self.check("ncclSend", rc, comm)
         };
         let recv_from = |buf: *mut u8, peer: usize| -> Result<(), NcclError> {
             // SAFETY: caller guarantees the buffers.
             let rc =
-                unsafe { (self.recv)(buf as *mut c_void, count, dtype, peer as c_int, comm, null) };
+                unsafe { (self.recv)(buf as *mut c_void, count, dtype, peer as c_int, comm, st) };
             self.check("ncclRecv", rc, comm)
         };
         self.group_start()?;

@@ -45,11 +45,17 @@ pub fn header(
     v
 }
 
-/// One `#  Rank ...` line (device -1, `[cpu]`, `host`).
-pub fn rank_line(rank: usize, pid: u32, host: &str) -> String {
+/// One `#  Rank ...` line: device -1, `[cpu]`, `host` for host buffers,
+/// else the CUDA device's ordinal and name (`[cuda]` stands for the PCI
+/// bus id nccl-tests prints).
+pub fn rank_line(rank: usize, pid: u32, host: &str, device: Option<(i32, &str)>) -> String {
+    let (d, tag, info) = match device {
+        Some((d, name)) => (d, "cuda", name),
+        None => (-1, "cpu", "host"),
+    };
     format!(
-        "#  Rank {rank:2} Group {:2} Pid {pid:6} on {host:>10} device {:2} [cpu] host",
-        0, -1
+        "#  Rank {rank:2} Group {:2} Pid {pid:6} on {host:>10} device {d:2} [{tag}] {info}",
+        0
     )
 }
 

@@ -490,3 +490,24 @@ fn a_missing_rank_times_out_after_t_seconds() {
     assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn device_buffers_without_cuda_are_refused() {
+    // This machine has no CUDA driver (tests/gpu_fake_driver.rs runs the
+    // device mode on an emulated one): --alloc device must fail with the
+    // reason, not crash or fall back silently.
+    let o = run(&[
+        "all_reduce",
+        "-np",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "--alloc",
+        "device",
+    ]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("need the CUDA driver"), "{err}");
+}

@@ -30,7 +30,7 @@ fn lines_match_nccl_tests_printf_formats() {
         "     1.00    1.00    1.00    N/A"
     );
     assert_eq!(
-        report::rank_line(0, 23052, "vm"),
+        report::rank_line(0, 23052, "vm", None),
         "#  Rank  0 Group  0 Pid  23052 on         vm device -1 [cpu] host"
     );
     let h = report::table_header(false);
@@ -86,8 +86,8 @@ fn header_parameter_line() {
 fn assembled_report_parses() {
     let o = parse_flags(Coll::AllGather, &[]).unwrap();
     let mut out = report::header(&o, "all_gather_perf", 22800, "/x/lib.so", 1);
-    out.push(report::rank_line(0, 1, "host-a"));
-    out.push(report::rank_line(1, 2, "host-b"));
+    out.push(report::rank_line(0, 1, "host-a", None));
+    out.push(report::rank_line(1, 2, "host-b", None));
     out.extend(report::table_header(false));
     out.push(
         report::row_preamble(1024, 128, "float", "none", -1)
@@ -125,7 +125,7 @@ fn assembled_report_parses() {
 fn parser_rejects_malformed_output() {
     let o = parse_flags(Coll::AllReduce, &[]).unwrap();
     let mut base = report::header(&o, "all_reduce_perf", 22800, "/x", 1);
-    base.push(report::rank_line(0, 1, "h"));
+    base.push(report::rank_line(0, 1, "h", None));
     base.extend(report::table_header(false));
     let good_row = report::row_preamble(8, 2, "float", "sum", -1)
         + &report::row_body(1.0, 1.0, 1.0, Some(0))
