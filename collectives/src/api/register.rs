@@ -1,5 +1,6 @@
 //! Buffer registration: `ncclCommRegister`/`ncclCommDeregister` (host
-//! handles) and the window API (device-only for now).
+//! handles) and the window API (forwarded to NVIDIA's NCCL through
+//! `HETCCL_NCCL_FALLBACK`, see [`super::fallback`]).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -7,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use hetccl_abi::{ncclComm_t, ncclResult_t, ncclWindow_t};
 
 use super::check;
-use super::engine_gate::device_only;
+use super::fallback::{self, code, mirror};
 use super::guard::guard;
 use crate::comm::handle;
 use crate::error::Error;
@@ -50,39 +51,61 @@ export! {
 }
 
 export! {
-    /// Registers a symmetric memory window (device-only for now).
+    /// Registers a symmetric memory window: forwarded to NVIDIA's NCCL
+    /// (`HETCCL_NCCL_FALLBACK`) on the mirror communicator; collective, as
+    /// in NCCL. Without the fallback: `ncclInvalidUsage`.
     fn ncclCommWindowRegister / pncclCommWindowRegister(comm: ncclComm_t, buff: *mut c_void, size: usize,
         win: *mut ncclWindow_t, win_flags: c_int) -> ncclResult_t {
         guard("ncclCommWindowRegister", || {
             handle::lookup(comm)?;
             check::non_null(win, "win")?;
             check::buffer(buff, size, "buff")?;
-            let _ = win_flags;
-            Err(device_only("ncclCommWindowRegister"))
+            let fb = fallback::require("ncclCommWindowRegister")?;
+            type F = unsafe extern "C" fn(ncclComm_t, *mut c_void, usize, *mut ncclWindow_t, c_int) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h.
+            let f = unsafe { fb.sym::<F>("ncclCommWindowRegister\0")? };
+            // SAFETY: the caller's handle, validated inside.
+            let m = unsafe { mirror(comm)? };
+            // SAFETY: checked arguments, passed through with the mirror comm.
+            code("ncclCommWindowRegister", unsafe { f(m, buff, size, win, win_flags) })
         })
     }
 }
 
 export! {
-    /// Releases a window (device-only for now).
+    /// Releases a window from [`ncclCommWindowRegister`] (forwarded).
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
         guard("ncclCommWindowDeregister", || {
             handle::lookup(comm)?;
             check::non_null(win, "win")?;
-            Err(device_only("ncclCommWindowDeregister"))
+            let fb = fallback::require("ncclCommWindowDeregister")?;
+            type F = unsafe extern "C" fn(ncclComm_t, ncclWindow_t) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h.
+            let f = unsafe { fb.sym::<F>("ncclCommWindowDeregister\0")? };
+            // SAFETY: the caller's handle, validated inside.
+            let m = unsafe { mirror(comm)? };
+            // SAFETY: a window from the fallback, passed through.
+            code("ncclCommWindowDeregister", unsafe { f(m, win) })
         })
     }
 }
 
 export! {
-    /// Writes the user pointer a window was registered with (device-only for now).
+    /// Writes the user pointer a window was registered with (forwarded).
     fn ncclWinGetUserPtr / pncclWinGetUserPtr(comm: ncclComm_t, win: ncclWindow_t,
         out: *mut *mut c_void) -> ncclResult_t {
         guard("ncclWinGetUserPtr", || {
             handle::lookup(comm)?;
             check::non_null(win, "win")?;
             check::non_null(out, "outUserPtr")?;
-            Err(device_only("ncclWinGetUserPtr"))
+            let fb = fallback::require("ncclWinGetUserPtr")?;
+            type F = unsafe extern "C" fn(ncclComm_t, ncclWindow_t, *mut *mut c_void) -> ncclResult_t;
+            // SAFETY: the prototype in nccl.h.
+            let f = unsafe { fb.sym::<F>("ncclWinGetUserPtr\0")? };
+            // SAFETY: the caller's handle, validated inside.
+            let m = unsafe { mirror(comm)? };
+            // SAFETY: checked arguments, passed through with the mirror comm.
+            code("ncclWinGetUserPtr", unsafe { f(m, win, out) })
         })
     }
 }
