@@ -1,0 +1,230 @@
+//! hetccl's CUDA-buffer path, end to end, without a GPU: N processes run
+//! `tests/c/device_check.c` (compiled against NVIDIA's real `nccl.h` and
+//! `cuda.h`, linked to NVIDIA's `libnccl.so.2`) with `LD_PRELOAD=libhetccl.so`
+//! and the emulated CUDA driver of `tests/c/fake_cuda.c` first in
+//! `LD_LIBRARY_PATH`, so hetccl's `cudarc` loads it as `libcuda.so.1`.
+//!
+//! The emulated driver maps device memory `PROT_NONE` in the process, so a
+//! host access of a device pointer crashes the rank; its streams run their
+//! operations in order on worker threads, so results are right only if
+//! hetccl orders its work on the caller's stream. What it cannot show: GPU
+//! timing, real DMA, kernels (none run on this path), and the legacy default
+//! stream's implicit synchronisation (docs/gpu.md, "Tested without a GPU").
+//!
+//! Layouts: 2 ranks (every mode), 4 ranks on one device, 3 ranks with
+//! nonblocking communicators, 4 ranks on two devices, and 2 ranks with
+//! stream memory operations switched off (the `cuLaunchHostFunc` wait).
+
+#[path = "support/coll.rs"]
+mod coll;
+mod common;
+#[path = "support/fake_cuda.rs"]
+mod fake_cuda;
+#[path = "support/ranks.rs"]
+mod ranks;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use coll::Job;
+
+/// The emulated driver's directory.
+fn driver_dir() -> &'static Path {
+    fake_cuda::fake_cuda_dir("gpu_fake_driver")
+}
+
+/// device_check, compiled once, linked to the emulated driver.
+fn exe() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = driver_dir();
+        common::compile_c(
+            "tests/c/device_check.c",
+            "device_check_fake",
+            &common::CcOpts {
+                link_nvidia_nccl: true,
+                extra: vec![
+                    format!("-L{}", dir.display()),
+                    "-l:libcuda.so.1".into(),
+                    "-ldl".into(),
+                ],
+            },
+        )
+    })
+}
+
+/// A job with the emulated driver on the library path.
+fn job(label: &str, n: usize, modes: &str) -> Job {
+    Job::new(label, n, modes).env("LD_LIBRARY_PATH", &driver_dir().display().to_string())
+}
+
+fn run(jobs: Vec<Job>) {
+    let so = common::hetccl_so();
+    coll::run_all("gpu_fake_driver", exe(), &so, jobs);
+}
+
+/// Every mode on 2 ranks, one device.
+#[test]
+fn two_ranks_every_mode() {
+    run(vec![job(
+        "dev_2",
+        2,
+        "coll,async,group,capture,memalloc,pinned,mixed",
+    )]);
+}
+
+/// Several ranks on one device (no duplicate-GPU refusal), and the
+/// nonblocking communicators.
+#[test]
+fn ranks_sharing_a_device_and_nonblocking() {
+    run(vec![
+        job("dev_4_one_device", 4, "coll,group,async"),
+        job("dev_3_nonblocking", 3, "coll,group").args(["--nonblocking"]),
+    ]);
+}
+
+/// Two devices, ranks alternating between them; and the host-function wait
+/// used where `cuStreamWaitValue32` is not supported.
+#[test]
+fn two_devices_and_host_function_wait() {
+    run(vec![
+        job("dev_4_two_devices", 4, "memalloc,coll")
+            .env("FAKE_CUDA_DEVICES", "2")
+            .rank_env(|r, _| vec![("DEVICE_CHECK_DEVICE".into(), (r % 2).to_string())]),
+        job("dev_2_host_function_wait", 2, "coll,async,group")
+            .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1"),
+    ]);
+}
+
+/// `tests/c/fake_nvidia_nccl.c` as a shared library (the fallback).
+fn fake_nvidia_nccl() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        common::compile_c(
+            "tests/c/fake_nvidia_nccl.c",
+            "libfake_nvidia_nccl.so",
+            &common::CcOpts {
+                link_nvidia_nccl: false,
+                extra: vec!["-shared".into(), "-fPIC".into(), "-Wl,-Bsymbolic".into()],
+            },
+        )
+    })
+}
+
+/// The window and signal APIs reach the fallback library through one mirror
+/// communicator per rank, created collectively from one unique id.
+#[test]
+fn window_and_signal_calls_are_forwarded_to_the_fallback() {
+    const N: usize = 3;
+    let log = common::tmp_dir().join("fake_nvidia_nccl.log");
+    let _ = std::fs::remove_file(&log);
+    let fb = fake_nvidia_nccl().display().to_string();
+    run(vec![job("dev_3_forward", N, "forward")
+        .env("HETCCL_NCCL_FALLBACK", &fb)
+        .env("FAKE_NCCL_LOG", &log.display().to_string())]);
+    let text = std::fs::read_to_string(&log).expect("the fallback wrote its call log");
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
+    let of = |kind: &str| -> Vec<&Vec<&str>> { lines.iter().filter(|l| l[0] == kind).collect() };
+    let ids = of("uniqueid");
+    assert_eq!(ids.len(), 1, "one unique id for the mirror:\n{text}");
+    let id = ids[0][1];
+    let mut init_ranks: Vec<&str> = of("init")
+        .iter()
+        .map(|l| {
+            assert_eq!(l[2], N.to_string(), "mirror size:\n{text}");
+            assert_eq!(l[6], id, "every rank inits with rank 0's id:\n{text}");
+            l[4]
+        })
+        .collect();
+    init_ranks.sort();
+    assert_eq!(init_ranks, ["0", "1", "2"], "one mirror per rank:\n{text}");
+    for kind in ["winreg", "winptr", "signal", "windereg"] {
+        assert_eq!(of(kind).len(), N, "{kind} once per rank:\n{text}");
+    }
+    for l in of("signal") {
+        let (r, p): (usize, usize) = (l[2].parse().unwrap(), l[4].parse().unwrap());
+        assert_eq!(p, (r + 1) % N, "signal peer passed through:\n{text}");
+    }
+    for l in of("winreg") {
+        assert_eq!(l[4], "4096", "window size passed through:\n{text}");
+    }
+}
+
+/// hetccl-perf of this build (`cargo test --workspace` builds it).
+fn hetccl_perf() -> PathBuf {
+    let p = common::profile_dir().join("hetccl-perf");
+    assert!(
+        p.is_file(),
+        "{} is missing: build it with `cargo build -p hetccl-perf` (same profile)",
+        p.display()
+    );
+    p
+}
+
+/// Runs hetccl-perf on hetccl with the emulated driver; returns stdout.
+fn perf(args: &[&str]) -> String {
+    let so = common::hetccl_so();
+    let mut cmd = std::process::Command::new(hetccl_perf());
+    ranks::clean_env(&mut cmd);
+    cmd.env("LD_LIBRARY_PATH", driver_dir())
+        .env("HETCCL_SOCKET_IFNAME", "lo")
+        .env("HETCCL_TIMEOUT_S", "60")
+        .args(args)
+        .arg("--lib")
+        .arg(&so)
+        .args(["-T", "120"]);
+    let out = common::run_ok(&mut cmd);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `#wrong` columns of a table: every data row's 9th and 13th fields.
+fn wrong_columns(table: &str) -> Vec<String> {
+    table
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .flat_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            [f.get(8), f.get(12)]
+                .into_iter()
+                .flatten()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// hetccl-perf's device-buffer mode: `--alloc device`, and the default
+/// `--alloc nccl` when `ncclMemAlloc` returns device memory. Every row has
+/// `#wrong` 0 and the rank lines name the device.
+#[test]
+fn hetccl_perf_on_device_buffers() {
+    for (coll, alloc, np) in [
+        ("all_reduce", "device", "2"),
+        ("all_gather", "nccl", "3"),
+        ("alltoall", "device", "2"),
+        ("sendrecv", "device", "2"),
+        ("broadcast", "nccl", "2"),
+    ] {
+        let out = perf(&[
+            coll, "-np", np, "-b", "8", "-e", "256K", "-f", "8", "-n", "3", "-w", "1", "--alloc",
+            alloc,
+        ]);
+        let label = format!("{coll} --alloc {alloc} -np {np}");
+        assert!(
+            out.contains("[cuda] hetccl fake GPU"),
+            "{label}: no device in the rank lines:\n{out}"
+        );
+        let wrong = wrong_columns(&out);
+        assert!(wrong.len() >= 8, "{label}: too few #wrong fields:\n{out}");
+        // In-place alltoall is unchecked (N/A), as in nccl-tests.
+        let zeros = wrong.iter().filter(|w| *w == "0").count();
+        assert!(
+            zeros >= 6 && wrong.iter().all(|w| w == "0" || w == "N/A"),
+            "{label}: wrong results:\n{out}"
+        );
+        assert!(
+            out.contains("# Out of bounds values : 0 OK"),
+            "{label}:\n{out}"
+        );
+    }
+}
