@@ -6,29 +6,53 @@
  *
  * The model
  * - Devices: FAKE_CUDA_DEVICES of them (default 1; 0 makes cuInit fail with
- *   CUDA_ERROR_NO_DEVICE), compute capability 9.0, unified addressing. One
- *   primary context per device; the current context is thread-local. Calls
- *   that allocate, create or enqueue need one (else CUDA_ERROR_INVALID_CONTEXT,
- *   as in the real driver); queries, synchronisation and frees do not.
+ *   CUDA_ERROR_NO_DEVICE), compute capability 9.0, unified addressing, UUID
+ *   "hetcclfakegpu" zero-padded with the ordinal in its last byte (distinct
+ *   per device, the same in every process). One primary context per
+ *   device; the current context is thread-local. Calls that allocate, create
+ *   or enqueue need one (else CUDA_ERROR_INVALID_CONTEXT, as in the real
+ *   driver); queries, synchronisation and frees do not.
  * - Device memory (cuMemAlloc) is a memfd mapped twice: a PROT_NONE view whose
  *   address is the CUdeviceptr, so a host access of a device pointer faults
  *   as on a real GPU, and a read-write "shadow" view that the fake copies
  *   through. Pinned host memory (cuMemHostAlloc) is plain RW memory whose
  *   device pointer is its host address. Every address given to a copy,
- *   memset or wait-value is translated: inside a device range -> the shadow;
- *   anywhere else -> used as a host address.
+ *   memset, wait-value or kernel is translated: inside a device range -> the
+ *   shadow; anywhere else -> used as a host address. cuMemGetAddressRange
+ *   knows device, IPC-mapped and pinned allocations (else NOT_FOUND).
  * - Streams: each has a worker thread running a FIFO of operations (copy,
  *   memset, event record, wait for an event, wait for a 32-bit value, host
- *   function). Stream handles 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD
- *   all name one lazily created process-wide default stream. Synchronous
- *   copies and memsets run on the default stream and wait for it to drain.
+ *   function, kernel). Stream handles 0, CU_STREAM_LEGACY and
+ *   CU_STREAM_PER_THREAD all name one lazily created process-wide default
+ *   stream. Synchronous copies and memsets run on the default stream and
+ *   wait for it to drain.
  * - Events: pending from cuEventRecord until the worker reaches the record.
  * - IPC: a handle names the owner's pid and memfd; another process opens
  *   /proc/<pid>/fd/<fd> and maps it (same uid, owner still alive).
+ * - Kernels: hetccl's reduction kernels (collectives/src/gpu/kernels/
+ *   reduce.cu) are emulated on the host. cuModuleLoadData takes NUL-terminated
+ *   PTX text containing ".entry hetccl_reduce_" (anything else:
+ *   CUDA_ERROR_INVALID_IMAGE) and keeps a copy; cuModuleGetFunction looks the
+ *   name up among its ".entry" names (absent: CUDA_ERROR_NOT_FOUND). A launch
+ *   of hetccl_reduce_<dt>_<op>(dst, a, b, n, s) copies the five parameters
+ *   and queues dst[i] = op(a[i], b[i]), i < n, run by the stream's worker as
+ *   the kernel does it: integer sum/prod wrap, float ops in the type's
+ *   precision, float max/min return the non-NaN operand of a NaN pair.
  *
  * Limits (where a test could be misled)
- * - No kernels: cuModuleLoadData, cuModuleGetFunction and cuLaunchKernel
- *   return CUDA_ERROR_NOT_SUPPORTED.
+ * - Only 32 kernels: hetccl_reduce_<dt>_<op> with dt in i8 u8 i32 u32 i64 u64
+ *   f32 f64 and op in sum prod max min. Every other entry point in the PTX
+ *   (f16, bf16 and fp8 types, avg and premulsum, hetccl_premul_*,
+ *   hetccl_postdiv_*) makes cuModuleGetFunction return
+ *   CUDA_ERROR_NOT_SUPPORTED: the fake cannot run them. The PTX is never
+ *   compiled: the arithmetic is the fake's own copy of reduce.cu's, and a
+ *   change to that file is not seen here.
+ * - A launch ignores grid and block sizes (they must be >= 1, at most 1024
+ *   threads a block; the real kernels are grid-stride loops) and shared
+ *   memory; `extra` (CU_LAUNCH_PARAM_*) is CUDA_ERROR_NOT_SUPPORTED. A buffer
+ *   running past the end of its device allocation fails the launch with
+ *   CUDA_ERROR_INVALID_VALUE (a GPU would fault later, at run time); host
+ *   addresses are not checked.
  * - The legacy default stream does not synchronise with other streams (the
  *   real one waits for, and blocks, every blocking stream of its context),
  *   and there is one default stream for all contexts.
@@ -79,6 +103,8 @@
 #define STREAM_MAGIC 0x57EA5757u
 #define EVENT_MAGIC 0xE7E7E7E7u
 #define IPC_MAGIC 0x1FCA4E00u
+#define MODULE_MAGIC 0x30D030D0u
+#define FUNC_MAGIC 0xF0F0F0F0u
 
 static int g_log;          /* FAKE_CUDA_LOG */
 static int g_no_memops;    /* FAKE_CUDA_NO_STREAM_MEMOPS */
@@ -295,14 +321,24 @@ static void unref_event(struct fake_event *e) {
     }
 }
 
-enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT_EVENT, OP_WAIT_VALUE, OP_HOST_FN };
+enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT_EVENT, OP_WAIT_VALUE, OP_HOST_FN, OP_KERNEL };
+
+/* The emulated kernels: hetccl_reduce_<dt>_<op> for these types and ops. */
+enum kdt { KD_I8, KD_U8, KD_I32, KD_U32, KD_I64, KD_U64, KD_F32, KD_F64, KD_N };
+static const char *const KDT_NAME[KD_N] = {"i8", "u8", "i32", "u32", "i64", "u64", "f32", "f64"};
+static const size_t KDT_SIZE[KD_N] = {1, 1, 4, 4, 8, 8, 4, 8};
+enum kop { KO_SUM, KO_PROD, KO_MAX, KO_MIN, KO_N };
+static const char *const KOP_NAME[KO_N] = {"sum", "prod", "max", "min"};
 
 struct op {
     struct op *next;
     int kind;
     char *dst;               /* COPY, SET; WAIT_VALUE: the translated address */
-    const char *src;         /* COPY */
-    size_t n;                /* COPY, SET */
+    const char *src;         /* COPY; KERNEL: a */
+    const char *src2;        /* KERNEL: b */
+    size_t n;                /* COPY, SET; KERNEL: elements */
+    int kdt, kop;            /* KERNEL: enum kdt, enum kop */
+    unsigned char scalar[8]; /* KERNEL: the scalar parameter (unused by the emulated ops) */
     int byte;                /* SET */
     struct fake_event *ev;   /* RECORD, WAIT_EVENT (a reference) */
     uint64_t seq;            /* RECORD: this record; WAIT_EVENT: the record waited for */
@@ -310,7 +346,7 @@ struct op {
     unsigned flags;          /* WAIT_VALUE */
     CUhostFn fn;             /* HOST_FN */
     void *user;              /* HOST_FN */
-    struct alloc *hold[2];   /* allocations kept mapped until the op is done */
+    struct alloc *hold[3];   /* allocations kept mapped until the op is done */
 };
 
 static struct op *op_new(int kind) {
@@ -323,6 +359,7 @@ static struct op *op_new(int kind) {
 static void op_free(struct op *o) {
     unref_alloc(o->hold[0]);
     unref_alloc(o->hold[1]);
+    unref_alloc(o->hold[2]);
     unref_event(o->ev);
     free(o);
 }
@@ -352,6 +389,52 @@ static int wait_value_ok(uint32_t cur, uint32_t v, unsigned flags) {
     }
 }
 
+/* The kernels' arithmetic, as in collectives/src/gpu/kernels/reduce.cu:
+ * integer sum/prod in the unsigned type (wrapping), float ops in the type's
+ * precision, float max/min returning the non-NaN operand. Elements are
+ * loaded and stored with memcpy (any alignment); dst may alias a or b. */
+#define RED_LOOP(T, EXPR)                                                                          \
+    for (size_t i = 0; i < n; i++) {                                                               \
+        T x, y, r;                                                                                 \
+        memcpy(&x, a + i * sizeof(T), sizeof(T));                                                  \
+        memcpy(&y, b + i * sizeof(T), sizeof(T));                                                  \
+        r = (EXPR);                                                                                \
+        memcpy(d + i * sizeof(T), &r, sizeof(T));                                                  \
+    }                                                                                              \
+    break;
+
+#define INT_RED(NAME, T, U)                                                                        \
+    static void red_##NAME(int op, char *d, const char *a, const char *b, size_t n) {              \
+        switch (op) {                                                                              \
+        case KO_SUM: RED_LOOP(T, (T)(U)((U)x + (U)y))                                              \
+        case KO_PROD: RED_LOOP(T, (T)(U)((U)x * (U)y))                                             \
+        case KO_MAX: RED_LOOP(T, x > y ? x : y)                                                    \
+        default: RED_LOOP(T, x < y ? x : y)                                                        \
+        }                                                                                          \
+    }
+
+#define FLOAT_RED(NAME, T)                                                                         \
+    static void red_##NAME(int op, char *d, const char *a, const char *b, size_t n) {              \
+        switch (op) {                                                                              \
+        case KO_SUM: RED_LOOP(T, x + y)                                                            \
+        case KO_PROD: RED_LOOP(T, x * y)                                                           \
+        case KO_MAX: RED_LOOP(T, x != x ? y : (y != y ? x : (x > y ? x : y)))                      \
+        default: RED_LOOP(T, x != x ? y : (y != y ? x : (x < y ? x : y)))                          \
+        }                                                                                          \
+    }
+
+INT_RED(i8, int8_t, uint8_t)
+INT_RED(u8, uint8_t, uint8_t)
+INT_RED(i32, int32_t, uint32_t)
+INT_RED(u32, uint32_t, uint32_t)
+INT_RED(i64, int64_t, uint64_t)
+INT_RED(u64, uint64_t, uint64_t)
+FLOAT_RED(f32, float)
+FLOAT_RED(f64, double)
+
+static void (*const RED[KD_N])(int, char *, const char *, const char *, size_t) = {
+    red_i8, red_u8, red_i32, red_u32, red_i64, red_u64, red_f32, red_f64};
+
 static void run_op(struct op *o) {
     switch (o->kind) {
     case OP_COPY: memmove(o->dst, o->src, o->n); break;
@@ -380,6 +463,9 @@ static void run_op(struct op *o) {
         break;
     }
     case OP_HOST_FN: o->fn(o->user); break;
+    case OP_KERNEL:
+        if (o->n) RED[o->kdt](o->kop, o->dst, o->src, o->src2, o->n);
+        break;
     }
 }
 
@@ -601,6 +687,16 @@ CUresult cuDriverGetVersion(int *v) {
     return CUDA_SUCCESS;
 }
 
+/* The driver's private export tables. NVIDIA's NVRTC opens libcuda.so.1
+ * when it is on the library path and asks for one; without this symbol it
+ * dereferences NULL. The fake has none: NVRTC then works without it. */
+CUresult cuGetExportTable(const void **table, const CUuuid *id) {
+    LOG("cuGetExportTable: none in the fake");
+    (void)id;
+    if (table != NULL) *table = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 #define NEED_DEV(d) do { if ((d) < 0 || (d) >= g_ndev) return CUDA_ERROR_INVALID_DEVICE; } while (0)
 
 CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
@@ -659,6 +755,29 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     NEED_DEV(dev);
     *bytes = (size_t)80 << 30;
     return CUDA_SUCCESS;
+}
+
+/* "hetcclfakegpu", zero-padded, the ordinal in the last byte: distinct per
+ * device, the same in every process. */
+static CUresult get_uuid(const char *fn, CUuuid *uuid, CUdevice dev) {
+    LOG("%s(dev=%d)", fn, dev);
+    NEED_INIT();
+    NEED_PTR(uuid);
+    NEED_DEV(dev);
+    static const char tag[] = "hetcclfakegpu";
+    _Static_assert(sizeof tag <= sizeof uuid->bytes - 1, "tag fits");
+    memset(uuid->bytes, 0, sizeof uuid->bytes);
+    memcpy(uuid->bytes, tag, sizeof tag - 1);
+    uuid->bytes[sizeof uuid->bytes - 1] = (char)dev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    return get_uuid("cuDeviceGetUuid", uuid, dev);
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    return get_uuid("cuDeviceGetUuid_v2", uuid, dev);
 }
 
 /* ------------------------------------------------------------- contexts */
@@ -725,7 +844,14 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     NEED_CTX();
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     size_t maplen = page_round(size);
-    int fd = memfd_create("fake_cuda_dev", MFD_CLOEXEC);
+    /* Each allocation's memfd is named with a serial number that its IPC
+     * handles carry, so a handle is unique to its allocation (as the real
+     * driver's are) even when a later allocation reuses the fd number. */
+    static uint64_t serial;
+    char name[64];
+    snprintf(name, sizeof name, "fake_cuda_dev-%llu",
+             (unsigned long long)__atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED));
+    int fd = memfd_create(name, MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)maplen) != 0) {
         if (fd >= 0) close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1033,29 +1159,183 @@ CUresult cuEventDestroy_v2(CUevent ev) {
 
 /* -------------------------------------------------------------- kernels */
 
+/* A module: a copy of the PTX text (names are looked up in it) and the
+ * functions handed out, freed by cuModuleUnload. A function records which
+ * emulated kernel it is. */
+struct fake_func {
+    uint32_t magic;
+    struct fake_func *next; /* in its module */
+    int kdt, kop;
+};
+struct fake_module {
+    uint32_t magic;
+    char *ptx;
+    struct fake_func *funcs;
+};
+static pthread_mutex_t g_mod = PTHREAD_MUTEX_INITIALIZER; /* guards every module's funcs */
+
+#define PTX_MARK ".entry hetccl_reduce_"
+
 CUresult cuModuleLoadData(CUmodule *module, const void *image) {
-    LOG("cuModuleLoadData(%p): no kernels in the fake", image);
     NEED_INIT();
     NEED_PTR(module);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    NEED_PTR(image);
+    NEED_CTX();
+    /* Only PTX text of hetccl's reduction kernels (a cubin is ELF: no match). */
+    if (!strstr((const char *)image, PTX_MARK)) {
+        LOG("cuModuleLoadData(%p) -> not PTX of hetccl's kernels", image);
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    struct fake_module *m = calloc(1, sizeof *m);
+    if (!m) abort();
+    m->ptx = strdup((const char *)image);
+    if (!m->ptx) abort();
+    m->magic = MODULE_MAGIC;
+    *module = (CUmodule)m;
+    LOG("cuModuleLoadData(%p, %zu bytes of PTX) -> %p", image, strlen(m->ptx), (void *)m);
+    return CUDA_SUCCESS;
 }
 
-CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
-    LOG("cuModuleGetFunction(%p, %s)", (void *)m, name ? name : "(null)");
+CUresult cuModuleUnload(CUmodule hmod) {
+    LOG("cuModuleUnload(%p)", (void *)hmod);
+    NEED_INIT();
+    struct fake_module *m = (struct fake_module *)hmod;
+    if (!m || m->magic != MODULE_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    /* Launches already queued copied what they need; the handles die now. */
+    pthread_mutex_lock(&g_mod);
+    m->magic = 0;
+    struct fake_func *f = m->funcs;
+    m->funcs = NULL;
+    pthread_mutex_unlock(&g_mod);
+    while (f) {
+        struct fake_func *next = f->next;
+        f->magic = 0;
+        free(f);
+        f = next;
+    }
+    free(m->ptx);
+    free(m);
+    return CUDA_SUCCESS;
+}
+
+/* Whether `ptx` declares an entry point named exactly `name`. */
+static int ptx_has_entry(const char *ptx, const char *name) {
+    size_t len = strlen(name);
+    for (const char *p = ptx; (p = strstr(p, ".entry")) != NULL; p += 6) {
+        const char *q = p + 6;
+        if (*q != ' ' && *q != '\t') continue;
+        while (*q == ' ' || *q == '\t') q++;
+        if (strncmp(q, name, len) != 0) continue;
+        char c = q[len]; /* the name must end here */
+        if (!(c == '_' || c == '$' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+              (c >= 'A' && c <= 'Z')))
+            return 1;
+    }
+    return 0;
+}
+
+/* The emulated kernel `name` names: 1 with *dt and *op set, else 0. */
+static int parse_kernel(const char *name, int *dt, int *op) {
+    static const char prefix[] = "hetccl_reduce_";
+    if (strncmp(name, prefix, sizeof prefix - 1) != 0) return 0;
+    const char *r = name + sizeof prefix - 1;
+    for (int d = 0; d < KD_N; d++) {
+        size_t l = strlen(KDT_NAME[d]);
+        if (strncmp(r, KDT_NAME[d], l) != 0 || r[l] != '_') continue;
+        for (int o = 0; o < KO_N; o++) {
+            if (strcmp(r + l + 1, KOP_NAME[o]) == 0) {
+                *dt = d;
+                *op = o;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule hmod, const char *name) {
+    LOG("cuModuleGetFunction(%p, %s)", (void *)hmod, name ? name : "(null)");
     NEED_INIT();
     NEED_PTR(f);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    NEED_PTR(name);
+    struct fake_module *m = (struct fake_module *)hmod;
+    if (!m || m->magic != MODULE_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!ptx_has_entry(m->ptx, name)) return CUDA_ERROR_NOT_FOUND;
+    int dt, op;
+    if (!parse_kernel(name, &dt, &op)) {
+        LOG("cuModuleGetFunction: the fake cannot run %s", name);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    pthread_mutex_lock(&g_mod);
+    struct fake_func *fn = m->funcs;
+    while (fn && !(fn->kdt == dt && fn->kop == op)) fn = fn->next;
+    if (!fn) { /* the same handle for the same name, as in the real driver */
+        fn = calloc(1, sizeof *fn);
+        if (!fn) abort();
+        *fn = (struct fake_func){FUNC_MAGIC, m->funcs, dt, op};
+        m->funcs = fn;
+    }
+    pthread_mutex_unlock(&g_mod);
+    *f = (CUfunction)fn;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                         CUstream h, void **params, void **extra) {
-    LOG("cuLaunchKernel(%p, grid %ux%ux%u, block %ux%ux%u, shmem %u, stream %p)", (void *)f, gx,
-        gy, gz, bx, by, bz, shmem, (void *)h);
-    (void)params;
-    (void)extra;
     NEED_INIT();
-    return CUDA_ERROR_NOT_SUPPORTED;
+    struct fake_func *fn = (struct fake_func *)f;
+    if (!fn || fn->magic != FUNC_MAGIC) {
+        LOG("cuLaunchKernel(%p): not a function", (void *)f);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    LOG("cuLaunchKernel(hetccl_reduce_%s_%s, grid %ux%ux%u, block %ux%ux%u, shmem %u, stream %p)",
+        KDT_NAME[fn->kdt], KOP_NAME[fn->kop], gx, gy, gz, bx, by, bz, shmem, (void *)h);
+    NEED_CTX();
+    if (extra) return CUDA_ERROR_NOT_SUPPORTED; /* CU_LAUNCH_PARAM_* buffers: not emulated */
+    if (!params || !gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < 5; i++) NEED_PTR(params[i]);
+    /* The parameter values are taken now, as the real driver does. */
+    uint64_t dst, pa, pb, n;
+    memcpy(&dst, params[0], 8);
+    memcpy(&pa, params[1], 8);
+    memcpy(&pb, params[2], 8);
+    memcpy(&n, params[3], 8);
+    struct op *o = op_new(OP_KERNEL);
+    memcpy(o->scalar, params[4], 8);
+    o->kdt = fn->kdt;
+    o->kop = fn->kop;
+    o->n = (size_t)n;
+    CUresult rc = CUDA_SUCCESS;
+    if (n > SIZE_MAX / KDT_SIZE[fn->kdt]) rc = CUDA_ERROR_INVALID_VALUE;
+    size_t bytes = (size_t)n * KDT_SIZE[fn->kdt];
+    if (rc == CUDA_SUCCESS && n) { /* with n == 0 the kernel touches no memory */
+        rc = translate(dst, bytes, &o->dst, &o->hold[0]);
+        if (rc == CUDA_SUCCESS) rc = translate(pa, bytes, (char **)&o->src, &o->hold[1]);
+        if (rc == CUDA_SUCCESS) rc = translate(pb, bytes, (char **)&o->src2, &o->hold[2]);
+    }
+    if (rc != CUDA_SUCCESS) {
+        op_free(o);
+        return rc;
+    }
+    return submit(h, o);
+}
+
+/* ------------------------------------------------------ address ranges */
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr p) {
+    NEED_INIT();
+    struct alloc a;
+    if (!lookup(p, &a)) {
+        LOG("cuMemGetAddressRange_v2(%#llx) -> not found", p);
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    LOG("cuMemGetAddressRange_v2(%#llx) -> %s %#llx + %zu", p, KIND_NAME[a.kind],
+        (unsigned long long)a.dev, a.size);
+    if (pbase) *pbase = a.dev;
+    if (psize) *psize = a.size;
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ IPC */
@@ -1067,7 +1347,26 @@ struct ipc_handle { /* the first bytes of a CUipcMemHandle */
     uint32_t pad;
     uint64_t size;   /* the allocation's size */
     uint64_t offset; /* of the exported pointer within it (informational) */
+    char name[32];   /* the memfd's name, with the allocation's serial */
 };
+
+/* The memfd name behind `fd` of process `pid` ("" when unknown). */
+static void fd_name(int pid, int fd, char *out, size_t n) {
+    char path[64], link[128];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+    ssize_t k = readlink(path, link, sizeof link - 1);
+    out[0] = 0;
+    if (k <= 0) return;
+    link[k] = 0;
+    /* "/memfd:<name> (deleted)" */
+    const char *p = strncmp(link, "/memfd:", 7) == 0 ? link + 7 : link;
+    size_t i = 0;
+    while (p[i] && p[i] != ' ' && i + 1 < n) {
+        out[i] = p[i];
+        i++;
+    }
+    out[i] = 0;
+}
 _Static_assert(sizeof(struct ipc_handle) <= sizeof(CUipcMemHandle), "handle fits");
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
@@ -1076,7 +1375,8 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     NEED_PTR(h);
     struct alloc a;
     if (!lookup(p, &a) || a.kind != K_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    struct ipc_handle ih = {IPC_MAGIC, (int32_t)getpid(), a.fd, 0, a.size, p - a.dev};
+    struct ipc_handle ih = {IPC_MAGIC, (int32_t)getpid(), a.fd, 0, a.size, p - a.dev, {0}};
+    fd_name((int)getpid(), a.fd, ih.name, sizeof ih.name);
     memset(h, 0, sizeof *h);
     memcpy(h->reserved, &ih, sizeof ih);
     return CUDA_SUCCESS;
@@ -1092,6 +1392,14 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned in
         (unsigned long long)ih.size, flags);
     if (ih.magic != IPC_MAGIC || ih.size == 0) return CUDA_ERROR_INVALID_VALUE;
     if (ih.pid == (int32_t)getpid()) return CUDA_ERROR_INVALID_CONTEXT; /* as the real driver */
+    /* A handle of a freed allocation fails, even when the fd number now
+     * names a newer allocation. */
+    char now[32];
+    fd_name(ih.pid, ih.fd, now, sizeof now);
+    if (ih.name[0] == 0 || strncmp(now, ih.name, sizeof now) != 0) {
+        LOG("cuIpcOpenMemHandle_v2: %s is gone (fd %d is now '%s')", ih.name, ih.fd, now);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd/%d", ih.pid, ih.fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -1134,6 +1442,7 @@ static const struct {
     E(CUDA_ERROR_INVALID_CONTEXT, "invalid device context"),
     E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
     E(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"),
+    E(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
     E(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
     E(CUDA_ERROR_NOT_READY, "device not ready"),
     E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),

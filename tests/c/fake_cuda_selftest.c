@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
@@ -59,6 +60,15 @@ static int check(const unsigned char *p, size_t n, unsigned mul, unsigned add) {
 }
 
 static CUcontext ctx0, ctx1;
+
+/* The UUID of `dev` as 32 hex digits (in a static buffer). */
+static const char *uuid_hex(CUdevice dev) {
+    static char hex[33];
+    CUuuid u;
+    CK(cuDeviceGetUuid_v2(&u, dev));
+    for (int i = 0; i < 16; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)u.bytes[i]);
+    return hex;
+}
 
 /* Pinned memory holding a 32-bit flag (host pointer; same device pointer). */
 static volatile uint32_t *new_flag(uint32_t v) {
@@ -108,6 +118,21 @@ static void t_devices(void) {
     int ver = 0;
     CK(cuDriverGetVersion(&ver));
     kv("drv.version", ver);
+
+    /* UUIDs: per device, stable, the same from both entry points. */
+    CUuuid u0, u0b, u1, u1v1;
+    CK(cuDeviceGetUuid_v2(&u0, 0));
+    CK(cuDeviceGetUuid_v2(&u0b, 0));
+    CK(cuDeviceGetUuid_v2(&u1, 1));
+    CK(cuDeviceGetUuid(&u1v1, 1));
+    kv("uuid.stable", memcmp(&u0, &u0b, sizeof u0) == 0);
+    kv("uuid.differ", memcmp(&u0, &u1, sizeof u0) != 0);
+    kv("uuid.v1_same", memcmp(&u1, &u1v1, sizeof u1) == 0);
+    kvs("uuid.dev0", uuid_hex(0));
+    kvs("uuid.dev1", uuid_hex(1));
+    kv("uuid.bad_dev", cuDeviceGetUuid_v2(&u0, n));
+    kv("uuid.bad_dev_v1", cuDeviceGetUuid(&u0, -1));
+    kv("uuid.null", cuDeviceGetUuid_v2(NULL, 0));
 }
 
 static void t_contexts(void) {
@@ -214,6 +239,18 @@ static void t_attributes(void) {
     kv("attr.dev.single_type", t);
     CUdeviceptr hd;
     kv("attr.dev.hostdevptr", cuMemHostGetDevicePointer(&hd, (void *)(uintptr_t)d, 0));
+    CUdeviceptr base = 1;
+    size_t size = 1;
+    kv("range.dev.rc", cuMemGetAddressRange(&base, &size, d + 1234));
+    kv("range.dev.base_ok", base == d);
+    kv("range.dev.size", (long long)size);
+    base = 1;
+    kv("range.dev.last_rc", cuMemGetAddressRange(&base, NULL, d + 9999));
+    kv("range.dev.last_base_ok", base == d);
+    size = 1;
+    kv("range.dev.null_base_rc", cuMemGetAddressRange(NULL, &size, d));
+    kv("range.dev.null_base_size", (long long)size);
+    kv("range.dev.past_end", cuMemGetAddressRange(&base, &size, d + 10000));
 
     void *h;
     CK(cuMemHostAlloc(&h, 5000, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
@@ -224,6 +261,11 @@ static void t_attributes(void) {
     kv("attr.pinned.ordinal", (int)v[2]);
     kv("attr.pinned.start_ok", v[3] == (uint64_t)(uintptr_t)h);
     kv("attr.pinned.size", (long long)v[4]);
+    base = 1;
+    size = 1;
+    kv("range.pinned.rc", cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)h + 4321));
+    kv("range.pinned.base_ok", base == (CUdeviceptr)(uintptr_t)h);
+    kv("range.pinned.size", (long long)size);
 
     int local = 0;
     for (int i = 0; i < 6; i++) v[i] = 0x5555;
@@ -235,6 +277,11 @@ static void t_attributes(void) {
     kv("attr.unknown.single", cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                                     (CUdeviceptr)(uintptr_t)&local));
     kv("attr.past_end.type", (attrs(d + 10000, v), (unsigned)v[0]));
+    base = 7;
+    size = 7;
+    kv("range.unknown.rc", cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)&local));
+    kv("range.unknown.untouched", base == 7 && size == 7);
+    kv("range.null.rc", cuMemGetAddressRange(&base, &size, 0));
 
     /* The PROT_NONE view: a host read of a device pointer faults; pinned is fine. */
     fflush(stdout);
@@ -256,6 +303,7 @@ static void t_attributes(void) {
     CK(cuMemFree(d));
     CK(cuMemFreeHost(h));
     kv("attr.freed.type", (attrs(d, v), (unsigned)v[0]));
+    kv("range.freed.rc", cuMemGetAddressRange(&base, &size, d + 1));
 }
 
 /* --------------------------------------------------------- stream order */
@@ -514,14 +562,234 @@ static void t_capture(void) {
     CK(cuMemFree(a));
 }
 
-/* ------------------------------------------------------ kernels, errors */
+/* -------------------------------------------------------------- kernels */
 
-static void t_kernels_errors(void) {
-    CUmodule m = NULL;
+/* Stands in for NVRTC's PTX of collectives/src/gpu/kernels/reduce.cu. */
+static const char PTX[] =
+    "//\n// Hand-written: only the entry names matter to the fake.\n//\n"
+    ".version 8.5\n.target sm_90\n.address_size 64\n\n"
+    "\t// .globl\thetccl_reduce_f32_sum\n"
+    ".visible .entry hetccl_reduce_f32_sum(\n\t.param .u64 p0,\n\t.param .f32 p4\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_f16_sum(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_f32_max(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_f32_avg(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_i32_prod(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_u8_sum(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_i8_max(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_u64_sum(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_f64_min(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_premul_f32(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_postdiv_i32(\n)\n{\n\tret;\n}\n";
+
+static CUfunction get_fn(CUmodule m, const char *name) {
     CUfunction f = NULL;
-    kv("kernel.load", cuModuleLoadData(&m, "not a cubin"));
-    kv("kernel.get_function", cuModuleGetFunction(&f, m, "k"));
-    kv("kernel.launch", cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    CK(cuModuleGetFunction(&f, m, name));
+    return f;
+}
+
+/* The kernels' signature: (T* dst, const T* a, const T* b, u64 n, T s). */
+static CUresult launch(CUfunction f, CUdeviceptr d, CUdeviceptr a, CUdeviceptr b, uint64_t n,
+                       CUstream s) {
+    uint64_t scalar = 0;
+    void *params[5] = {&d, &a, &b, &n, &scalar};
+    return cuLaunchKernel(f, 4, 1, 1, 256, 1, 1, 0, s, params, NULL);
+}
+
+/* `key v0,v1,...` with %.9g (float) or %.17g (double) or integers. */
+static void kv_f32(const char *k, const float *v, int n) {
+    printf("%s ", k);
+    for (int i = 0; i < n; i++) printf("%s%.9g", i ? "," : "", (double)v[i]);
+    printf("\n");
+}
+static void kv_f64(const char *k, const double *v, int n) {
+    printf("%s ", k);
+    for (int i = 0; i < n; i++) printf("%s%.17g", i ? "," : "", v[i]);
+    printf("\n");
+}
+static void kv_i64(const char *k, const int64_t *v, int n) {
+    printf("%s ", k);
+    for (int i = 0; i < n; i++) printf("%s%lld", i ? "," : "", (long long)v[i]);
+    printf("\n");
+}
+
+struct nctx_res { CUresult load, launch; CUfunction f; };
+static void *no_ctx_thread(void *arg) {
+    struct nctx_res *r = arg;
+    CUmodule m;
+    r->load = cuModuleLoadData(&m, PTX);
+    r->launch = launch(r->f, 0, 0, 0, 0, NULL);
+    return NULL;
+}
+
+static void t_kernels(void) {
+    CUmodule m = NULL, junk = NULL;
+    CUfunction f = NULL;
+    kv("kernel.load_garbage", cuModuleLoadData(&junk, "not a cubin"));
+    kv("kernel.load_elf", cuModuleLoadData(&junk, "\177ELF\2\1\1"));
+    kv("kernel.load_null", cuModuleLoadData(&junk, NULL));
+    kv("kernel.load", cuModuleLoadData(&m, PTX));
+    kv("kernel.module_nonnull", m != NULL);
+    kv("kernel.get_f32_sum", cuModuleGetFunction(&f, m, "hetccl_reduce_f32_sum"));
+    CUfunction again = NULL;
+    CK(cuModuleGetFunction(&again, m, "hetccl_reduce_f32_sum"));
+    kv("kernel.same_handle", f != NULL && again == f);
+    CUfunction g = NULL;
+    kv("kernel.get_f16_sum", cuModuleGetFunction(&g, m, "hetccl_reduce_f16_sum"));
+    kv("kernel.get_f32_avg", cuModuleGetFunction(&g, m, "hetccl_reduce_f32_avg"));
+    kv("kernel.get_premul", cuModuleGetFunction(&g, m, "hetccl_premul_f32"));
+    kv("kernel.get_postdiv", cuModuleGetFunction(&g, m, "hetccl_postdiv_i32"));
+    kv("kernel.get_missing", cuModuleGetFunction(&g, m, "hetccl_reduce_i32_sum"));
+    kv("kernel.get_prefix", cuModuleGetFunction(&g, m, "hetccl_reduce_f32_su"));
+    kv("kernel.get_bad_module", cuModuleGetFunction(&g, NULL, "hetccl_reduce_f32_sum"));
+
+    enum { N = 5 };
+    CUstream s = new_stream();
+    CUevent e = new_event();
+    volatile uint32_t *flag = new_flag(0);
+    CUdeviceptr A, B;
+    CK(cuMemAlloc(&A, 4096));
+    CK(cuMemAlloc(&B, 4096));
+
+    /* f32 sum, dst aliasing a, queued behind a blocked wait-value. The
+     * parameter variables change after the launch: the values count. */
+    const float fa[N] = {1.5f, -2.0f, 16777216.0f, 0.1f, 3.0f};
+    const float fb[N] = {2.25f, 0.5f, 1.0f, 0.2f, -3.0f};
+    float fo[N];
+    CK(cuMemcpyHtoD(A, fa, sizeof fa));
+    CK(cuMemcpyHtoD(B, fb, sizeof fb));
+    CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    {
+        CUdeviceptr pd = A, pa = A, pb = B;
+        uint64_t n = N;
+        float sc = 0.0f;
+        void *params[5] = {&pd, &pa, &pb, &n, &sc};
+        kv("kernel.launch_rc", cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
+        pd = pa = pb = 0;
+        n = 0;
+    }
+    CK(cuEventRecord(e, s));
+    sleep_ms(30);
+    kv("kernel.pending", cuEventQuery(e));
+    CK(cuMemcpyDtoH(fo, A, sizeof fo)); /* default stream: not ordered after s */
+    kv("kernel.not_run_before_release", memcmp(fo, fa, sizeof fa) == 0);
+    set_flag(flag, 1);
+    CK(cuEventSynchronize(e));
+    CK(cuMemcpyDtoH(fo, A, sizeof fo));
+    kv_f32("kernel.f32_sum", fo, N);
+
+    /* f32 max: the non-NaN operand of a NaN pair; dst aliasing b. */
+    const float ma[N] = {1.0f, NAN, 3.0f, -7.0f, NAN};
+    const float mb[N] = {2.0f, 5.0f, NAN, -8.0f, NAN};
+    CK(cuMemcpyHtoD(A, ma, sizeof ma));
+    CK(cuMemcpyHtoD(B, mb, sizeof mb));
+    kv("kernel.launch_f32_max", launch(get_fn(m, "hetccl_reduce_f32_max"), B, A, B, N, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(fo, B, sizeof fo));
+    kv_f32("kernel.f32_max", fo, N);
+
+    /* i32 prod, wrapping; a in device memory, b and dst in pinned memory. */
+    const int32_t pa_[4] = {INT32_MAX, -3, 65536, 7};
+    const int32_t pb_[4] = {2, 5, 65536, INT32_MIN};
+    int32_t *hb, *hd;
+    CK(cuMemHostAlloc((void **)&hb, 64, 0));
+    CK(cuMemHostAlloc((void **)&hd, 64, 0));
+    memcpy(hb, pb_, sizeof pb_);
+    memset(hd, 0, 64);
+    CK(cuMemcpyHtoD(A, pa_, sizeof pa_));
+    CK(launch(get_fn(m, "hetccl_reduce_i32_prod"), (CUdeviceptr)(uintptr_t)hd, A,
+              (CUdeviceptr)(uintptr_t)hb, 4, s));
+    CK(cuStreamSynchronize(s));
+    int64_t io[8];
+    for (int i = 0; i < 4; i++) io[i] = hd[i];
+    kv_i64("kernel.i32_prod", io, 4);
+
+    /* u8 sum, wrapping, at interior (odd) offsets, dst aliasing a. */
+    const uint8_t ua[3] = {200, 1, 255}, ub[3] = {100, 2, 255};
+    uint8_t uo[5] = {0};
+    CK(cuMemsetD8(A, 9, 64));
+    CK(cuMemcpyHtoD(A + 17, ua, 3));
+    CK(cuMemcpyHtoD(B + 33, ub, 3));
+    CK(launch(get_fn(m, "hetccl_reduce_u8_sum"), A + 17, A + 17, B + 33, 3, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(uo, A + 16, 5));
+    for (int i = 0; i < 5; i++) io[i] = uo[i];
+    kv_i64("kernel.u8_sum", io, 5); /* the bytes around are untouched (9) */
+
+    /* i8 max compares signed; u64 sum wraps. */
+    const int8_t ia[3] = {-128, 127, -1}, ib[3] = {0, -128, 1};
+    int8_t i8o[3];
+    CK(cuMemcpyHtoD(A, ia, 3));
+    CK(cuMemcpyHtoD(B, ib, 3));
+    CK(launch(get_fn(m, "hetccl_reduce_i8_max"), A, A, B, 3, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(i8o, A, 3));
+    for (int i = 0; i < 3; i++) io[i] = i8o[i];
+    kv_i64("kernel.i8_max", io, 3);
+    const uint64_t la[2] = {UINT64_MAX, 1ull << 63}, lb[2] = {2, 1ull << 63};
+    uint64_t lo[2];
+    CK(cuMemcpyHtoD(A, la, sizeof la));
+    CK(cuMemcpyHtoD(B, lb, sizeof lb));
+    CK(launch(get_fn(m, "hetccl_reduce_u64_sum"), A, A, B, 2, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(lo, A, sizeof lo));
+    for (int i = 0; i < 2; i++) io[i] = (int64_t)lo[i];
+    kv_i64("kernel.u64_sum", io, 2);
+
+    /* f64 min with NaN operands, in double precision (1 + 2^-40 survives). */
+    const double da[N] = {NAN, 1.5, -2.0, 1e10, 1.0};
+    const double db[N] = {4.0, NAN, 3.0, -1e10, 1.0 + 0x1p-40};
+    double dout[N];
+    CK(cuMemcpyHtoD(A, da, sizeof da));
+    CK(cuMemcpyHtoD(B, db, sizeof db));
+    CK(launch(get_fn(m, "hetccl_reduce_f64_min"), A, A, B, N, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(dout, A, sizeof dout));
+    kv_f64("kernel.f64_min", dout, N);
+    CK(cuMemcpyHtoD(A, db, sizeof db)); /* min(1 + 2^-40, 1 + 2^-40) stays exact */
+    CK(launch(get_fn(m, "hetccl_reduce_f64_min"), A, A, B, N, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(dout, A, sizeof dout));
+    kv("kernel.f64_exact", dout[4] == 1.0 + 0x1p-40);
+
+    /* Errors. */
+    void *params[5] = {&A, &A, &B, &(uint64_t){1}, &(uint64_t){0}};
+    kv("kernel.launch_null_fn", cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
+    kv("kernel.launch_grid0", cuLaunchKernel(f, 0, 1, 1, 1, 1, 1, 0, s, params, NULL));
+    kv("kernel.launch_block0", cuLaunchKernel(f, 1, 1, 1, 1, 0, 1, 0, s, params, NULL));
+    kv("kernel.launch_block_big", cuLaunchKernel(f, 1, 1, 1, 1025, 1, 1, 0, s, params, NULL));
+    kv("kernel.launch_no_params", cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+    void *extra[] = {CU_LAUNCH_PARAM_END};
+    kv("kernel.launch_extra", cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, extra));
+    kv("kernel.launch_overrun", launch(f, A, A, B, 1025, s)); /* 4100 bytes > 4096 */
+    kv("kernel.launch_null_ptr", launch(f, 0, A, B, 1, s));
+    kv("kernel.launch_n0_null", launch(f, 0, 0, 0, 0, s));
+    struct nctx_res r = {0, 0, f};
+    pthread_t th;
+    pthread_create(&th, NULL, no_ctx_thread, &r);
+    pthread_join(th, NULL);
+    kv("kernel.load_no_ctx", r.load);
+    kv("kernel.launch_no_ctx", r.launch);
+    CK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    kv("kernel.launch_capturing", launch(f, A, A, B, 1, s));
+    CUgraph gr;
+    CK(cuStreamEndCapture(s, &gr));
+    CK(cuGraphDestroy(gr));
+    CK(cuStreamSynchronize(s));
+
+    kv("kernel.unload", cuModuleUnload(m));
+    kv("kernel.unload_again", cuModuleUnload(NULL));
+    CK(cuEventDestroy(e));
+    CK(cuStreamDestroy(s));
+    CK(cuMemFree(A));
+    CK(cuMemFree(B));
+    CK(cuMemFreeHost(hb));
+    CK(cuMemFreeHost(hd));
+    CK(cuMemFreeHost((void *)flag));
+}
+
+/* --------------------------------------------------------------- errors */
+
+static void t_errors(void) {
     const char *s = NULL;
     CK(cuGetErrorName(CUDA_ERROR_NOT_READY, &s));
     kvs("err.name_600", s);
@@ -529,6 +797,8 @@ static void t_kernels_errors(void) {
     kvs("err.name_900", s);
     CK(cuGetErrorName(CUDA_ERROR_INVALID_CONTEXT, &s));
     kvs("err.name_201", s);
+    CK(cuGetErrorName(CUDA_ERROR_INVALID_IMAGE, &s));
+    kvs("err.name_200", s);
     CK(cuGetErrorString(CUDA_SUCCESS, &s));
     kvs("err.text_0", s);
     kv("err.unknown", cuGetErrorName((CUresult)12345, &s));
@@ -588,12 +858,19 @@ static int ipc_child(const char *hex) {
     unsigned t = 0;
     CK(cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p + 100));
     kv("ipc.child_memtype", t);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    kv("ipc.child_range_rc", cuMemGetAddressRange(&base, &size, p + 100));
+    kv("ipc.child_range_base_ok", base == p);
+    kv("ipc.child_range_size", (long long)size);
+    kvs("ipc.child_uuid1", uuid_hex(1));
     CK(cuMemcpyDtoH(buf, p, N));
     kv("ipc.child_read_ok", check(buf, N, 7, 3));
     fill(buf, N, 11, 5);
     CK(cuMemcpyHtoD(p, buf, N));
     kv("ipc.child_close", cuIpcCloseMemHandle(p));
     kv("ipc.child_close_again", cuIpcCloseMemHandle(p));
+    kv("ipc.child_range_closed", cuMemGetAddressRange(&base, &size, p + 100));
     return 0;
 }
 
@@ -640,7 +917,8 @@ int main(int argc, char **argv) {
     t_host_funcs();
     t_cross_stream();
     t_capture();
-    t_kernels_errors();
+    t_kernels();
+    t_errors();
     t_ipc(argv[0]);
     printf("done 1\n");
     return 0;
