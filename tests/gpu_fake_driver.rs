@@ -53,47 +53,147 @@ fn exe() -> &'static Path {
     })
 }
 
-/// A job with the emulated driver on the library path.
+/// NVIDIA's NVRTC, which compiles hetccl's reduction kernels (the emulated
+/// driver then runs them): `HETCCL_NVRTC_LIB`, else the copy
+/// `scripts/fetch-nvrtc.sh` caches. Missing: `None`, or a failure when
+/// `HETCCL_REQUIRE_NVRTC=1` (as `scripts/test.sh` sets).
+fn nvrtc() -> Option<String> {
+    let p = std::env::var_os("HETCCL_NVRTC_LIB")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = std::env::var_os("HETCCL_CACHE")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hetccl"))
+                })?;
+            Some(cache.join("nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"))
+        })
+        .filter(|p| p.exists());
+    if p.is_none() && std::env::var("HETCCL_REQUIRE_NVRTC").as_deref() == Ok("1") {
+        panic!("HETCCL_REQUIRE_NVRTC=1 but NVRTC is missing: run scripts/fetch-nvrtc.sh");
+    }
+    p.map(|p| p.display().to_string())
+}
+
+/// A job with the emulated driver on the library path (and NVRTC, when
+/// present, so that device reductions can run as kernels).
 fn job(label: &str, n: usize, modes: &str) -> Job {
-    Job::new(label, n, modes).env("LD_LIBRARY_PATH", &driver_dir().display().to_string())
+    let j = Job::new(label, n, modes).env("LD_LIBRARY_PATH", &driver_dir().display().to_string());
+    match nvrtc() {
+        Some(p) => j.env("HETCCL_NVRTC_LIB", &p),
+        None => j,
+    }
 }
 
-fn run(jobs: Vec<Job>) {
+/// `job` with hetccl's per-call path lines (`NCCL_DEBUG_SUBSYS=COLL`).
+fn logged(label: &str, n: usize, modes: &str) -> Job {
+    job(label, n, modes)
+        .env("NCCL_DEBUG", "INFO")
+        .env("NCCL_DEBUG_SUBSYS", "COLL")
+}
+
+fn run(jobs: Vec<Job>) -> Vec<coll::Outcome> {
     let so = common::hetccl_so();
-    coll::run_all("gpu_fake_driver", exe(), &so, jobs);
+    coll::run_all("gpu_fake_driver", exe(), &so, jobs)
 }
 
-/// Every mode on 2 ranks, one device.
+/// Per rank, how many calls of `kind` (hetccl's lower-case name) took each
+/// path: (CUDA IPC, staged through host memory).
+fn paths(o: &coll::Outcome, kind: &str) -> Vec<(usize, usize)> {
+    o.outs
+        .iter()
+        .map(|r| {
+            let lines = || r.stdout.lines().chain(r.stderr.lines());
+            let count = |what: &str| {
+                lines()
+                    .filter(|l| l.contains(&format!("hetccl: {kind} count ")) && l.ends_with(what))
+                    .count()
+            };
+            (count(": CUDA IPC"), count(": staged through host memory"))
+        })
+        .collect()
+}
+
+/// Every mode on 2 ranks, one device. Single collectives run through CUDA
+/// IPC (reductions as kernels when NVRTC is present); grouped calls, sends
+/// and receives, and pinned host buffers are staged through host memory.
 #[test]
 fn two_ranks_every_mode() {
-    run(vec![job(
+    let out = run(vec![logged(
         "dev_2",
         2,
         "coll,async,group,capture,memalloc,pinned,mixed",
     )]);
+    let o = &out[0];
+    let mut ipc_kinds = vec!["allgather", "broadcast", "alltoall"];
+    if nvrtc().is_some() {
+        ipc_kinds.extend(["allreduce", "reduce", "reducescatter"]);
+    }
+    for kind in ipc_kinds {
+        for (r, (ipc, _)) in paths(o, kind).into_iter().enumerate() {
+            // coll runs each kind at 3 counts (allreduce 9 calls).
+            assert!(
+                ipc >= 3,
+                "rank {r}: {kind} ran {ipc} times through CUDA IPC"
+            );
+        }
+    }
+    for kind in ["send", "recv"] {
+        for (r, (ipc, staged)) in paths(o, kind).into_iter().enumerate() {
+            assert!(
+                ipc == 0 && staged >= 4,
+                "rank {r}: {kind}: {ipc} IPC, {staged} staged"
+            );
+        }
+    }
+    for (r, (_, staged)) in paths(o, "allreduce").into_iter().enumerate() {
+        // The group's AllReduce and the pinned-buffer one.
+        assert!(staged >= 2, "rank {r}: {staged} staged allreduce calls");
+    }
 }
 
 /// Several ranks on one device (no duplicate-GPU refusal), and the
-/// nonblocking communicators.
+/// nonblocking communicators, through CUDA IPC.
 #[test]
 fn ranks_sharing_a_device_and_nonblocking() {
-    run(vec![
-        job("dev_4_one_device", 4, "coll,group,async"),
-        job("dev_3_nonblocking", 3, "coll,group").args(["--nonblocking"]),
+    let out = run(vec![
+        logged("dev_4_one_device", 4, "coll,group,async"),
+        logged("dev_3_nonblocking", 3, "coll,group").args(["--nonblocking"]),
     ]);
+    for o in &out {
+        for (r, (ipc, _)) in paths(o, "allgather").into_iter().enumerate() {
+            assert!(ipc >= 6, "rank {r}: {ipc} allgather calls through CUDA IPC");
+        }
+    }
 }
 
-/// Two devices, ranks alternating between them; and the host-function wait
-/// used where `cuStreamWaitValue32` is not supported.
+/// Two devices, ranks alternating between them (CUDA IPC needs one device,
+/// so they stage); and the host-function wait used where
+/// `cuStreamWaitValue32` is not supported, with `NCCL_P2P_DISABLE=1`, which
+/// turns CUDA IPC off: everything is staged.
 #[test]
 fn two_devices_and_host_function_wait() {
-    run(vec![
-        job("dev_4_two_devices", 4, "memalloc,coll")
+    let out = run(vec![
+        logged("dev_4_two_devices", 4, "memalloc,coll")
             .env("FAKE_CUDA_DEVICES", "2")
             .rank_env(|r, _| vec![("DEVICE_CHECK_DEVICE".into(), (r % 2).to_string())]),
-        job("dev_2_host_function_wait", 2, "coll,async,group")
-            .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1"),
+        logged("dev_2_host_function_wait_no_p2p", 2, "coll,async,group")
+            .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1")
+            .env("NCCL_P2P_DISABLE", "1"),
     ]);
+    for (o, kind) in [
+        (0, "allgather"),
+        (1, "allreduce"),
+        (1, "allgather"),
+        (1, "broadcast"),
+    ] {
+        for (r, (ipc, staged)) in paths(&out[o], kind).into_iter().enumerate() {
+            assert!(
+                ipc == 0 && staged >= 3,
+                "rank {r}: {kind}: {ipc} IPC, {staged} staged"
+            );
+        }
+    }
 }
 
 /// `tests/c/fake_nvidia_nccl.c` as a shared library (the fallback).

@@ -7,6 +7,7 @@
 //! offset 192    done line (64 B): single-copy items finished, owner writes
 //! offset 256    small-message slot, parity 0: seq (8 B) + data
 //! offset 256+S  small-message slot, parity 1
+//! offset 256+2S device-collective slots (16 × 256 B, see `crate::gpu::peer`)
 //! ```
 //!
 //! Every word is written by the board's owner only and read by the other
@@ -30,7 +31,12 @@ const WORK: usize = std::mem::size_of::<Control>();
 const DONE: usize = WORK + 64;
 /// Where the first slot starts.
 const SLOT0: usize = DONE + 64;
-const _: () = assert!(SLOT0 + 2 * SLOT_STRIDE <= BOARD);
+/// Device-collective slots per board (a ring indexed by sequence number).
+pub const GPU_SLOTS: usize = 16;
+/// Where the first device-collective slot starts.
+const GPU0: usize = SLOT0 + 2 * SLOT_STRIDE;
+const _: () = assert!(GPU0 + GPU_SLOTS * std::mem::size_of::<GpuSlot>() <= BOARD);
+const _: () = assert!(std::mem::size_of::<GpuSlot>() == 256);
 const _: () = assert!(WORK == 128);
 
 /// The control line: what a rank tells the others about its current
@@ -90,6 +96,21 @@ impl Control {
     }
 }
 
+/// One device collective's slot: what its owner tells the other local
+/// ranks about it (see `crate::gpu::peer` for the protocol). Written by the
+/// owner only.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct GpuSlot {
+    /// The device collective (per-communicator sequence number, from 1)
+    /// this slot describes; stored with `Release` after `desc`.
+    pub seq: AtomicU64,
+    /// `(seq << 8) | phase`: the last phase of `seq` the owner finished.
+    pub stage: AtomicU64,
+    /// The owner's descriptor of its buffers for `seq`.
+    pub desc: [AtomicU64; 30],
+}
+
 /// The value of the probe word every rank publishes at init.
 pub const PROBE_VALUE: u64 = 0x6865_7463_636c_5052; // "hetcclPR"
 
@@ -136,6 +157,14 @@ impl Board {
     pub fn done(&self) -> &AtomicU64 {
         // SAFETY: as for `claim`, on the done line.
         unsafe { &*(self.base.add(DONE) as *const AtomicU64) }
+    }
+
+    /// The device-collective slot of sequence number `seq`.
+    pub fn gpu_slot(&self, seq: u64) -> &GpuSlot {
+        let i = seq as usize % GPU_SLOTS;
+        // SAFETY: the slots lie inside the board, 64-byte aligned; zero is a
+        // valid value for every field.
+        unsafe { &*(self.base.add(GPU0 + i * std::mem::size_of::<GpuSlot>()) as *const GpuSlot) }
     }
 
     fn slot(&self, seq: u64) -> *mut u8 {

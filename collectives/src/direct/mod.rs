@@ -27,6 +27,8 @@ pub mod region;
 mod wait;
 mod work;
 
+pub(crate) use wait::Op as WaitOp;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -167,6 +169,16 @@ impl Node {
     /// The number of ranks.
     pub fn nranks(&self) -> usize {
         self.boards.len()
+    }
+
+    /// Local rank `k`'s board.
+    pub(crate) fn board(&self, k: usize) -> &Board {
+        &self.boards[k]
+    }
+
+    /// This rank's index among the node's ranks (its rank).
+    pub(crate) fn me(&self) -> usize {
+        self.me
     }
 
     /// The direct paths' rows for the selection table (they take precedence

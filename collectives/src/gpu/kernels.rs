@@ -115,9 +115,12 @@ unsafe impl Send for DeviceKernels {}
 // SAFETY: as above; the function map is behind a mutex.
 unsafe impl Sync for DeviceKernels {}
 
-/// Kernels per device, compiled and loaded at first use.
-static CACHE: Lazy<Mutex<HashMap<i32, Arc<DeviceKernels>>>> =
-    Lazy::new(|| Mutex::new(HashMap::new()));
+/// A device's kernels, or why they could not be loaded.
+type Loaded = std::result::Result<Arc<DeviceKernels>, String>;
+
+/// Kernels per device, compiled and loaded at first use, or why they could
+/// not be (not retried: the library or the compiler is missing).
+static CACHE: Lazy<Mutex<HashMap<i32, Loaded>>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 /// The compute capability of `device` as an NVRTC architecture.
 fn arch_of(device: i32) -> Result<String> {
@@ -154,8 +157,18 @@ pub fn for_device(device: i32) -> Result<Arc<DeviceKernels>> {
     driver::require("GPU reductions")?;
     let mut cache = CACHE.lock();
     if let Some(k) = cache.get(&device) {
-        return Ok(k.clone());
+        return k.clone().map_err(Error::Internal);
     }
+    let k = load(device);
+    if let Err(e) = &k {
+        tracing::info!(target: "hetccl::INIT", "GPU reduction kernels unavailable on device {device}, device reductions stage through host memory: {e}");
+    }
+    let k = k.map_err(|e| e.to_string());
+    cache.insert(device, k.clone());
+    k.map_err(Error::Internal)
+}
+
+fn load(device: i32) -> Result<Arc<DeviceKernels>> {
     driver::ensure_context()?;
     let arch = arch_of(device)?;
     let nvrtc = Nvrtc::open(None)?;
@@ -169,13 +182,11 @@ pub fn for_device(device: i32) -> Result<Arc<DeviceKernels>> {
         "cuModuleLoadData",
     )?;
     tracing::info!(target: "hetccl::INIT", "GPU reduction kernels compiled for device {device} ({arch}) with NVRTC {:?}", nvrtc.version());
-    let k = Arc::new(DeviceKernels {
+    Ok(Arc::new(DeviceKernels {
         device,
         module,
         funcs: Mutex::new(HashMap::new()),
-    });
-    cache.insert(device, k.clone());
-    Ok(k)
+    }))
 }
 
 impl DeviceKernels {
@@ -193,6 +204,11 @@ impl DeviceKernels {
         )?;
         funcs.insert(name.to_string(), f as usize);
         Ok(f)
+    }
+
+    /// Whether the reduction kernel of `dt` and `op` can be launched here.
+    pub fn has(&self, dt: DataType, op: RedOp) -> bool {
+        self.function(&reduce_kernel(dt, op)).is_ok()
     }
 
     /// Enqueues `dst[i] = op(a[i], b[i])` for `n` elements of `dt` on

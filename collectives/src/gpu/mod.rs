@@ -8,14 +8,18 @@
 //!
 //! - [`driver`]: `cudarc` with dynamic loading, contexts, capture check;
 //! - [`memory`]: host / pinned / device / managed, cached per thread;
-//! - [`stream`]: staging on the user's stream and the proxy thread;
+//! - [`stream`]: the user's stream waits while the proxy thread runs the
+//!   call, through [`peer`] (CUDA IPC inside a node) or host staging;
+//! - [`ipc`]: exporting and opening device buffers between processes;
 //! - [`staging`]: the pinned buffer pool;
 //! - [`kernels`] and [`nvrtc`]: reduction kernels compiled at first use.
 
 pub mod driver;
+pub mod ipc;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;
+pub mod peer;
 pub mod staging;
 pub mod stream;
 

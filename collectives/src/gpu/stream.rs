@@ -1,26 +1,31 @@
 //! The stream-ordered path for calls on CUDA memory: the user's thread
-//! enqueues work on the user's stream and returns at once; a proxy thread
-//! runs the host collective on pinned staging buffers.
+//! records an event on the user's stream, makes the stream wait for a flag,
+//! and returns at once; a proxy thread runs the call and sets the flag.
 //!
 //! Per call, on the user's stream (in stream order after the user's work):
-//! 1. `cuMemcpyAsync` of the send bytes into a pinned staging buffer, then an
-//!    event ("ready");
+//! 1. an event ("ready"): the inputs are complete once it has passed;
 //! 2. a wait on the batch's flag in pinned, device-mapped memory
 //!    (`cuStreamWaitValue32`, or a host function that waits on the flag
 //!    where stream memory operations are unavailable);
-//! 3. `cuMemcpyAsync` of the received bytes from staging into the user's
-//!    buffer, then an event ("done").
+//! 3. an event ("done"): the stream is past the call.
 //!
 //! The proxy thread (one per communicator, ended when idle) waits for the
-//! "ready" events, runs the collective through the host engine
-//! ([`crate::api::launch::submit`]) on the staging buffers, sets the flag,
-//! and recycles the buffers once "done" has passed. Later work on the user's
-//! stream therefore sees the results, and the user's thread never waits for
-//! the collective. Calls inside `ncclGroupStart/End` are staged when the
-//! outermost group ends and run as one host group, so grouped sends and
-//! receives cannot deadlock. A failed collective still releases the stream
-//! (so it never hangs), logs a warning and marks the communicator failed:
-//! its next call returns `ncclRemoteError`.
+//! "ready" events, then runs the batch on a stream of its own:
+//! - one collective whose ranks all share this node goes through CUDA IPC
+//!   when every rank can ([`super::peer`]): peers' device buffers are read
+//!   where they lie;
+//! - anything else is staged: the inputs are copied into pinned host
+//!   buffers, the host engine ([`crate::api::launch::submit`]) runs the
+//!   calls (one host group for a batch of several), and the outputs are
+//!   copied back.
+//!
+//! The proxy synchronises its stream, then sets the flag, so later work on
+//! the user's stream sees the results, and the user's thread never waits
+//! for the collective. Calls inside `ncclGroupStart/End` are handed over
+//! when the outermost group ends and run as one batch, so grouped sends and
+//! receives cannot deadlock. A failed batch still releases the stream (so
+//! it never hangs), logs a warning and marks the communicator failed: its
+//! next call returns `ncclRemoteError`.
 //!
 //! CUDA graph capture is refused with `ncclInvalidUsage` (checked with
 //! `cuStreamIsCapturing`): host-side progress cannot be captured.
@@ -39,33 +44,40 @@ use parking_lot::Mutex;
 
 use super::driver::{self, cu};
 use super::memory::{self, Placement};
+use super::peer::{self, PeerState};
 use super::staging::Staging;
+use crate::algo::Collective;
 use crate::api::coll_args::CollArgs;
 use crate::api::{group, launch};
 use crate::comm::redop_table::Scalar;
 use crate::error::{Error, Result};
 
+/// The proxy thread's stack (address space; only touched pages count).
+const PROXY_STACK: usize = 64 << 20;
+
 /// A proxy thread with nothing to do for this long ends.
 const PROXY_IDLE: Duration = Duration::from_secs(10);
 
-/// One staged call: the host-side arguments and what to release afterwards.
-struct StagedOp {
-    host: CollArgs,
+/// One call on CUDA memory, waiting for the proxy.
+struct PendingOp {
+    /// The call as validated (device pointers, the user's stream).
+    args: CollArgs,
+    /// Recorded on the user's stream at the call: the inputs are ready.
     ready: Event,
+    /// Recorded on the user's stream after its wait: the stream is past it.
     done: Event,
-    _bufs: Vec<Staging>,
 }
 
 /// A batch: the calls of one group (or one call), released by one flag.
 struct Batch {
     ctx: cu::CUcontext,
-    ops: Vec<StagedOp>,
+    ops: Vec<PendingOp>,
     flag: Staging,
 }
 
 // SAFETY: the raw pointers are a CUDA context (usable from any thread once
-// made current), pinned staging memory owned by the batch, and user
-// buffers that NCCL's contract keeps valid until the stream passes the call.
+// made current), pinned memory owned by the batch, and user buffers and
+// streams that NCCL's contract keeps valid until the stream passes the call.
 unsafe impl Send for Batch {}
 
 /// A CUDA event, destroyed on drop.
@@ -171,7 +183,8 @@ pub fn submit(a: CollArgs) -> Result<()> {
     Ok(())
 }
 
-/// Stages `ops` on their streams and hands them to the proxy.
+/// Records each call's "ready" event, makes its stream wait for the
+/// batch's flag, and hands the batch to the proxy.
 fn enqueue(ops: Vec<CollArgs>) -> Result<()> {
     if ops.is_empty() {
         return Ok(());
@@ -179,21 +192,21 @@ fn enqueue(ops: Vec<CollArgs>) -> Result<()> {
     let ctx = driver::ensure_context()?;
     let flag = Staging::take(0)?;
     let flag_dev = flag.flag_device_ptr()?;
-    let mut staged = Vec::with_capacity(ops.len());
-    for a in &ops {
-        staged.push(stage_in(a)?);
+    let mut pending = Vec::with_capacity(ops.len());
+    for a in ops {
+        let ready = Event::new()?;
+        ready.record(a.stream as cu::CUstream)?;
+        pending.push(PendingOp {
+            args: a,
+            ready,
+            done: Event::new()?,
+        });
     }
     let enqueue_tail = || -> Result<()> {
-        for (a, s) in ops.iter().zip(&staged) {
-            let stream = a.stream as cu::CUstream;
+        for p in &pending {
+            let stream = p.args.stream as cu::CUstream;
             wait_flag(stream, flag_dev, &flag)?;
-            copy(
-                a.recv as u64,
-                s.host.recv as u64,
-                recv_copy_bytes(a),
-                stream,
-            )?;
-            s.done.record(stream)?;
+            p.done.record(stream)?;
         }
         Ok(())
     };
@@ -204,12 +217,12 @@ fn enqueue(ops: Vec<CollArgs>) -> Result<()> {
         std::mem::forget(flag);
         return Err(e);
     }
-    let comm_key = Arc::as_ptr(&ops[0].comm) as usize;
+    let comm_key = Arc::as_ptr(&pending[0].args.comm) as usize;
     send_to_proxy(
         comm_key,
         Batch {
             ctx,
-            ops: staged,
+            ops: pending,
             flag,
         },
     );
@@ -231,18 +244,18 @@ fn copy(dst: u64, src: u64, bytes: usize, stream: cu::CUstream) -> Result<()> {
         return Ok(());
     }
     // SAFETY: both ranges are valid for `bytes` (validated call, staging
-    // buffer of that size); ordered on the caller's stream.
+    // buffer of that size); ordered on the proxy's stream.
     driver::check(
         unsafe { cu::cuMemcpyAsync(dst, src, bytes, stream) },
         "cuMemcpyAsync",
     )
 }
 
-/// Allocates staging for `a`, enqueues the send copy and the ready event.
-/// Overlapping send/receive ranges (in-place layouts) share one buffer at
-/// the same offsets, so the host engine sees the same in-place layout.
-fn stage_in(a: &CollArgs) -> Result<StagedOp> {
-    let stream = a.stream as cu::CUstream;
+/// Allocates staging for `a` and enqueues the copy of its input on
+/// `stream`; returns the host-side call and its buffers. Overlapping
+/// send/receive ranges (in-place layouts) share one buffer at the same
+/// offsets, so the host engine sees the same in-place layout.
+fn stage_in(a: &CollArgs, stream: cu::CUstream) -> Result<(CollArgs, Vec<Staging>)> {
     let (s, sb) = (
         a.send as usize,
         if a.send.is_null() { 0 } else { a.send_bytes },
@@ -273,8 +286,6 @@ fn stage_in(a: &CollArgs) -> Result<StagedOp> {
         (one(sb)? as *const c_void, one(rb)? as *mut c_void)
     };
     copy(hs as u64, s as u64, sb, stream)?;
-    let ready = Event::new()?;
-    ready.record(stream)?;
     let host = CollArgs {
         send: hs,
         recv: hr,
@@ -282,12 +293,7 @@ fn stage_in(a: &CollArgs) -> Result<StagedOp> {
         placement: Placement::Host,
         ..a.clone()
     };
-    Ok(StagedOp {
-        host,
-        ready,
-        done: Event::new()?,
-        _bufs: bufs,
-    })
+    Ok((host, bufs))
 }
 
 /// Host function fallback: blocks the stream's callback until the flag is set.
@@ -334,8 +340,47 @@ fn send_to_proxy(key: usize, batch: Batch) {
     proxies.insert(key, tx);
     std::thread::Builder::new()
         .name("hetccl-gpu-proxy".into())
+        // NVRTC, which compiles the reduction kernels on this thread at
+        // first use, recurses deeply: it overflows a 2 MiB stack.
+        .stack_size(PROXY_STACK)
         .spawn(move || proxy(key, rx))
         .expect("spawning the GPU proxy thread");
+}
+
+/// What a proxy thread keeps between batches.
+#[derive(Default)]
+struct ProxyState {
+    /// The device-collective protocol's state of the proxy's communicator.
+    peer: PeerState,
+    /// One stream per CUDA context, for the proxy's own copies and kernels.
+    streams: HashMap<usize, usize>,
+}
+
+impl ProxyState {
+    /// The proxy's stream in `ctx` (current on this thread).
+    fn stream(&mut self, ctx: cu::CUcontext) -> Result<cu::CUstream> {
+        if let Some(&s) = self.streams.get(&(ctx as usize)) {
+            return Ok(s as cu::CUstream);
+        }
+        let mut s: cu::CUstream = std::ptr::null_mut();
+        let flags = cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: a writable slot; `ctx` is current.
+        driver::check(
+            unsafe { cu::cuStreamCreate(&mut s, flags) },
+            "cuStreamCreate",
+        )?;
+        self.streams.insert(ctx as usize, s as usize);
+        Ok(s)
+    }
+}
+
+impl Drop for ProxyState {
+    fn drop(&mut self) {
+        for &s in self.streams.values() {
+            // SAFETY: created by `stream`; synchronised after every batch.
+            unsafe { cu::cuStreamDestroy_v2(s as cu::CUstream) };
+        }
+    }
 }
 
 /// The proxy loop: one batch at a time, in submission order. Senders hold
@@ -343,6 +388,7 @@ fn send_to_proxy(key: usize, batch: Batch) {
 /// under that lock can leave safely.
 fn proxy(key: usize, rx: Receiver<Batch>) {
     let mut retiring: Vec<Batch> = Vec::new();
+    let mut state = ProxyState::default();
     loop {
         let b = match rx.recv_timeout(PROXY_IDLE) {
             Ok(b) => b,
@@ -359,14 +405,16 @@ fn proxy(key: usize, rx: Receiver<Batch>) {
             Err(RecvTimeoutError::Disconnected) => break,
         };
         retiring.retain(|old| !finished(old));
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_batch(&b)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_batch(key, &b, &mut state)
+        }));
         let r = r.unwrap_or_else(|_| Err(Error::Internal("panic in the GPU proxy".into())));
         // Release the stream whatever happened, so it never hangs.
         b.flag.flag().store(1, Ordering::Release);
         if let Err(e) = r {
             tracing::warn!(target: "hetccl::COLL", "device-buffer operation failed: {e}");
             for op in &b.ops {
-                op.host.comm.record_failure(|| e.to_string());
+                op.args.comm.record_failure(|| e.to_string());
             }
         }
         retiring.push(b);
@@ -380,7 +428,7 @@ fn proxy(key: usize, rx: Receiver<Batch>) {
     }
 }
 
-/// Whether every "done" event of `b` has passed (its buffers may be reused).
+/// Whether every "done" event of `b` has passed (its flag may be reused).
 fn finished(b: &Batch) -> bool {
     b.ops.iter().all(|op| {
         // SAFETY: a live event.
@@ -389,21 +437,61 @@ fn finished(b: &Batch) -> bool {
     })
 }
 
-/// Waits for the inputs, then runs the batch through the host engine.
-fn run_batch(b: &Batch) -> Result<()> {
+/// Waits for the inputs, then runs the batch: one collective through CUDA
+/// IPC when every rank can ([`peer::try_run`]), else through host staging.
+/// Calls on another communicator than the proxy's (`key`) in a group take
+/// no part in the IPC protocol.
+fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
     // SAFETY: as above.
     unsafe { driver::set_current(b.ctx)? };
+    let stream = st.stream(b.ctx)?;
     for op in &b.ops {
         op.ready.wait()?;
     }
-    let r = if b.ops.len() == 1 {
-        launch::submit(b.ops[0].host.clone())
+    let first = &b.ops[0].args;
+    let engine = first.comm.engine.get();
+    if let Some((node, e)) = engine.and_then(|e| e.direct.as_ref().map(|n| (n, e))) {
+        let p2p = |a: &CollArgs| matches!(a.kind, Collective::Send | Collective::Recv);
+        if b.ops.len() == 1 && !p2p(first) {
+            if peer::try_run(node, &e.links.watch, &mut st.peer, first, stream)? {
+                tracing::info!(target: "hetccl::COLL", "{} count {} {:?}: CUDA IPC", first.kind, first.count, first.dtype);
+                return Ok(());
+            }
+        } else {
+            for op in &b.ops {
+                if Arc::as_ptr(&op.args.comm) as usize == key && !p2p(&op.args) {
+                    peer::post_no(node, &mut st.peer);
+                }
+            }
+        }
+    }
+    for op in &b.ops {
+        let a = &op.args;
+        tracing::info!(target: "hetccl::COLL", "{} count {} {:?}: staged through host memory", a.kind, a.count, a.dtype);
+    }
+    stage(b, stream)
+}
+
+/// Host staging: copies the inputs to pinned buffers, runs the calls through
+/// the host engine (one host group for a batch of several), copies the
+/// outputs back; all on the proxy's stream, synchronised.
+fn stage(b: &Batch, stream: cu::CUstream) -> Result<()> {
+    let mut hosts = Vec::with_capacity(b.ops.len());
+    let mut bufs = Vec::new();
+    for op in &b.ops {
+        let (h, mut v) = stage_in(&op.args, stream)?;
+        hosts.push(h);
+        bufs.append(&mut v);
+    }
+    sync(stream)?;
+    let r = if hosts.len() == 1 {
+        launch::submit(hosts[0].clone())
     } else {
         // SAFETY: plain calls into hetccl's own exported group API.
         unsafe { group::ncclGroupStart() };
         let mut first_err = None;
-        for op in &b.ops {
-            if let Err(e) = launch::submit(op.host.clone()) {
+        for h in &hosts {
+            if let Err(e) = launch::submit(h.clone()) {
                 first_err.get_or_insert(e);
             }
         }
@@ -419,17 +507,36 @@ fn run_batch(b: &Batch) -> Result<()> {
         }
     };
     match r {
-        Err(Error::InProgress) => wait_nonblocking(b),
-        r => r,
+        Err(Error::InProgress) => wait_nonblocking(&hosts)?,
+        r => r?,
     }
+    for (op, h) in b.ops.iter().zip(&hosts) {
+        copy(
+            op.args.recv as u64,
+            h.recv as u64,
+            recv_copy_bytes(&op.args),
+            stream,
+        )?;
+    }
+    sync(stream)?;
+    drop(bufs);
+    Ok(())
+}
+
+fn sync(stream: cu::CUstream) -> Result<()> {
+    // SAFETY: the proxy's live stream.
+    driver::check(
+        unsafe { cu::cuStreamSynchronize(stream) },
+        "cuStreamSynchronize",
+    )
 }
 
 /// Nonblocking communicators finish on the engine's helper thread; wait for
 /// each comm's async state to settle.
-fn wait_nonblocking(b: &Batch) -> Result<()> {
-    for op in &b.ops {
+fn wait_nonblocking(hosts: &[CollArgs]) -> Result<()> {
+    for h in hosts {
         loop {
-            let st = op.host.comm.async_error.load(Ordering::Acquire);
+            let st = h.comm.async_error.load(Ordering::Acquire);
             if st == NcclResult::InProgress.raw() {
                 std::thread::sleep(Duration::from_micros(50));
                 continue;

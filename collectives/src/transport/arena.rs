@@ -21,7 +21,7 @@ const HDR: usize = 64;
 const BELL: usize = std::mem::size_of::<DoorbellCell>();
 
 /// Bytes of one local rank's board (a multiple of 64; see `crate::direct::board`).
-pub const BOARD: usize = 256 + 2 * (64 + (16 << 10));
+pub const BOARD: usize = 256 + 2 * (64 + (16 << 10)) + 16 * 256;
 
 /// A mapped arena.
 #[derive(Debug)]

@@ -1,0 +1,508 @@
+//! Device collectives inside a node through CUDA IPC: every rank reads its
+//! peers' device buffers where they lie (copies and reduction kernels on the
+//! proxy's stream), with no staging through host memory.
+//!
+//! It serves one collective per batch (not grouped calls) on communicators
+//! whose ranks all share one node and shared memory (the direct paths'
+//! [`Node`]), when every rank's buffers are `cuMemAlloc` memory of the same
+//! device, and, for reductions, sum/prod/max/min with a loaded kernel for
+//! the datatype. Several ranks on one GPU are the main case. Anything else
+//! goes through host staging ([`super::stream`]), decided the same way on
+//! every rank.
+//!
+//! The protocol uses each rank's device-collective slots on its board
+//! ([`crate::direct::board::GpuSlot`]), indexed by a per-communicator count
+//! of device collectives, which every rank advances in the same order (NCCL
+//! requires collectives in the same order on all ranks; batches of several
+//! calls post too):
+//! 1. Post: the rank writes its descriptor (IPC handles of both buffers,
+//!    process id, device UUID, whether it can take this path) and publishes
+//!    `seq`. A rank that cannot take the path, or whose batch holds several
+//!    calls, posts "no" and stages without waiting.
+//! 2. Decide: wait for every peer's post of `seq` and read it under a
+//!    sequence check. A peer whose slot already holds a later collective
+//!    chose staging (a rank that can take the path waits in step 3 for
+//!    everyone), so it counts as "no". Any "no" sends everyone to staging.
+//! 3. Open: each rank opens the peer buffers it reads and publishes phase 1
+//!    with whether that worked; any failure sends everyone to staging.
+//! 4. Work: each phase's copies and kernels run on the proxy's stream; the
+//!    rank synchronises it, publishes the phase, and waits for everyone's,
+//!    so no buffer is rewritten while a peer still reads it and no rank
+//!    returns (releasing its stream) before its peers have read its input.
+//!
+//! AllReduce reduces one slice per rank (folding its own input first, so an
+//! in-place operation never overwrites an input before reading it), then
+//! copies the other ranks' slices; ReduceScatter is the first phase alone;
+//! Reduce folds everything at the root. Results are identical on every rank
+//! (each element is reduced once), though the folding order is not the host
+//! path's rank order.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hetccl_abi::RedOp;
+
+use super::driver::{self, cu};
+use super::ipc::{self, Export, Imports, HANDLE_BYTES};
+use super::kernels::{self, DeviceKernels};
+use super::memory::Placement;
+use crate::algo::Collective;
+use crate::api::coll_args::CollArgs;
+use crate::direct::board::GpuSlot;
+use crate::direct::{Node, WaitOp};
+use crate::error::Result;
+use crate::exec::watch::Watch;
+
+/// Per-communicator state of the proxy thread.
+#[derive(Debug, Default)]
+pub struct PeerState {
+    /// Device collectives posted so far (the slot sequence; from 1).
+    seq: u64,
+    imports: Imports,
+}
+
+/// A rank's descriptor in its slot (words of [`GpuSlot::desc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Desc {
+    able: bool,
+    pid: u32,
+    uuid: [u8; 16],
+    /// A digest of kind, count, datatype, op and root (all ranks agree).
+    shape: u64,
+    send: Option<Export>,
+    recv: Option<Export>,
+    /// Phase-1 result: whether the rank opened every buffer it reads.
+    opened: bool,
+}
+
+const W_FLAGS: usize = 0;
+const W_PID: usize = 1;
+const W_UUID: usize = 2;
+const W_SHAPE: usize = 4;
+const W_SEND: usize = 5;
+const W_RECV: usize = 16;
+const W_OPENED: usize = 27;
+/// Words of one export: offset, size, pointer, then the handle.
+const EXPORT_WORDS: usize = 3 + HANDLE_BYTES / 8;
+const _: () = assert!(W_RECV + EXPORT_WORDS <= W_OPENED && W_OPENED < 30);
+
+fn put_export(w: &[AtomicU64], e: &Option<Export>) {
+    let Some(e) = e else { return };
+    w[0].store(e.offset, Ordering::Relaxed);
+    w[1].store(e.size, Ordering::Relaxed);
+    w[2].store(e.ptr, Ordering::Relaxed);
+    for (i, c) in e.handle.chunks(8).enumerate() {
+        let v = u64::from_le_bytes(c.try_into().expect("8-byte chunk"));
+        w[3 + i].store(v, Ordering::Relaxed);
+    }
+}
+
+fn get_export(w: &[AtomicU64]) -> Export {
+    let mut handle = [0u8; HANDLE_BYTES];
+    for (i, c) in handle.chunks_mut(8).enumerate() {
+        c.copy_from_slice(&w[3 + i].load(Ordering::Relaxed).to_le_bytes());
+    }
+    Export {
+        handle,
+        offset: w[0].load(Ordering::Relaxed),
+        size: w[1].load(Ordering::Relaxed),
+        ptr: w[2].load(Ordering::Relaxed),
+    }
+}
+
+impl Desc {
+    fn write(&self, s: &GpuSlot) {
+        let flags = u64::from(self.able)
+            | u64::from(self.send.is_some()) << 1
+            | u64::from(self.recv.is_some()) << 2;
+        s.desc[W_FLAGS].store(flags, Ordering::Relaxed);
+        s.desc[W_PID].store(u64::from(self.pid), Ordering::Relaxed);
+        s.desc[W_UUID].store(
+            u64::from_le_bytes(self.uuid[..8].try_into().expect("8")),
+            Ordering::Relaxed,
+        );
+        s.desc[W_UUID + 1].store(
+            u64::from_le_bytes(self.uuid[8..].try_into().expect("8")),
+            Ordering::Relaxed,
+        );
+        s.desc[W_SHAPE].store(self.shape, Ordering::Relaxed);
+        put_export(&s.desc[W_SEND..W_SEND + EXPORT_WORDS], &self.send);
+        put_export(&s.desc[W_RECV..W_RECV + EXPORT_WORDS], &self.recv);
+        s.desc[W_OPENED].store(0, Ordering::Relaxed);
+    }
+
+    fn read(s: &GpuSlot) -> Desc {
+        let flags = s.desc[W_FLAGS].load(Ordering::Relaxed);
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&s.desc[W_UUID].load(Ordering::Relaxed).to_le_bytes());
+        uuid[8..].copy_from_slice(&s.desc[W_UUID + 1].load(Ordering::Relaxed).to_le_bytes());
+        Desc {
+            able: flags & 1 != 0,
+            pid: s.desc[W_PID].load(Ordering::Relaxed) as u32,
+            uuid,
+            shape: s.desc[W_SHAPE].load(Ordering::Relaxed),
+            send: (flags & 2 != 0).then(|| get_export(&s.desc[W_SEND..W_SEND + EXPORT_WORDS])),
+            recv: (flags & 4 != 0).then(|| get_export(&s.desc[W_RECV..W_RECV + EXPORT_WORDS])),
+            opened: s.desc[W_OPENED].load(Ordering::Relaxed) != 0,
+        }
+    }
+
+    fn no() -> Desc {
+        Desc {
+            able: false,
+            pid: std::process::id(),
+            uuid: [0; 16],
+            shape: 0,
+            send: None,
+            recv: None,
+            opened: false,
+        }
+    }
+}
+
+/// The collectives this path serves.
+fn serves(a: &CollArgs) -> bool {
+    let in_place = std::ptr::eq(a.send, a.recv);
+    match a.kind {
+        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => {
+            matches!(a.op, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min)
+        }
+        Collective::AllGather
+        | Collective::Broadcast
+        | Collective::Gather
+        | Collective::Scatter => true,
+        // In place, every rank would overwrite blocks its peers still read.
+        Collective::AlltoAll => !in_place,
+        Collective::Send | Collective::Recv => false,
+    }
+}
+
+fn shape_of(a: &CollArgs) -> u64 {
+    let op = match a.op {
+        RedOp::Sum => 0,
+        RedOp::Prod => 1,
+        RedOp::Max => 2,
+        RedOp::Min => 3,
+        RedOp::Avg => 4,
+        RedOp::Dynamic(d) => 5 + d as u64,
+    };
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in [
+        a.kind as u64,
+        a.count as u64,
+        a.dtype as u64,
+        op,
+        a.root as u64,
+    ] {
+        h = (h ^ v).wrapping_mul(0x1000_0000_01b3);
+    }
+    h
+}
+
+/// This rank's descriptor for `a`, and the kernels it needs.
+fn describe(a: &CollArgs) -> (Desc, Option<std::sync::Arc<DeviceKernels>>) {
+    let device = match a.placement {
+        Placement::Device(d) => d,
+        _ => return (Desc::no(), None),
+    };
+    if hetccl_core::config::get().p2p_disable || !serves(a) {
+        return (Desc::no(), None);
+    }
+    let kernels = if a.kind.reduces() {
+        match kernels::for_device(device) {
+            Ok(k) if k.has(a.dtype, a.op) => Some(k),
+            Ok(_) => return (Desc::no(), None),
+            Err(_) => return (Desc::no(), None),
+        }
+    } else {
+        None
+    };
+    let exp = |p: *const c_void, used: usize| -> Option<Option<Export>> {
+        if used == 0 || p.is_null() {
+            Some(None)
+        } else {
+            ipc::export(p).ok().map(Some)
+        }
+    };
+    let (Some(send), Some(recv), Ok(uuid)) = (
+        exp(a.send, a.send_bytes),
+        exp(a.recv as *const c_void, a.recv_bytes),
+        ipc::current_uuid(),
+    ) else {
+        return (Desc::no(), None);
+    };
+    let d = Desc {
+        able: true,
+        pid: std::process::id(),
+        uuid,
+        shape: shape_of(a),
+        send,
+        recv,
+        opened: false,
+    };
+    (d, kernels)
+}
+
+/// Posts "no" for a device collective of a batch of several calls (they
+/// stage as one host group), keeping the slot sequence in step.
+pub fn post_no(node: &Node, st: &mut PeerState) {
+    st.seq += 1;
+    let slot = node.board(node.me()).gpu_slot(st.seq);
+    Desc::no().write(slot);
+    slot.seq.store(st.seq, Ordering::Release);
+    node.wake_peers();
+}
+
+/// Reads peer `k`'s descriptor of `seq` (None: it has moved past `seq`).
+fn read_peer(node: &Node, k: usize, seq: u64) -> Option<Desc> {
+    let slot = node.board(k).gpu_slot(seq);
+    if slot.seq.load(Ordering::Acquire) != seq {
+        return None;
+    }
+    let d = Desc::read(slot);
+    std::sync::atomic::fence(Ordering::Acquire);
+    (slot.seq.load(Ordering::Relaxed) == seq).then_some(d)
+}
+
+/// Runs `a` (device buffers, a single call) through CUDA IPC when every rank
+/// can; `Ok(false)` when the caller must stage it through host memory.
+pub fn try_run(
+    node: &Node,
+    watch: &Watch,
+    st: &mut PeerState,
+    a: &CollArgs,
+    stream: cu::CUstream,
+) -> Result<bool> {
+    st.seq += 1;
+    let seq = st.seq;
+    let (n, me) = (node.nranks(), node.me());
+    let (mine, kernels) = describe(a);
+    let slot = node.board(me).gpu_slot(seq);
+    mine.write(slot);
+    slot.seq.store(seq, Ordering::Release);
+    node.wake_peers();
+    if !mine.able {
+        return Ok(false);
+    }
+    let label = || format!("{} device collective {seq} (CUDA IPC)", a.kind);
+    let wop = WaitOp {
+        label: &label,
+        watch,
+        seq,
+    };
+    node.wait(&wop, || {
+        (0..n).find(|&k| k != me && node.board(k).gpu_slot(seq).seq.load(Ordering::Acquire) < seq)
+    })?;
+    let mut descs = Vec::with_capacity(n);
+    for k in 0..n {
+        let d = if k == me {
+            Some(mine)
+        } else {
+            read_peer(node, k, seq)
+        };
+        match d {
+            Some(d) if d.able && d.uuid == mine.uuid && d.shape == mine.shape => descs.push(d),
+            _ => return Ok(false),
+        }
+    }
+    // Phase 1: open what this rank reads.
+    let ptrs = open_all(st, me, &descs);
+    slot.desc[W_OPENED].store(u64::from(ptrs.is_ok()), Ordering::Relaxed);
+    barrier(node, &wop, seq, 1)?;
+    let all_opened = (0..n).all(|k| {
+        k == me && ptrs.is_ok()
+            || k != me && node.board(k).gpu_slot(seq).desc[W_OPENED].load(Ordering::Relaxed) != 0
+    });
+    let ptrs = match ptrs {
+        Ok(p) if all_opened => p,
+        Ok(_) => return Ok(false),
+        Err(e) => {
+            tracing::info!(target: "hetccl::COLL", "{}: staging through host memory: {e}", label());
+            return Ok(false);
+        }
+    };
+    let plan = Plan {
+        a,
+        n,
+        me,
+        ptrs: &ptrs,
+        kernels: kernels.as_deref(),
+        stream,
+    };
+    plan.phase(0)?;
+    sync(stream)?;
+    barrier(node, &wop, seq, 2)?;
+    if a.kind == Collective::AllReduce && n > 1 {
+        plan.phase(1)?;
+        sync(stream)?;
+        barrier(node, &wop, seq, 3)?;
+    }
+    Ok(true)
+}
+
+/// Every rank's (send, recv) address in this process (0 when absent).
+type Ptrs = Vec<(u64, u64)>;
+
+fn open_all(st: &mut PeerState, me: usize, descs: &[Desc]) -> Result<Ptrs> {
+    let mut v = Vec::with_capacity(descs.len());
+    for (k, d) in descs.iter().enumerate() {
+        let mut one = |e: &Option<Export>| -> Result<u64> {
+            match e {
+                None => Ok(0),
+                Some(e) if k == me => Ok(e.ptr),
+                Some(e) => st.imports.resolve(d.pid, e),
+            }
+        };
+        let s = one(&d.send)?;
+        let r = one(&d.recv)?;
+        v.push((s, r));
+    }
+    Ok(v)
+}
+
+/// Publishes phase `p` of `seq` and waits for every rank's.
+fn barrier(node: &Node, wop: &WaitOp<'_>, seq: u64, p: u64) -> Result<()> {
+    let (n, me) = (node.nranks(), node.me());
+    let want = seq << 8 | p;
+    node.board(me)
+        .gpu_slot(seq)
+        .stage
+        .store(want, Ordering::Release);
+    node.wake_peers();
+    node.wait(wop, || {
+        (0..n)
+            .find(|&k| k != me && node.board(k).gpu_slot(seq).stage.load(Ordering::Acquire) < want)
+    })
+}
+
+fn sync(stream: cu::CUstream) -> Result<()> {
+    // SAFETY: the proxy's live stream.
+    driver::check(
+        unsafe { cu::cuStreamSynchronize(stream) },
+        "cuStreamSynchronize",
+    )
+}
+
+/// One operation's device work.
+struct Plan<'a> {
+    a: &'a CollArgs,
+    n: usize,
+    me: usize,
+    ptrs: &'a Ptrs,
+    kernels: Option<&'a DeviceKernels>,
+    stream: cu::CUstream,
+}
+
+impl Plan<'_> {
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 || dst == src {
+            return Ok(());
+        }
+        // SAFETY: both ranges lie in buffers of the validated call (this
+        // rank's or a peer's, opened through IPC) for the operation.
+        driver::check(
+            unsafe { cu::cuMemcpyAsync(dst, src, bytes, self.stream) },
+            "cuMemcpyAsync (peer)",
+        )
+    }
+
+    /// `dst = inputs[0] op inputs[1] op ...` over `elems` elements.
+    fn fold(&self, dst: u64, inputs: &[u64], elems: usize) -> Result<()> {
+        let bytes = elems * self.a.dtype.size();
+        if inputs.len() == 1 {
+            return self.copy(dst, inputs[0], bytes);
+        }
+        let k = self.kernels.expect("reductions load their kernels");
+        let (dt, op) = (self.a.dtype, self.a.op);
+        let launch = |a: u64, b: u64| {
+            // SAFETY: device-accessible ranges of `elems` elements, live
+            // until the stream is synchronised at the end of the phase.
+            unsafe {
+                k.reduce(
+                    dt,
+                    op,
+                    dst as *mut c_void,
+                    a as *const c_void,
+                    b as *const c_void,
+                    elems as u64,
+                    [0; 8],
+                    self.stream,
+                )
+            }
+        };
+        launch(inputs[0], inputs[1])?;
+        for &x in &inputs[2..] {
+            launch(dst, x)?;
+        }
+        Ok(())
+    }
+
+    /// The inputs of element offset `off` (bytes) for a fold: this rank's
+    /// first (in place, its output may be its input), then the others.
+    fn inputs_at(&self, off: u64) -> Vec<u64> {
+        std::iter::once(self.me)
+            .chain((0..self.n).filter(|&k| k != self.me))
+            .map(|k| self.ptrs[k].0 + off)
+            .collect()
+    }
+
+    /// Elements `[lo, hi)` of rank `r`'s AllReduce slice.
+    fn slice(&self, r: usize) -> (usize, usize) {
+        let c = self.a.count;
+        (c * r / self.n, c * (r + 1) / self.n)
+    }
+
+    fn phase(&self, p: usize) -> Result<()> {
+        let a = self.a;
+        let es = a.dtype.size();
+        let blk = (a.count * es) as u64;
+        let (me, n) = (self.me, self.n);
+        let recv = self.ptrs[me].1;
+        match a.kind {
+            Collective::AllReduce if p == 0 => {
+                let (lo, hi) = self.slice(me);
+                let off = (lo * es) as u64;
+                self.fold(recv + off, &self.inputs_at(off), hi - lo)
+            }
+            Collective::AllReduce => {
+                for r in (0..n).filter(|&r| r != me) {
+                    let (lo, hi) = self.slice(r);
+                    let off = (lo * es) as u64;
+                    self.copy(recv + off, self.ptrs[r].1 + off, (hi - lo) * es)?;
+                }
+                Ok(())
+            }
+            Collective::ReduceScatter => {
+                let off = me as u64 * blk;
+                self.fold(recv, &self.inputs_at(off), a.count)
+            }
+            Collective::Reduce if a.root == me => self.fold(recv, &self.inputs_at(0), a.count),
+            Collective::Reduce => Ok(()),
+            Collective::AllGather => {
+                for r in 0..n {
+                    self.copy(recv + r as u64 * blk, self.ptrs[r].0, blk as usize)?;
+                }
+                Ok(())
+            }
+            Collective::Broadcast => self.copy(recv, self.ptrs[a.root].0, blk as usize),
+            Collective::Gather if a.root == me => {
+                for r in 0..n {
+                    self.copy(recv + r as u64 * blk, self.ptrs[r].0, blk as usize)?;
+                }
+                Ok(())
+            }
+            Collective::Gather => Ok(()),
+            Collective::Scatter => {
+                self.copy(recv, self.ptrs[a.root].0 + me as u64 * blk, blk as usize)
+            }
+            Collective::AlltoAll => {
+                for r in 0..n {
+                    let src = self.ptrs[r].0 + me as u64 * blk;
+                    self.copy(recv + r as u64 * blk, src, blk as usize)?;
+                }
+                Ok(())
+            }
+            Collective::Send | Collective::Recv => unreachable!("not served"),
+        }
+    }
+}
