@@ -65,8 +65,20 @@ print(os.path.join(list(s.submodule_search_locations)[0], "lib", "libnccl.so.2")
 PYEOF
 )}"
 [ -n "$NV_NCCL" ] && [ -e "$NV_NCCL" ] || die_prereq "NVIDIA's libnccl.so.2 not found (pip nvidia-nccl-cu13, or set NVIDIA_NCCL_LIB)"
+# NVRTC for hetccl's reduction kernels: PyTorch's CUDA wheels ship it under
+# site-packages/nvidia; without it device reductions stage through host memory.
+if [ -z "${HETCCL_NVRTC_LIB:-}" ]; then
+    HETCCL_NVRTC_LIB="$("$PY" - <<'PYEOF' 2>/dev/null
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+hits = sorted(p for r in roots for p in glob.glob(os.path.join(r, "nvidia", "**", "libnvrtc.so.1[23]"), recursive=True))
+print(hits[-1] if hits else "")
+PYEOF
+)"
+fi
+[ -n "$HETCCL_NVRTC_LIB" ] && export HETCCL_NVRTC_LIB
 if [ "$check_only" = 1 ]; then
-    echo "gpu-acceptance: prerequisites OK (hetccl: $LIB; NVIDIA NCCL: $NV_NCCL; $(nvidia-smi -L | head -1))"
+    echo "gpu-acceptance: prerequisites OK (hetccl: $LIB; NVIDIA NCCL: $NV_NCCL; NVRTC: ${HETCCL_NVRTC_LIB:-none}; $(nvidia-smi -L | head -1))"
     exit 0
 fi
 
@@ -94,7 +106,8 @@ log "# hetccl GPU acceptance $(date -u +%FT%TZ) on $(nvidia-smi -L | head -1)"
 log "# hetccl: $LIB ($(nm -D "$LIB" 2>/dev/null | grep -c ' T nccl') nccl symbols); NVIDIA NCCL: $NV_NCCL"
 
 # a) PyTorch on hetccl, 4 ranks on one GPU.
-step a_torch_hetccl_4ranks 150 env LD_PRELOAD="$LIB" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+log "# NVRTC for the reduction kernels: ${HETCCL_NVRTC_LIB:-not found (reductions stage through host memory)}"
+step a_torch_hetccl_4ranks 150 env LD_PRELOAD="$LIB" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL \
     "${RUN[@]}" --standalone --nproc_per_node 4 "$WORK" check --label hetccl --out "$outdir/a_check.json"
 if grep -q "device buffers use the stream path" "$outdir/a_torch_hetccl_4ranks.log"; then
     log "PASS a_hetccl_served_device_buffers (hetccl's CUDA path logged)"
@@ -102,6 +115,9 @@ else
     log "FAIL a_hetccl_served_device_buffers (no hetccl CUDA log line: was LD_PRELOAD effective?)"
     fails=$((fails + 1))
 fi
+
+# Which way hetccl ran the calls: CUDA IPC or staged through host memory.
+log "# a) paths: $(grep -c ': CUDA IPC$' "$outdir/a_torch_hetccl_4ranks.log") calls through CUDA IPC, $(grep -c ': staged through host memory$' "$outdir/a_torch_hetccl_4ranks.log") staged"
 
 # b) performance.
 for n in 2 4; do
