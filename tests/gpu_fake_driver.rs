@@ -167,6 +167,22 @@ fn ranks_sharing_a_device_and_nonblocking() {
     }
 }
 
+/// The CUDA IPC protocol's sequence outlives the proxy thread, which ends
+/// after 10 s without calls: the call after the pause takes the same path
+/// with the right result.
+#[test]
+fn device_calls_after_the_proxy_went_idle() {
+    let out = run(vec![logged("dev_2_idle", 2, "idle")]);
+    for (r, (ipc, staged)) in paths(&out[0], "allreduce").into_iter().enumerate() {
+        let want = if nvrtc().is_some() { (2, 0) } else { (0, 2) };
+        assert_eq!(
+            (ipc, staged),
+            want,
+            "rank {r}: allreduce paths (IPC, staged)"
+        );
+    }
+}
+
 /// Two devices, ranks alternating between them (CUDA IPC needs one device,
 /// so they stage); and the host-function wait used where
 /// `cuStreamWaitValue32` is not supported, with `NCCL_P2P_DISABLE=1`, which

@@ -39,6 +39,9 @@
  *              stream-ordered path
  *   mixed      a host send buffer with a device receive buffer is refused
  *              with ncclInvalidUsage
+ *   idle       an AllReduce, 10.5 s without calls (hetccl's GPU proxy thread
+ *              ends after 10 s idle), another AllReduce: the second must
+ *              still be right (and take the same path; the harness counts)
  *   forward    with HETCCL_NCCL_FALLBACK naming tests/c/fake_nvidia_nccl.c:
  *              ncclCommWindowRegister on a device buffer gives a window,
  *              ncclWinGetUserPtr returns the buffer, ncclSignal to the next
@@ -539,6 +542,12 @@ static void mode_mixed(ncclComm_t comm) {
   dfree(&r);
 }
 
+static void mode_idle(ncclComm_t comm) {
+  one_allreduce_f(comm, 5003, 0);
+  usleep(10500 * 1000);
+  one_allreduce_f(comm, 5003, 1);
+}
+
 static void mode_forward(ncclComm_t comm) {
   dbuf b = dalloc(4096);
   ncclWindow_t win = NULL;
@@ -683,6 +692,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(m, "pinned")) mode_pinned(comm);
     else if (!strcmp(m, "mixed")) mode_mixed(comm);
     else if (!strcmp(m, "forward")) mode_forward(comm);
+    else if (!strcmp(m, "idle")) mode_idle(comm);
     else {
       fprintf(stderr, "unknown mode %s\n", m);
       exit(2);

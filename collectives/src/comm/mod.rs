@@ -48,6 +48,11 @@ pub struct Comm {
     /// The data-moving part: set once init completes (at once for blocking
     /// init, later for nonblocking init); never set for unit-test comms.
     pub engine: once_cell::sync::OnceCell<engine::Engine>,
+    /// Device collectives posted on the node board so far: the sequence of
+    /// the CUDA IPC protocol (`crate::gpu::peer`), advanced by the GPU proxy
+    /// thread only. It lives here, not in the proxy, because a proxy ends
+    /// when idle and the sequence must continue.
+    pub gpu_seq: std::sync::atomic::AtomicU64,
 }
 
 impl Comm {
@@ -65,6 +70,7 @@ impl Comm {
             engine: once_cell::sync::OnceCell::new(),
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
+            gpu_seq: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

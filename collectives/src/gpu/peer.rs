@@ -48,17 +48,35 @@ use super::kernels::{self, DeviceKernels};
 use super::memory::Placement;
 use crate::algo::Collective;
 use crate::api::coll_args::CollArgs;
+use crate::comm::Comm;
 use crate::direct::board::GpuSlot;
 use crate::direct::{Node, WaitOp};
 use crate::error::Result;
 use crate::exec::watch::Watch;
 
-/// Per-communicator state of the proxy thread.
+/// The proxy thread's state for the CUDA IPC path: the peer allocations it
+/// opened. (The slot sequence is the communicator's `gpu_seq`.)
 #[derive(Debug, Default)]
 pub struct PeerState {
-    /// Device collectives posted so far (the slot sequence; from 1).
-    seq: u64,
     imports: Imports,
+}
+
+/// The next slot sequence number of `comm`'s device collectives.
+fn next_seq(comm: &Comm) -> u64 {
+    comm.gpu_seq.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+/// Publishes `d` as this rank's descriptor of `seq`. The sequence word is
+/// cleared first, so that a reader checking it before and after reading
+/// (see [`read_peer`]) never accepts a descriptor half rewritten.
+fn post<'a>(node: &'a Node, seq: u64, d: &Desc) -> &'a GpuSlot {
+    let slot = node.board(node.me()).gpu_slot(seq);
+    slot.seq.store(0, Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Release);
+    d.write(slot);
+    slot.seq.store(seq, Ordering::Release);
+    node.wake_peers();
+    slot
 }
 
 /// A rank's descriptor in its slot (words of [`GpuSlot::desc`]).
@@ -245,12 +263,8 @@ fn describe(a: &CollArgs) -> (Desc, Option<std::sync::Arc<DeviceKernels>>) {
 
 /// Posts "no" for a device collective of a batch of several calls (they
 /// stage as one host group), keeping the slot sequence in step.
-pub fn post_no(node: &Node, st: &mut PeerState) {
-    st.seq += 1;
-    let slot = node.board(node.me()).gpu_slot(st.seq);
-    Desc::no().write(slot);
-    slot.seq.store(st.seq, Ordering::Release);
-    node.wake_peers();
+pub fn post_no(node: &Node, comm: &Comm) {
+    post(node, next_seq(comm), &Desc::no());
 }
 
 /// Reads peer `k`'s descriptor of `seq` (None: it has moved past `seq`).
@@ -259,6 +273,8 @@ fn read_peer(node: &Node, k: usize, seq: u64) -> Option<Desc> {
     if slot.seq.load(Ordering::Acquire) != seq {
         return None;
     }
+    // A peer's slot is rewritten only for seq + GPU_SLOTS; the check after
+    // the read catches that.
     let d = Desc::read(slot);
     std::sync::atomic::fence(Ordering::Acquire);
     (slot.seq.load(Ordering::Relaxed) == seq).then_some(d)
@@ -273,14 +289,10 @@ pub fn try_run(
     a: &CollArgs,
     stream: cu::CUstream,
 ) -> Result<bool> {
-    st.seq += 1;
-    let seq = st.seq;
+    let seq = next_seq(&a.comm);
     let (n, me) = (node.nranks(), node.me());
     let (mine, kernels) = describe(a);
-    let slot = node.board(me).gpu_slot(seq);
-    mine.write(slot);
-    slot.seq.store(seq, Ordering::Release);
-    node.wake_peers();
+    let slot = post(node, seq, &mine);
     if !mine.able {
         return Ok(false);
     }

@@ -460,7 +460,7 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
         } else {
             for op in &b.ops {
                 if Arc::as_ptr(&op.args.comm) as usize == key && !p2p(&op.args) {
-                    peer::post_no(node, &mut st.peer);
+                    peer::post_no(node, &op.args.comm);
                 }
             }
         }
