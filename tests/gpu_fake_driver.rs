@@ -167,6 +167,25 @@ fn ranks_sharing_a_device_and_nonblocking() {
     }
 }
 
+/// Two nodes of two ranks (`HETCCL_HOST_ID`): no CUDA IPC across nodes, so
+/// every call is staged, and the large ones are pipelined in pieces over
+/// the host engine's network path.
+#[test]
+fn two_nodes_stage_and_pipeline() {
+    let out = run(vec![logged("dev_2x2_nodes", 4, "coll,group,async")
+        .rank_env(|r, _| {
+            vec![("HETCCL_HOST_ID".into(), format!("node{}", r / 2))]
+        })]);
+    for kind in ["allreduce", "broadcast", "reduce", "allgather"] {
+        for (r, (ipc, staged)) in paths(&out[0], kind).into_iter().enumerate() {
+            assert!(
+                ipc == 0 && staged >= 4,
+                "rank {r}: {kind}: {ipc} IPC, {staged} staged"
+            );
+        }
+    }
+}
+
 /// The CUDA IPC protocol's sequence outlives the proxy thread, which ends
 /// after 10 s without calls: the call after the pause takes the same path
 /// with the right result.

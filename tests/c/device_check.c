@@ -23,7 +23,8 @@
  *   coll       allreduce (float32 sum, int32 max; out of place and in
  *              place), broadcast (root N-1), reduce (root 0), allgather
  *              (out of place and in place), reducescatter, alltoall and a
- *              send/recv ring in a group, for counts 1, 1021 and 262147
+ *              send/recv ring in a group, for counts 1, 1021, 262147 and
+ *              600001
  *   async      rank 0's AllReduce must return before any other rank has
  *              called: it checks cuStreamQuery == CUDA_ERROR_NOT_READY, then
  *              writes PATH.go, which the other ranks wait for before their
@@ -376,7 +377,9 @@ static void one_ring(ncclComm_t comm, size_t n) {
 }
 
 static void mode_coll(ncclComm_t comm) {
-  const size_t counts[] = {1, 1021, 262147};
+  /* 600001 float32 elements exceed two of hetccl's 1 MiB staging pieces:
+   * staged AllReduce, Broadcast and Reduce calls that large are pipelined. */
+  const size_t counts[] = {1, 1021, 262147, 600001};
   for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
     size_t n = counts[k];
     one_allreduce_f(comm, n, 0);

@@ -38,13 +38,14 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use hetccl_abi::{NcclResult, RedOp};
+use hetccl_abi::RedOp;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::driver::{self, cu};
-use super::memory::{self, Placement};
+use super::memory;
 use super::peer::{self, PeerState};
+use super::stage::{self, Event};
 use super::staging::Staging;
 use crate::algo::Collective;
 use crate::api::coll_args::CollArgs;
@@ -79,42 +80,6 @@ struct Batch {
 // made current), pinned memory owned by the batch, and user buffers and
 // streams that NCCL's contract keeps valid until the stream passes the call.
 unsafe impl Send for Batch {}
-
-/// A CUDA event, destroyed on drop.
-struct Event(cu::CUevent);
-
-impl Event {
-    fn new() -> Result<Event> {
-        let mut e: cu::CUevent = std::ptr::null_mut();
-        let flags = cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: a writable slot; a context is current.
-        driver::check(unsafe { cu::cuEventCreate(&mut e, flags) }, "cuEventCreate")?;
-        Ok(Event(e))
-    }
-
-    fn record(&self, stream: cu::CUstream) -> Result<()> {
-        // SAFETY: a live event and the caller's stream.
-        driver::check(
-            unsafe { cu::cuEventRecord(self.0, stream) },
-            "cuEventRecord",
-        )
-    }
-
-    fn wait(&self) -> Result<()> {
-        // SAFETY: a live event.
-        driver::check(
-            unsafe { cu::cuEventSynchronize(self.0) },
-            "cuEventSynchronize",
-        )
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: created by cuEventCreate; destroying a pending event is allowed.
-        unsafe { cu::cuEventDestroy_v2(self.0) };
-    }
-}
 
 /// Device calls of an open group; `None` once the group ended.
 type GroupQueue = Arc<Mutex<Option<Queued>>>;
@@ -227,73 +192,6 @@ fn enqueue(ops: Vec<CollArgs>) -> Result<()> {
         },
     );
     Ok(())
-}
-
-/// Bytes copied back into the user's receive buffer.
-fn recv_copy_bytes(a: &CollArgs) -> usize {
-    if a.recv.is_null() {
-        0
-    } else {
-        a.recv_bytes
-    }
-}
-
-/// `cuMemcpyAsync` (unified addressing: any direction).
-fn copy(dst: u64, src: u64, bytes: usize, stream: cu::CUstream) -> Result<()> {
-    if bytes == 0 {
-        return Ok(());
-    }
-    // SAFETY: both ranges are valid for `bytes` (validated call, staging
-    // buffer of that size); ordered on the proxy's stream.
-    driver::check(
-        unsafe { cu::cuMemcpyAsync(dst, src, bytes, stream) },
-        "cuMemcpyAsync",
-    )
-}
-
-/// Allocates staging for `a` and enqueues the copy of its input on
-/// `stream`; returns the host-side call and its buffers. Overlapping
-/// send/receive ranges (in-place layouts) share one buffer at the same
-/// offsets, so the host engine sees the same in-place layout.
-fn stage_in(a: &CollArgs, stream: cu::CUstream) -> Result<(CollArgs, Vec<Staging>)> {
-    let (s, sb) = (
-        a.send as usize,
-        if a.send.is_null() { 0 } else { a.send_bytes },
-    );
-    let (r, rb) = (a.recv as usize, recv_copy_bytes(a));
-    let overlap = sb > 0 && rb > 0 && s < r + rb && r < s + sb;
-    let mut bufs = Vec::new();
-    let (hs, hr): (*const c_void, *mut c_void) = if overlap {
-        let lo = s.min(r);
-        let hi = (s + sb).max(r + rb);
-        let buf = Staging::take(hi - lo)?;
-        let base = buf.payload() as usize;
-        bufs.push(buf);
-        (
-            (base + s - lo) as *const c_void,
-            (base + r - lo) as *mut c_void,
-        )
-    } else {
-        let mut one = |n: usize| -> Result<usize> {
-            if n == 0 {
-                return Ok(0);
-            }
-            let b = Staging::take(n)?;
-            let p = b.payload() as usize;
-            bufs.push(b);
-            Ok(p)
-        };
-        (one(sb)? as *const c_void, one(rb)? as *mut c_void)
-    };
-    copy(hs as u64, s as u64, sb, stream)?;
-    let host = CollArgs {
-        send: hs,
-        recv: hr,
-        stream: std::ptr::null_mut(),
-        placement: Placement::Host,
-        ..a.clone()
-    };
-    Ok((host, bufs))
 }
 
 /// Host function fallback: blocks the stream's callback until the flag is set.
@@ -469,85 +367,5 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
         let a = &op.args;
         tracing::info!(target: "hetccl::COLL", "{} count {} {:?}: staged through host memory", a.kind, a.count, a.dtype);
     }
-    stage(b, stream)
-}
-
-/// Host staging: copies the inputs to pinned buffers, runs the calls through
-/// the host engine (one host group for a batch of several), copies the
-/// outputs back; all on the proxy's stream, synchronised.
-fn stage(b: &Batch, stream: cu::CUstream) -> Result<()> {
-    let mut hosts = Vec::with_capacity(b.ops.len());
-    let mut bufs = Vec::new();
-    for op in &b.ops {
-        let (h, mut v) = stage_in(&op.args, stream)?;
-        hosts.push(h);
-        bufs.append(&mut v);
-    }
-    sync(stream)?;
-    let r = if hosts.len() == 1 {
-        launch::submit(hosts[0].clone())
-    } else {
-        // SAFETY: plain calls into hetccl's own exported group API.
-        unsafe { group::ncclGroupStart() };
-        let mut first_err = None;
-        for h in &hosts {
-            if let Err(e) = launch::submit(h.clone()) {
-                first_err.get_or_insert(e);
-            }
-        }
-        // SAFETY: as above; closes the group opened here.
-        let code = unsafe { group::ncclGroupEnd() };
-        match (first_err, code) {
-            (Some(e), _) => Err(e),
-            (None, 0) => Ok(()),
-            (None, c) if c == NcclResult::InProgress.raw() => Err(Error::InProgress),
-            (None, c) => Err(Error::Remote(format!(
-                "the grouped host operations failed with ncclResult {c}"
-            ))),
-        }
-    };
-    match r {
-        Err(Error::InProgress) => wait_nonblocking(&hosts)?,
-        r => r?,
-    }
-    for (op, h) in b.ops.iter().zip(&hosts) {
-        copy(
-            op.args.recv as u64,
-            h.recv as u64,
-            recv_copy_bytes(&op.args),
-            stream,
-        )?;
-    }
-    sync(stream)?;
-    drop(bufs);
-    Ok(())
-}
-
-fn sync(stream: cu::CUstream) -> Result<()> {
-    // SAFETY: the proxy's live stream.
-    driver::check(
-        unsafe { cu::cuStreamSynchronize(stream) },
-        "cuStreamSynchronize",
-    )
-}
-
-/// Nonblocking communicators finish on the engine's helper thread; wait for
-/// each comm's async state to settle.
-fn wait_nonblocking(hosts: &[CollArgs]) -> Result<()> {
-    for h in hosts {
-        loop {
-            let st = h.comm.async_error.load(Ordering::Acquire);
-            if st == NcclResult::InProgress.raw() {
-                std::thread::sleep(Duration::from_micros(50));
-                continue;
-            }
-            if st != 0 {
-                return Err(Error::Remote(format!(
-                    "nonblocking device-buffer operation failed with ncclResult {st}"
-                )));
-            }
-            break;
-        }
-    }
-    Ok(())
+    stage::run(&b.ops.iter().map(|op| &op.args).collect::<Vec<_>>(), stream)
 }

@@ -1,0 +1,387 @@
+//! Host staging of calls on CUDA memory, run by the GPU proxy thread on its
+//! own stream: the inputs are copied into pinned host buffers, the host
+//! engine runs the calls ([`crate::api::launch::submit`]), the outputs are
+//! copied back, and the stream is synchronised before the proxy releases
+//! the user's stream.
+//!
+//! Large AllReduce, Broadcast and Reduce calls are cut into pieces of
+//! [`PIECE`] bytes, each a host call of its own over its element range.
+//! Alone in its batch, such a call is pipelined: every piece's input copy is
+//! queued at once, each with an event, and the host engine reduces or sends
+//! piece `i` (over shared memory or the network) while the copy engine still
+//! moves the later ones; each piece's output copy is queued as soon as it is
+//! done. Every rank cuts a call the same way, grouped or not, so all ranks
+//! run the same sequence of host calls.
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use hetccl_abi::NcclResult;
+
+use super::driver::{self, cu};
+use super::memory::Placement;
+use super::staging::Staging;
+use crate::algo::Collective;
+use crate::api::coll_args::CollArgs;
+use crate::api::{group, launch};
+use crate::error::{Error, Result};
+
+/// Bytes of one piece of a cut call.
+pub const PIECE: usize = 1 << 20;
+
+/// A CUDA event, destroyed on drop.
+pub(super) struct Event(pub(super) cu::CUevent);
+
+impl Event {
+    /// A new event without timing.
+    pub(super) fn new() -> Result<Event> {
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        let flags = cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: a writable slot; a context is current.
+        driver::check(unsafe { cu::cuEventCreate(&mut e, flags) }, "cuEventCreate")?;
+        Ok(Event(e))
+    }
+
+    /// Records the event on `stream`.
+    pub(super) fn record(&self, stream: cu::CUstream) -> Result<()> {
+        // SAFETY: a live event and a live stream.
+        driver::check(
+            unsafe { cu::cuEventRecord(self.0, stream) },
+            "cuEventRecord",
+        )
+    }
+
+    /// Waits until the event has passed.
+    pub(super) fn wait(&self) -> Result<()> {
+        // SAFETY: a live event.
+        driver::check(
+            unsafe { cu::cuEventSynchronize(self.0) },
+            "cuEventSynchronize",
+        )
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate; destroying a pending event is allowed.
+        unsafe { cu::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Bytes copied back into the user's receive buffer.
+fn recv_copy_bytes(a: &CollArgs) -> usize {
+    if a.recv.is_null() {
+        0
+    } else {
+        a.recv_bytes
+    }
+}
+
+/// Bytes copied from the user's send buffer.
+fn send_copy_bytes(a: &CollArgs) -> usize {
+    if a.send.is_null() {
+        0
+    } else {
+        a.send_bytes
+    }
+}
+
+/// `cuMemcpyAsync` (unified addressing: any direction).
+fn copy(dst: u64, src: u64, bytes: usize, stream: cu::CUstream) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: both ranges are valid for `bytes` (validated call, staging
+    // buffer of that size); ordered on the proxy's stream.
+    driver::check(
+        unsafe { cu::cuMemcpyAsync(dst, src, bytes, stream) },
+        "cuMemcpyAsync",
+    )
+}
+
+/// Synchronises the proxy's stream.
+pub(super) fn sync(stream: cu::CUstream) -> Result<()> {
+    // SAFETY: the proxy's live stream.
+    driver::check(
+        unsafe { cu::cuStreamSynchronize(stream) },
+        "cuStreamSynchronize",
+    )
+}
+
+/// Allocates staging for `a`: the host-side call (same layout) and its
+/// buffers. Overlapping send/receive ranges (in-place layouts) share one
+/// buffer at the same offsets, so the host engine sees the same in-place
+/// layout.
+fn host_args(a: &CollArgs) -> Result<(CollArgs, Vec<Staging>)> {
+    let (s, sb) = (a.send as usize, send_copy_bytes(a));
+    let (r, rb) = (a.recv as usize, recv_copy_bytes(a));
+    let overlap = sb > 0 && rb > 0 && s < r + rb && r < s + sb;
+    let mut bufs = Vec::new();
+    let (hs, hr): (*const c_void, *mut c_void) = if overlap {
+        let lo = s.min(r);
+        let hi = (s + sb).max(r + rb);
+        let buf = Staging::take(hi - lo)?;
+        let base = buf.payload() as usize;
+        bufs.push(buf);
+        (
+            (base + s - lo) as *const c_void,
+            (base + r - lo) as *mut c_void,
+        )
+    } else {
+        let mut one = |n: usize| -> Result<usize> {
+            if n == 0 {
+                return Ok(0);
+            }
+            let b = Staging::take(n)?;
+            let p = b.payload() as usize;
+            bufs.push(b);
+            Ok(p)
+        };
+        (one(sb)? as *const c_void, one(rb)? as *mut c_void)
+    };
+    let host = CollArgs {
+        send: hs,
+        recv: hr,
+        stream: std::ptr::null_mut(),
+        placement: Placement::Host,
+        ..a.clone()
+    };
+    Ok((host, bufs))
+}
+
+/// The element ranges `(first, count)` a call is cut into: pieces of
+/// [`PIECE`] bytes for large AllReduce, Broadcast and Reduce calls (the
+/// same buffers, element for element), else the whole call.
+pub fn pieces(a: &CollArgs) -> Vec<(usize, usize)> {
+    let es = a.dtype.size();
+    let per = (PIECE / es).max(1);
+    let cuttable = matches!(
+        a.kind,
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+    );
+    if !cuttable || a.count < 2 * per {
+        return vec![(0, a.count)];
+    }
+    (0..a.count)
+        .step_by(per)
+        .map(|first| (first, per.min(a.count - first)))
+        .collect()
+}
+
+/// Piece `(first, n)` of the call `a` (device or host pointers alike), a
+/// kind [`pieces`] cuts (its buffers hold `count` elements where used).
+fn piece(a: &CollArgs, (first, n): (usize, usize)) -> CollArgs {
+    if (first, n) == (0, a.count) {
+        return a.clone();
+    }
+    let es = a.dtype.size();
+    let at = |p: usize, bytes: usize| if bytes == 0 { p } else { p + first * es };
+    CollArgs {
+        send: at(a.send as usize, a.send_bytes) as *const c_void,
+        recv: at(a.recv as usize, a.recv_bytes) as *mut c_void,
+        count: n,
+        send_bytes: if a.send_bytes == 0 { 0 } else { n * es },
+        recv_bytes: if a.recv_bytes == 0 { 0 } else { n * es },
+        ..a.clone()
+    }
+}
+
+/// Runs host calls, one host group when there are several; waits for a
+/// nonblocking communicator's helper thread.
+fn run_host(calls: &[CollArgs]) -> Result<()> {
+    let r = if calls.len() == 1 {
+        launch::submit(calls[0].clone())
+    } else {
+        // SAFETY: plain calls into hetccl's own exported group API.
+        unsafe { group::ncclGroupStart() };
+        let mut first_err = None;
+        for h in calls {
+            if let Err(e) = launch::submit(h.clone()) {
+                first_err.get_or_insert(e);
+            }
+        }
+        // SAFETY: as above; closes the group opened here.
+        let code = unsafe { group::ncclGroupEnd() };
+        match (first_err, code) {
+            (Some(e), _) => Err(e),
+            (None, 0) => Ok(()),
+            (None, c) if c == NcclResult::InProgress.raw() => Err(Error::InProgress),
+            (None, c) => Err(Error::Remote(format!(
+                "the grouped host operations failed with ncclResult {c}"
+            ))),
+        }
+    };
+    match r {
+        Err(Error::InProgress) => wait_nonblocking(calls),
+        r => r,
+    }
+}
+
+/// Stages the calls of one batch (their device pointers as the user passed
+/// them) on `stream` and runs them; the stream is synchronised on return.
+pub(super) fn run(calls: &[&CollArgs], stream: cu::CUstream) -> Result<()> {
+    let mut hosts = Vec::with_capacity(calls.len());
+    let mut bufs = Vec::new();
+    for a in calls {
+        let (h, mut v) = host_args(a)?;
+        hosts.push(h);
+        bufs.append(&mut v);
+    }
+    if calls.len() == 1 && pieces(calls[0]).len() > 1 {
+        let r = pipeline(calls[0], &hosts[0], stream);
+        // The stream may still read the staging buffers after an error.
+        sync(stream)?;
+        return r;
+    }
+    for (a, h) in calls.iter().zip(&hosts) {
+        copy(h.send as u64, a.send as u64, send_copy_bytes(a), stream)?;
+    }
+    sync(stream)?;
+    let host_calls: Vec<CollArgs> = hosts
+        .iter()
+        .flat_map(|h| pieces(h).into_iter().map(move |p| piece(h, p)))
+        .collect();
+    run_host(&host_calls)?;
+    for (a, h) in calls.iter().zip(&hosts) {
+        copy(a.recv as u64, h.recv as u64, recv_copy_bytes(a), stream)?;
+    }
+    sync(stream)?;
+    drop(bufs);
+    Ok(())
+}
+
+/// One call cut into pieces, its copies overlapping the host engine's work.
+fn pipeline(a: &CollArgs, h: &CollArgs, stream: cu::CUstream) -> Result<()> {
+    let ps = pieces(a);
+    let mut ready = Vec::with_capacity(ps.len());
+    for &p in &ps {
+        let (dev, host) = (piece(a, p), piece(h, p));
+        copy(
+            host.send as u64,
+            dev.send as u64,
+            send_copy_bytes(&dev),
+            stream,
+        )?;
+        let e = Event::new()?;
+        e.record(stream)?;
+        ready.push(e);
+    }
+    for (&p, e) in ps.iter().zip(&ready) {
+        e.wait()?;
+        let (dev, host) = (piece(a, p), piece(h, p));
+        run_host(std::slice::from_ref(&host))?;
+        copy(
+            dev.recv as u64,
+            host.recv as u64,
+            recv_copy_bytes(&dev),
+            stream,
+        )?;
+    }
+    Ok(())
+}
+
+/// Nonblocking communicators finish on the engine's helper thread; wait for
+/// each comm's async state to settle.
+fn wait_nonblocking(hosts: &[CollArgs]) -> Result<()> {
+    for h in hosts {
+        loop {
+            let st = h.comm.async_error.load(Ordering::Acquire);
+            if st == NcclResult::InProgress.raw() {
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            if st != 0 {
+                return Err(Error::Remote(format!(
+                    "nonblocking device-buffer operation failed with ncclResult {st}"
+                )));
+            }
+            break;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_large_contiguous_calls_are_cut_and_pieces_cover_them() {
+        let per = PIECE / 4;
+        for (count, want) in [
+            (0, 1),
+            (1, 1),
+            (2 * per - 1, 1),
+            (2 * per, 2),
+            (5 * per + 3, 6),
+        ] {
+            let got = cut(Collective::AllReduce, count);
+            assert_eq!(got.len(), want, "count {count}");
+            let mut next = 0;
+            for (first, n) in got {
+                assert_eq!(first, next);
+                assert!(n > 0 || count == 0);
+                next = first + n;
+            }
+            assert_eq!(next, count);
+        }
+        assert_eq!(cut(Collective::Broadcast, 4 * per).len(), 4);
+        assert_eq!(cut(Collective::Reduce, 4 * per).len(), 4);
+        assert_eq!(cut(Collective::AllGather, 4 * per).len(), 1);
+        assert_eq!(cut(Collective::ReduceScatter, 4 * per).len(), 1);
+    }
+
+    #[test]
+    fn a_call_that_is_not_cut_keeps_its_extents() {
+        let comm = std::sync::Arc::new(crate::comm::Comm::new(4, 1));
+        let a = CollArgs {
+            kind: Collective::AlltoAll,
+            comm,
+            send: 64 as *const c_void,
+            recv: 64 as *mut c_void,
+            count: 10 * PIECE,
+            dtype: hetccl_abi::DataType::Uint8,
+            op: hetccl_abi::RedOp::Sum,
+            root: 0,
+            send_bytes: 40 * PIECE,
+            recv_bytes: 40 * PIECE,
+            stream: std::ptr::null_mut(),
+            placement: Placement::Device(0),
+        };
+        let ps = pieces(&a);
+        assert_eq!(ps, vec![(0, a.count)]);
+        let p = piece(&a, ps[0]);
+        assert_eq!(
+            (p.send_bytes, p.recv_bytes, p.count),
+            (a.send_bytes, a.recv_bytes, a.count)
+        );
+    }
+
+    /// `pieces` of a float32 call of `kind` over `count` elements.
+    fn cut(kind: Collective, count: usize) -> Vec<(usize, usize)> {
+        let comm = std::sync::Arc::new(crate::comm::Comm::new(2, 0));
+        let a = CollArgs {
+            kind,
+            comm,
+            send: 16 as *const c_void,
+            recv: 4096 as *mut c_void,
+            count,
+            dtype: hetccl_abi::DataType::Float32,
+            op: hetccl_abi::RedOp::Sum,
+            root: 0,
+            send_bytes: count * 4,
+            recv_bytes: count * 4,
+            stream: std::ptr::null_mut(),
+            placement: Placement::Device(0),
+        };
+        let ps = pieces(&a);
+        for &p in &ps {
+            let x = piece(&a, p);
+            assert_eq!(x.send as usize, 16 + p.0 * 4);
+            assert_eq!(x.recv as usize, 4096 + p.0 * 4);
+            assert_eq!((x.count, x.send_bytes), (p.1, p.1 * 4));
+        }
+        ps
+    }
+}
