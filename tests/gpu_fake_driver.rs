@@ -308,6 +308,9 @@ fn perf(args: &[&str]) -> String {
         .arg("--lib")
         .arg(&so)
         .args(["-T", "120"]);
+    if let Some(p) = nvrtc() {
+        cmd.env("HETCCL_NVRTC_LIB", p);
+    }
     let out = common::run_ok(&mut cmd);
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -333,18 +336,22 @@ fn wrong_columns(table: &str) -> Vec<String> {
 /// `#wrong` 0 and the rank lines name the device.
 #[test]
 fn hetccl_perf_on_device_buffers() {
-    for (coll, alloc, np) in [
-        ("all_reduce", "device", "2"),
-        ("all_gather", "nccl", "3"),
-        ("alltoall", "device", "2"),
-        ("sendrecv", "device", "2"),
-        ("broadcast", "nccl", "2"),
+    // Ranks as processes (-np) and as threads of one process (--threads,
+    // where the CUDA IPC path uses the peers' pointers directly).
+    for (coll, alloc, launch, n) in [
+        ("all_reduce", "device", "-np", "2"),
+        ("all_gather", "nccl", "-np", "3"),
+        ("alltoall", "device", "-np", "2"),
+        ("sendrecv", "device", "-np", "2"),
+        ("broadcast", "nccl", "-np", "2"),
+        ("all_reduce", "device", "--threads", "3"),
+        ("reduce_scatter", "device", "--threads", "2"),
     ] {
         let out = perf(&[
-            coll, "-np", np, "-b", "8", "-e", "256K", "-f", "8", "-n", "3", "-w", "1", "--alloc",
+            coll, launch, n, "-b", "8", "-e", "256K", "-f", "8", "-n", "3", "-w", "1", "--alloc",
             alloc,
         ]);
-        let label = format!("{coll} --alloc {alloc} -np {np}");
+        let label = format!("{coll} --alloc {alloc} {launch} {n}");
         assert!(
             out.contains("[cuda] hetccl fake GPU"),
             "{label}: no device in the rank lines:\n{out}"
