@@ -20,6 +20,7 @@ const EXPORTS: &[&str] = &[
     "cuCtxGetDevice",
     "cuCtxSetCurrent",
     "cuCtxSynchronize",
+    "cuDeviceCanAccessPeer",
     "cuDeviceGet",
     "cuDeviceGetAttribute",
     "cuDeviceGetCount",
@@ -179,6 +180,10 @@ fn emulated_driver_behaves() {
         ("uuid.bad_dev", "101"), // CUDA_ERROR_INVALID_DEVICE
         ("uuid.bad_dev_v1", "101"),
         ("uuid.null", "1"), // CUDA_ERROR_INVALID_VALUE
+        // Peer access between different devices (FAKE_CUDA_NO_PEER_ACCESS unset).
+        ("peer.0_1", "1"),
+        ("peer.1_1", "0"),
+        ("peer.bad_dev", "101"),
         // Contexts: thread-local current context; none -> INVALID_CONTEXT.
         ("ctx.none_current", "1"),
         ("ctx.getdevice_none", "201"),

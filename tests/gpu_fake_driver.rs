@@ -202,30 +202,45 @@ fn device_calls_after_the_proxy_went_idle() {
     }
 }
 
-/// Two devices, ranks alternating between them (CUDA IPC needs one device,
-/// so they stage); and the host-function wait used where
+/// Two devices, ranks alternating between them: CUDA IPC through peer
+/// access, and staging when the devices have none
+/// (`FAKE_CUDA_NO_PEER_ACCESS=1`); and the host-function wait used where
 /// `cuStreamWaitValue32` is not supported, with `NCCL_P2P_DISABLE=1`, which
 /// turns CUDA IPC off: everything is staged.
 #[test]
 fn two_devices_and_host_function_wait() {
-    let out = run(vec![
-        logged("dev_4_two_devices", 4, "memalloc,coll")
+    let two = |label: &str| {
+        logged(label, 4, "memalloc,coll")
             .env("FAKE_CUDA_DEVICES", "2")
-            .rank_env(|r, _| vec![("DEVICE_CHECK_DEVICE".into(), (r % 2).to_string())]),
+            .rank_env(|r, _| vec![("DEVICE_CHECK_DEVICE".into(), (r % 2).to_string())])
+    };
+    let out = run(vec![
+        two("dev_4_two_devices"),
+        two("dev_4_two_devices_no_peer_access").env("FAKE_CUDA_NO_PEER_ACCESS", "1"),
         logged("dev_2_host_function_wait_no_p2p", 2, "coll,async,group")
             .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1")
             .env("NCCL_P2P_DISABLE", "1"),
     ]);
+    for kind in ["allgather", "broadcast", "alltoall"] {
+        for (r, (ipc, _)) in paths(&out[0], kind).into_iter().enumerate() {
+            assert!(
+                ipc >= 4,
+                "rank {r}: {kind}: {ipc} calls through CUDA IPC across devices"
+            );
+        }
+    }
     for (o, kind) in [
-        (0, "allgather"),
-        (1, "allreduce"),
         (1, "allgather"),
         (1, "broadcast"),
+        (2, "allreduce"),
+        (2, "allgather"),
+        (2, "broadcast"),
     ] {
         for (r, (ipc, staged)) in paths(&out[o], kind).into_iter().enumerate() {
             assert!(
                 ipc == 0 && staged >= 3,
-                "rank {r}: {kind}: {ipc} IPC, {staged} staged"
+                "{}: rank {r}: {kind}: {ipc} IPC, {staged} staged",
+                ["", "no peer access", "no P2P"][o]
             );
         }
     }

@@ -108,6 +108,7 @@
 
 static int g_log;          /* FAKE_CUDA_LOG */
 static int g_no_memops;    /* FAKE_CUDA_NO_STREAM_MEMOPS */
+static int g_no_peer;      /* FAKE_CUDA_NO_PEER_ACCESS */
 static int g_timeout_s = 120;
 static int g_inited;       /* cuInit succeeded (atomic access) */
 static int g_ndev = 1;
@@ -186,6 +187,8 @@ __attribute__((constructor)) static void fake_cuda_load(void) {
     g_log = e && *e && strcmp(e, "0") != 0;
     e = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
     g_no_memops = e && *e && strcmp(e, "0") != 0;
+    e = getenv("FAKE_CUDA_NO_PEER_ACCESS");
+    g_no_peer = e && *e && strcmp(e, "0") != 0;
     e = getenv("FAKE_CUDA_TIMEOUT_S");
     if (e && atoi(e) > 0) g_timeout_s = atoi(e);
     for (int i = 0; i < MAX_DEV; i++) g_ctx[i] = (struct fake_ctx){CTX_MAGIC, i};
@@ -780,6 +783,19 @@ CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
     return get_uuid("cuDeviceGetUuid_v2", uuid, dev);
 }
 
+/* Peer access between two devices: always, unless FAKE_CUDA_NO_PEER_ACCESS
+ * is set (then never, and IPC handles of another device's memory cannot be
+ * opened). */
+CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
+    LOG("cuDeviceCanAccessPeer(%d, %d)", dev, peer);
+    NEED_INIT();
+    NEED_PTR(can);
+    NEED_DEV(dev);
+    NEED_DEV(peer);
+    *can = dev != peer && !g_no_peer;
+    return CUDA_SUCCESS;
+}
+
 /* ------------------------------------------------------------- contexts */
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
@@ -1344,7 +1360,7 @@ struct ipc_handle { /* the first bytes of a CUipcMemHandle */
     uint32_t magic;
     int32_t pid;    /* the exporting process */
     int32_t fd;     /* its memfd */
-    uint32_t pad;
+    int32_t ordinal; /* the allocation's device */
     uint64_t size;   /* the allocation's size */
     uint64_t offset; /* of the exported pointer within it (informational) */
     char name[32];   /* the memfd's name, with the allocation's serial */
@@ -1375,7 +1391,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     NEED_PTR(h);
     struct alloc a;
     if (!lookup(p, &a) || a.kind != K_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    struct ipc_handle ih = {IPC_MAGIC, (int32_t)getpid(), a.fd, 0, a.size, p - a.dev, {0}};
+    struct ipc_handle ih = {IPC_MAGIC, (int32_t)getpid(), a.fd, a.ordinal, a.size, p - a.dev, {0}};
     fd_name((int)getpid(), a.fd, ih.name, sizeof ih.name);
     memset(h, 0, sizeof *h);
     memcpy(h->reserved, &ih, sizeof ih);
@@ -1392,6 +1408,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned in
         (unsigned long long)ih.size, flags);
     if (ih.magic != IPC_MAGIC || ih.size == 0) return CUDA_ERROR_INVALID_VALUE;
     if (ih.pid == (int32_t)getpid()) return CUDA_ERROR_INVALID_CONTEXT; /* as the real driver */
+    if (ih.ordinal != t_ctx->device && g_no_peer) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
     /* A handle of a freed allocation fails, even when the fd number now
      * names a newer allocation. */
     char now[32];
@@ -1443,6 +1460,7 @@ static const struct {
     E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
     E(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"),
     E(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
+    E(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported between these two devices"),
     E(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
     E(CUDA_ERROR_NOT_READY, "device not ready"),
     E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),

@@ -133,6 +133,14 @@ static void t_devices(void) {
     kv("uuid.bad_dev", cuDeviceGetUuid_v2(&u0, n));
     kv("uuid.bad_dev_v1", cuDeviceGetUuid(&u0, -1));
     kv("uuid.null", cuDeviceGetUuid_v2(NULL, 0));
+
+    /* Peer access: between different devices (unless switched off). */
+    int can = -1;
+    CK(cuDeviceCanAccessPeer(&can, 0, 1));
+    kv("peer.0_1", can);
+    CK(cuDeviceCanAccessPeer(&can, 1, 1));
+    kv("peer.1_1", can);
+    kv("peer.bad_dev", cuDeviceCanAccessPeer(&can, 0, n));
 }
 
 static void t_contexts(void) {

@@ -3,6 +3,10 @@
 //! node open it once (`cuIpcOpenMemHandle`) and keep the mapping in an
 //! [`Imports`] cache keyed by the exporting process and the handle.
 //!
+//! Ranks on different GPUs of the node read each other's memory through
+//! peer access (NVLink or PCIe), checked with `cuDeviceCanAccessPeer` and
+//! enabled by the open (`CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`).
+//!
 //! A handle names one allocation for its lifetime: a buffer freed and
 //! allocated again gets a new handle, so a cached mapping is never reused
 //! for different memory. The cache holds at most [`MAX_IMPORTS`] mappings
@@ -75,6 +79,53 @@ pub fn current_uuid() -> Result<[u8; 16]> {
         "cuDeviceGetUuid",
     )?;
     Ok(u.bytes.map(|b| b as u8))
+}
+
+/// The ordinal of the device with `uuid` in this process (None: not
+/// visible here, e.g. hidden by `CUDA_VISIBLE_DEVICES`).
+fn device_of(uuid: &[u8; 16]) -> Option<cu::CUdevice> {
+    let mut n = 0;
+    // SAFETY: a writable slot; the driver is initialised.
+    if unsafe { cu::cuDeviceGetCount(&mut n) } != cu::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    (0..n).find_map(|i| {
+        let mut d: cu::CUdevice = 0;
+        let mut u = cu::CUuuid { bytes: [0; 16] };
+        // SAFETY: writable slots and an ordinal below the count.
+        let ok = unsafe {
+            cu::cuDeviceGet(&mut d, i) == cu::CUresult::CUDA_SUCCESS
+                && cu::cuDeviceGetUuid_v2(&mut u, d) == cu::CUresult::CUDA_SUCCESS
+        };
+        (ok && u.bytes.map(|b| b as u8) == *uuid).then_some(d)
+    })
+}
+
+/// `Ok` when this process's device `mine` can read device `peer`'s memory
+/// directly: the same device, or peer access between the two
+/// (`cuDeviceCanAccessPeer`; NVLink or PCIe peer-to-peer).
+pub fn check_peer_access(mine: &[u8; 16], peer: &[u8; 16]) -> Result<()> {
+    if mine == peer {
+        return Ok(());
+    }
+    let (Some(a), Some(b)) = (device_of(mine), device_of(peer)) else {
+        return Err(Error::System(
+            "a peer's GPU is not visible in this process".into(),
+        ));
+    };
+    let mut can = 0;
+    // SAFETY: a writable slot and two device handles from the driver.
+    driver::check(
+        unsafe { cu::cuDeviceCanAccessPeer(&mut can, a, b) },
+        "cuDeviceCanAccessPeer",
+    )?;
+    if can == 1 {
+        Ok(())
+    } else {
+        Err(Error::System(format!(
+            "no peer access from device {a} to device {b}"
+        )))
+    }
 }
 
 /// Peer allocations opened in this process, for one communicator.

@@ -4,10 +4,11 @@
 //!
 //! It serves one collective per batch (not grouped calls) on communicators
 //! whose ranks all share one node and shared memory (the direct paths'
-//! [`Node`]), when every rank's buffers are `cuMemAlloc` memory of the same
-//! device, and, for reductions, sum/prod/max/min with a loaded kernel for
-//! the datatype. Several ranks on one GPU are the main case. Anything else
-//! goes through host staging ([`super::stream`]), decided the same way on
+//! [`Node`]), when every rank's buffers are `cuMemAlloc` memory on GPUs
+//! that can read each other (the same GPU, or peer access), and, for
+//! reductions, sum/prod/max/min with a loaded kernel for the datatype.
+//! Several ranks on one GPU are the case NCCL does not serve. Anything else
+//! goes through host staging ([`super::stage`]), decided the same way on
 //! every rank.
 //!
 //! The protocol uses each rank's device-collective slots on its board
@@ -23,8 +24,9 @@
 //!    sequence check. A peer whose slot already holds a later collective
 //!    chose staging (a rank that can take the path waits in step 3 for
 //!    everyone), so it counts as "no". Any "no" sends everyone to staging.
-//! 3. Open: each rank opens the peer buffers it reads and publishes phase 1
-//!    with whether that worked; any failure sends everyone to staging.
+//! 3. Open: each rank checks peer access to the other GPUs, opens the peer
+//!    buffers it reads and publishes phase 1 with whether that worked; any
+//!    failure sends everyone to staging.
 //! 4. Work: each phase's copies and kernels run on the proxy's stream; the
 //!    rank synchronises it, publishes the phase, and waits for everyone's,
 //!    so no buffer is rewritten while a peer still reads it and no rank
@@ -313,7 +315,7 @@ pub fn try_run(
             read_peer(node, k, seq)
         };
         match d {
-            Some(d) if d.able && d.uuid == mine.uuid && d.shape == mine.shape => descs.push(d),
+            Some(d) if d.able && d.shape == mine.shape => descs.push(d),
             _ => return Ok(false),
         }
     }
@@ -358,6 +360,9 @@ type Ptrs = Vec<(u64, u64)>;
 fn open_all(st: &mut PeerState, me: usize, descs: &[Desc]) -> Result<Ptrs> {
     let mut v = Vec::with_capacity(descs.len());
     for (k, d) in descs.iter().enumerate() {
+        if k != me {
+            ipc::check_peer_access(&descs[me].uuid, &d.uuid)?;
+        }
         let mut one = |e: &Option<Export>| -> Result<u64> {
             match e {
                 None => Ok(0),
