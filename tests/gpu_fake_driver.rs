@@ -114,15 +114,16 @@ fn paths(o: &coll::Outcome, kind: &str) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// Every mode on 2 ranks, one device. Single collectives run through CUDA
-/// IPC (reductions as kernels when NVRTC is present); grouped calls, sends
-/// and receives, and pinned host buffers are staged through host memory.
+/// Every mode on 2 ranks, one device. Collectives, alone or in groups
+/// without sends and receives, run through CUDA IPC (reductions as kernels
+/// when NVRTC is present); groups with sends and receives, and pinned host
+/// buffers, are staged through host memory.
 #[test]
 fn two_ranks_every_mode() {
     let out = run(vec![logged(
         "dev_2",
         2,
-        "coll,async,group,capture,memalloc,pinned,mixed",
+        "coll,async,group,coalesced,capture,memalloc,pinned,mixed",
     )]);
     let o = &out[0];
     let mut ipc_kinds = vec!["allgather", "broadcast", "alltoall"];
@@ -147,8 +148,14 @@ fn two_ranks_every_mode() {
         }
     }
     for (r, (_, staged)) in paths(o, "allreduce").into_iter().enumerate() {
-        // The group's AllReduce and the pinned-buffer one.
+        // The AllReduce of the group with sends and receives, and the
+        // pinned-buffer one.
         assert!(staged >= 2, "rank {r}: {staged} staged allreduce calls");
+    }
+    // The coalesced group (no sends or receives) runs call by call through
+    // CUDA IPC: one more broadcast than coll's four.
+    for (r, (ipc, _)) in paths(o, "broadcast").into_iter().enumerate() {
+        assert!(ipc >= 5, "rank {r}: {ipc} broadcasts through CUDA IPC");
     }
 }
 

@@ -31,6 +31,10 @@
  *              call. A call that waited for its peers would time out.
  *   group      an AllReduce on one stream and an AllGather plus a send/recv
  *              ring on a second stream, all in one ncclGroupStart/End
+ *   coalesced  an AllReduce and a ReduceScatter on one stream and an
+ *              AllGather and a Broadcast on a second, in one group without
+ *              sends or receives (hetccl runs such groups call by call, each
+ *              through CUDA IPC when it can)
  *   capture    during cuStreamBeginCapture an AllReduce returns
  *              ncclInvalidUsage naming graph capture; after the capture
  *              ends the same call works
@@ -462,6 +466,40 @@ static void mode_group(ncclComm_t comm) {
   dfree(&a), dfree(&ar), dfree(&g), dfree(&gr), dfree(&rs), dfree(&rr);
 }
 
+static void mode_coalesced(ncclComm_t comm) {
+  size_t n = 40009;
+  size_t total = n * (size_t)g_nranks;
+  size_t off = (size_t)g_rank * n;
+  int root = g_nranks - 1;
+  dbuf a = dalloc(n * 4), ar = dalloc(n * 4), rs = dalloc(total * 4), rsr = dalloc(n * 4),
+       g = dalloc(n * 4), gr = dalloc(total * 4), bc = dalloc(n * 4), bcr = dalloc(n * 4);
+  fill_f(&a, n, g_rank, 0);
+  upload(&a, n * 4);
+  fill_f(&rs, total, g_rank, 0);
+  upload(&rs, total * 4);
+  fill_f(&g, n, g_rank, 0);
+  CU(cuMemcpyHtoDAsync(g.d, g.h, n * 4, g_stream2));
+  fill_f(&bc, n, g_rank, 0);
+  CU(cuMemcpyHtoDAsync(bc.d, bc.h, n * 4, g_stream2));
+  NC(comm, ncclGroupStart());
+  NC(comm, ncclAllReduce((void*)a.d, (void*)ar.d, n, ncclFloat32, ncclSum, comm, g_stream));
+  NC(comm, ncclReduceScatter((void*)rs.d, (void*)rsr.d, n, ncclFloat32, ncclSum, comm, g_stream));
+  NC(comm, ncclAllGather((void*)g.d, (void*)gr.d, n, ncclFloat32, comm, g_stream2));
+  NC(comm, ncclBroadcast((void*)bc.d, (void*)bcr.d, n, ncclFloat32, root, comm, g_stream2));
+  NC(comm, ncclGroupEnd());
+  download(&ar, 0, n * 4);
+  download(&rsr, 0, n * 4);
+  CU(cuMemcpyDtoHAsync(gr.h, gr.d, total * 4, g_stream2));
+  CU(cuMemcpyDtoHAsync(bcr.h, bcr.d, n * 4, g_stream2));
+  sync_stream(g_stream);
+  sync_stream(g_stream2);
+  check_f("coalesced allreduce", (float*)ar.h, n, want_sum, NULL);
+  check_f("coalesced reducescatter", (float*)rsr.h, n, want_rs, &off);
+  check_f("coalesced allgather", (float*)gr.h, total, want_gathered, &n);
+  check_f("coalesced broadcast", (float*)bcr.h, n, want_rank_i, &root);
+  dfree(&a), dfree(&ar), dfree(&rs), dfree(&rsr), dfree(&g), dfree(&gr), dfree(&bc), dfree(&bcr);
+}
+
 static void mode_capture(ncclComm_t comm) {
   size_t n = 512;
   dbuf s = dalloc(n * 4), r = dalloc(n * 4);
@@ -690,6 +728,7 @@ int main(int argc, char** argv) {
     if (!strcmp(m, "coll")) mode_coll(comm);
     else if (!strcmp(m, "async")) mode_async(comm);
     else if (!strcmp(m, "group")) mode_group(comm);
+    else if (!strcmp(m, "coalesced")) mode_coalesced(comm);
     else if (!strcmp(m, "capture")) mode_capture(comm);
     else if (!strcmp(m, "memalloc")) mode_memalloc(comm);
     else if (!strcmp(m, "pinned")) mode_pinned(comm);

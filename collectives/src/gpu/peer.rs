@@ -2,7 +2,8 @@
 //! peers' device buffers where they lie (copies and reduction kernels on the
 //! proxy's stream), with no staging through host memory.
 //!
-//! It serves one collective per batch (not grouped calls) on communicators
+//! It serves collectives of batches without sends or receives (a batch's
+//! calls run one by one, in issue order) on communicators
 //! whose ranks all share one node and shared memory (the direct paths'
 //! [`Node`]), when every rank's buffers are `cuMemAlloc` memory on GPUs
 //! that can read each other (the same GPU, or peer access), and, for
@@ -18,8 +19,8 @@
 //! calls post too):
 //! 1. Post: the rank writes its descriptor (IPC handles of both buffers,
 //!    process id, device UUID, whether it can take this path) and publishes
-//!    `seq`. A rank that cannot take the path, or whose batch holds several
-//!    calls, posts "no" and stages without waiting.
+//!    `seq`. A rank that cannot take the path, or whose batch holds sends or
+//!    receives, posts "no" and stages without waiting.
 //! 2. Decide: wait for every peer's post of `seq` and read it under a
 //!    sequence check. A peer whose slot already holds a later collective
 //!    chose staging (a rank that can take the path waits in step 3 for
@@ -263,8 +264,8 @@ fn describe(a: &CollArgs) -> (Desc, Option<std::sync::Arc<DeviceKernels>>) {
     (d, kernels)
 }
 
-/// Posts "no" for a device collective of a batch of several calls (they
-/// stage as one host group), keeping the slot sequence in step.
+/// Posts "no" for a device collective of a batch with sends or receives
+/// (it stages as one host group), keeping the slot sequence in step.
 pub fn post_no(node: &Node, comm: &Comm) {
     post(node, next_seq(comm), &Desc::no());
 }

@@ -335,10 +335,17 @@ fn finished(b: &Batch) -> bool {
     })
 }
 
-/// Waits for the inputs, then runs the batch: one collective through CUDA
-/// IPC when every rank can ([`peer::try_run`]), else through host staging.
-/// Calls on another communicator than the proxy's (`key`) in a group take
-/// no part in the IPC protocol.
+/// Logs the path a call took (`NCCL_DEBUG_SUBSYS=COLL`).
+fn log_path(a: &CollArgs, path: &str) {
+    tracing::info!(target: "hetccl::COLL", "{} count {} {:?}: {path}", a.kind, a.count, a.dtype);
+}
+
+/// Waits for the inputs, then runs the batch. On a communicator whose ranks
+/// share this node, a batch of collectives (one call, or a group without
+/// sends, receives or other communicators) runs call by call in issue
+/// order, each through CUDA IPC when every rank can ([`peer::try_run`]) or
+/// else staged alone; any other batch is staged as one host group, so that
+/// its sends and receives cannot deadlock (its collectives post "no").
 fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
     // SAFETY: as above.
     unsafe { driver::set_current(b.ctx)? };
@@ -346,26 +353,30 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
     for op in &b.ops {
         op.ready.wait()?;
     }
-    let first = &b.ops[0].args;
-    let engine = first.comm.engine.get();
+    let engine = b.ops[0].args.comm.engine.get();
     if let Some((node, e)) = engine.and_then(|e| e.direct.as_ref().map(|n| (n, e))) {
         let p2p = |a: &CollArgs| matches!(a.kind, Collective::Send | Collective::Recv);
-        if b.ops.len() == 1 && !p2p(first) {
-            if peer::try_run(node, &e.links.watch, &mut st.peer, first, stream)? {
-                tracing::info!(target: "hetccl::COLL", "{} count {} {:?}: CUDA IPC", first.kind, first.count, first.dtype);
-                return Ok(());
-            }
-        } else {
+        let ours = |a: &CollArgs| Arc::as_ptr(&a.comm) as usize == key;
+        if b.ops.iter().all(|op| ours(&op.args) && !p2p(&op.args)) {
             for op in &b.ops {
-                if Arc::as_ptr(&op.args.comm) as usize == key && !p2p(&op.args) {
-                    peer::post_no(node, &op.args.comm);
+                let a = &op.args;
+                if peer::try_run(node, &e.links.watch, &mut st.peer, a, stream)? {
+                    log_path(a, "CUDA IPC");
+                } else {
+                    log_path(a, "staged through host memory");
+                    stage::run(&[a], stream)?;
                 }
+            }
+            return Ok(());
+        }
+        for op in &b.ops {
+            if ours(&op.args) && !p2p(&op.args) {
+                peer::post_no(node, &op.args.comm);
             }
         }
     }
     for op in &b.ops {
-        let a = &op.args;
-        tracing::info!(target: "hetccl::COLL", "{} count {} {:?}: staged through host memory", a.kind, a.count, a.dtype);
+        log_path(&op.args, "staged through host memory");
     }
     stage::run(&b.ops.iter().map(|op| &op.args).collect::<Vec<_>>(), stream)
 }
