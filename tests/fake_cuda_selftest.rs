@@ -306,8 +306,10 @@ fn emulated_driver_behaves() {
         ("capture.null_stream", "0"),
         ("capture.begin_null", "900"),
         ("capture.copy_after", "0"),
-        // Kernels: modules of hetccl's PTX only; the 32 emulated reduction
-        // kernels; other entries NOT_SUPPORTED (801), absent NOT_FOUND (500).
+        // Kernels: modules of hetccl's PTX only; the 62 emulated entry
+        // points of reduce.cu (reduce/premul/postdiv for the integer, f32
+        // and f64 types); other entries NOT_SUPPORTED (801), absent
+        // NOT_FOUND (500).
         ("kernel.load_garbage", "200"), // CUDA_ERROR_INVALID_IMAGE
         ("kernel.load_elf", "200"),
         ("kernel.load_null", "1"),
@@ -316,9 +318,13 @@ fn emulated_driver_behaves() {
         ("kernel.get_f32_sum", "0"),
         ("kernel.same_handle", "1"),
         ("kernel.get_f16_sum", "801"),
-        ("kernel.get_f32_avg", "801"),
-        ("kernel.get_premul", "801"),
-        ("kernel.get_postdiv", "801"),
+        ("kernel.get_f32_avg", "0"),
+        ("kernel.get_premul", "0"),
+        ("kernel.get_postdiv", "0"),
+        ("kernel.premul_own_handle", "1"),
+        ("kernel.get_f16_premul", "801"),
+        ("kernel.get_bf16_avg", "801"),
+        ("kernel.get_f32_postdiv", "801"), // not an entry of reduce.cu
         ("kernel.get_missing", "500"),
         ("kernel.get_prefix", "500"),
         ("kernel.get_bad_module", "400"),
@@ -338,6 +344,33 @@ fn emulated_driver_behaves() {
         ("kernel.u64_sum", "1,0"),
         ("kernel.f64_min", "4,1.5,-2,-10000000000,1"),
         ("kernel.f64_exact", "1"),
+        // avg/premulsum: dst = a*s + b (s = 0.25; 0.75 + 2^24 rounds to 2^24).
+        ("kernel.f32_avg", "2,0.75,0,0.225000009,16777216"),
+        // (1+2^-12)*(1+2^-12) - (1+2^-11): unfused 0, fused 2^-24; the
+        // kernels round the product first (NVRTC --fmad=false).
+        ("kernel.f32_fma_differs", "1"),
+        ("kernel.f32_fma_ref", "0,5.96046448e-08"),
+        ("kernel.f32_avg_unfused", "0"),
+        // INT32_MAX*-3+1, -7*-3+2, 2^30*-3, 5*-3+INT32_MAX, wrapping.
+        ("kernel.i32_premulsum", "-2147483644,23,1073741824,2147483632"),
+        // 3*(1+2^-52) = 3 + 1.5 ulp rounds to even: 3 + 2 ulp.
+        ("kernel.f64_premul", "4.5,-6,0.30000000000000004,inf,3.0000000000000009"),
+        // 200*255, 3*255, 255*255 (mod 256), 0; the bytes around untouched (9).
+        ("kernel.u8_premul", "9,56,253,1,0,9"),
+        // Truncation toward zero; INT64_MIN/2.
+        ("kernel.i64_postdiv", "-3,3,-4,-4611686018427387904,0,4"),
+        // d = 2^64-1 is (long long)-1 in the kernel: negation, INT64_MIN wraps.
+        ("kernel.i64_postdiv_dmax", "7,-7,8,-9223372036854775808,1,-9"),
+        ("kernel.u32_postdiv", "1431655765,2,0,33"),
+        ("kernel.u32_postdiv_2p32", "0,0,0,0"),
+        ("kernel.postdiv_zero", "1"), // CUDA_ERROR_INVALID_VALUE
+        ("kernel.postdiv_zero_n0", "0"),
+        ("kernel.postdiv_null_param", "1"),
+        // Each shape launched with exactly its parameters (5, 4, 3), the
+        // array and each value ending at a PROT_NONE page.
+        ("kernel.exact_params_reduce", "0"),
+        ("kernel.exact_params_premul", "0"),
+        ("kernel.exact_params_postdiv", "0"),
         ("kernel.launch_null_fn", "400"), // CUDA_ERROR_INVALID_HANDLE
         ("kernel.launch_grid0", "1"),
         ("kernel.launch_block0", "1"),

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -587,7 +588,15 @@ static const char PTX[] =
     ".visible .entry hetccl_reduce_u64_sum(\n)\n{\n\tret;\n}\n"
     ".visible .entry hetccl_reduce_f64_min(\n)\n{\n\tret;\n}\n"
     ".visible .entry hetccl_premul_f32(\n)\n{\n\tret;\n}\n"
-    ".visible .entry hetccl_postdiv_i32(\n)\n{\n\tret;\n}\n";
+    ".visible .entry hetccl_postdiv_i32(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_i32_premulsum(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_premul_f64(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_premul_u8(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_postdiv_i64(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_postdiv_u32(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_premul_f16(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_reduce_bf16_avg(\n)\n{\n\tret;\n}\n"
+    ".visible .entry hetccl_postdiv_f32(\n)\n{\n\tret;\n}\n";
 
 static CUfunction get_fn(CUmodule m, const char *name) {
     CUfunction f = NULL;
@@ -601,6 +610,59 @@ static CUresult launch(CUfunction f, CUdeviceptr d, CUdeviceptr a, CUdeviceptr b
     uint64_t scalar = 0;
     void *params[5] = {&d, &a, &b, &n, &scalar};
     return cuLaunchKernel(f, 4, 1, 1, 256, 1, 1, 0, s, params, NULL);
+}
+
+/* `len` bytes that end where a PROT_NONE page begins: reading past them
+ * crashes. Freed with unguard(p, len). */
+static void *guarded(size_t len) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    char *m = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED || mprotect(m + pg, pg, PROT_NONE) != 0) {
+        perror("guarded");
+        exit(2);
+    }
+    return m + pg - len;
+}
+static void unguard(void *p, size_t len) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    munmap((char *)p + len - pg, 2 * pg);
+}
+
+/* Launches f with exactly np parameters, the i-th len[i] bytes at val[i].
+ * The kernelParams array and every value end at a PROT_NONE page, so a fake
+ * that reads one parameter more, or one byte more of a parameter, than the
+ * kernel declares crashes this program. */
+static CUresult launch_exact(CUfunction f, CUstream s, int np, const void *const *val,
+                             const size_t *len) {
+    void **params = guarded((size_t)np * sizeof(void *));
+    for (int i = 0; i < np; i++) {
+        params[i] = guarded(len[i]);
+        memcpy(params[i], val[i], len[i]);
+    }
+    CUresult rc = cuLaunchKernel(f, 2, 1, 1, 128, 1, 1, 0, s, params, NULL);
+    for (int i = 0; i < np; i++) unguard(params[i], len[i]);
+    unguard(params, (size_t)np * sizeof(void *));
+    return rc;
+}
+/* hetccl_reduce_<dt>_<op>(T* dst, const T* a, const T* b, u64 n, T s); sc: sizeof(T) = ts bytes. */
+static CUresult launch_red(CUfunction f, CUdeviceptr d, CUdeviceptr a, CUdeviceptr b, uint64_t n,
+                           const void *sc, size_t ts, CUstream s) {
+    const void *val[5] = {&d, &a, &b, &n, sc};
+    const size_t len[5] = {8, 8, 8, 8, ts};
+    return launch_exact(f, s, 5, val, len);
+}
+/* hetccl_premul_<dt>(T* dst, const T* a, u64 n, T s). */
+static CUresult launch_premul(CUfunction f, CUdeviceptr d, CUdeviceptr a, uint64_t n,
+                              const void *sc, size_t ts, CUstream s) {
+    const void *val[4] = {&d, &a, &n, sc};
+    const size_t len[4] = {8, 8, 8, ts};
+    return launch_exact(f, s, 4, val, len);
+}
+/* hetccl_postdiv_<dt>(T* dst, u64 n, u64 d). */
+static CUresult launch_postdiv(CUfunction f, CUdeviceptr d, uint64_t n, uint64_t dv, CUstream s) {
+    const void *val[3] = {&d, &n, &dv};
+    const size_t len[3] = {8, 8, 8};
+    return launch_exact(f, s, 3, val, len);
 }
 
 /* `key v0,v1,...` with %.9g (float) or %.17g (double) or integers. */
@@ -646,6 +708,12 @@ static void t_kernels(void) {
     kv("kernel.get_f32_avg", cuModuleGetFunction(&g, m, "hetccl_reduce_f32_avg"));
     kv("kernel.get_premul", cuModuleGetFunction(&g, m, "hetccl_premul_f32"));
     kv("kernel.get_postdiv", cuModuleGetFunction(&g, m, "hetccl_postdiv_i32"));
+    CUfunction h = NULL;
+    CK(cuModuleGetFunction(&h, m, "hetccl_premul_f32"));
+    kv("kernel.premul_own_handle", h != NULL && h != g && h != f);
+    kv("kernel.get_f16_premul", cuModuleGetFunction(&g, m, "hetccl_premul_f16"));
+    kv("kernel.get_bf16_avg", cuModuleGetFunction(&g, m, "hetccl_reduce_bf16_avg"));
+    kv("kernel.get_f32_postdiv", cuModuleGetFunction(&g, m, "hetccl_postdiv_f32"));
     kv("kernel.get_missing", cuModuleGetFunction(&g, m, "hetccl_reduce_i32_sum"));
     kv("kernel.get_prefix", cuModuleGetFunction(&g, m, "hetccl_reduce_f32_su"));
     kv("kernel.get_bad_module", cuModuleGetFunction(&g, NULL, "hetccl_reduce_f32_sum"));
@@ -758,6 +826,116 @@ static void t_kernels(void) {
     CK(cuStreamSynchronize(s));
     CK(cuMemcpyDtoH(dout, A, sizeof dout));
     kv("kernel.f64_exact", dout[4] == 1.0 + 0x1p-40);
+
+    /* f32 avg, dst = a*s + b with s = 0.25, dst aliasing b: 3*0.25 + 2^24
+     * rounds to 2^24 in float. */
+    const float va[N] = {4.0f, 1.0f, -8.0f, 0.1f, 3.0f};
+    const float vb[N] = {1.0f, 0.5f, 2.0f, 0.2f, 16777216.0f};
+    const float quarter = 0.25f;
+    CK(cuMemcpyHtoD(A, va, sizeof va));
+    CK(cuMemcpyHtoD(B, vb, sizeof vb));
+    CK(launch_red(get_fn(m, "hetccl_reduce_f32_avg"), B, A, B, N, &quarter, 4, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(fo, B, sizeof fo));
+    kv_f32("kernel.f32_avg", fo, N);
+    /* a*s + b with a = s = 1 + 2^-12, b = -(1 + 2^-11): the exact product
+     * 1 + 2^-11 + 2^-24 rounds (to even) to 1 + 2^-11, so unfused gives 0,
+     * fused 2^-24. Both computed here: the double sum is exact. */
+    {
+        volatile float x = 1.0f + 0x1p-12f, sc = 1.0f + 0x1p-12f, y = -(1.0f + 0x1p-11f);
+        volatile float prod = x * sc;
+        float unfused = prod + y;
+        float fused = (float)((double)x * (double)sc + (double)y);
+        kv("kernel.f32_fma_differs", unfused != fused);
+        printf("kernel.f32_fma_ref %.9g,%.9g\n", (double)unfused, (double)fused);
+        const float one[1] = {x}, other[1] = {y}, scv = sc;
+        CK(cuMemcpyHtoD(A, one, 4));
+        CK(cuMemcpyHtoD(B, other, 4));
+        CK(launch_red(get_fn(m, "hetccl_reduce_f32_avg"), A, A, B, 1, &scv, 4, s));
+        CK(cuStreamSynchronize(s));
+        CK(cuMemcpyDtoH(fo, A, 4));
+        kv_f32("kernel.f32_avg_unfused", fo, 1);
+    }
+
+    /* i32 premulsum a*(-3) + b, wrapping; the 5-parameter shape with
+     * exactly 5 parameters and a 4-byte s. */
+    const int32_t qa[4] = {INT32_MAX, -7, 1 << 30, 5}, qb[4] = {1, 2, 0, INT32_MAX};
+    const int32_t m3 = -3;
+    int32_t qo[4];
+    CK(cuMemcpyHtoD(A, qa, sizeof qa));
+    CK(cuMemcpyHtoD(B, qb, sizeof qb));
+    kv("kernel.exact_params_reduce",
+       launch_red(get_fn(m, "hetccl_reduce_i32_premulsum"), A, A, B, 4, &m3, 4, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(qo, A, sizeof qo));
+    for (int i = 0; i < 4; i++) io[i] = qo[i];
+    kv_i64("kernel.i32_premulsum", io, 4);
+
+    /* f64 premul a*3 into another buffer: 3*(1 + 2^-52) rounds to even. */
+    const double pa64[N] = {1.5, -2.0, 0.1, 1e308, 1.0 + 0x1p-52};
+    const double three = 3.0;
+    CK(cuMemcpyHtoD(A, pa64, sizeof pa64));
+    CK(launch_premul(get_fn(m, "hetccl_premul_f64"), B, A, N, &three, 8, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(dout, B, sizeof dout));
+    kv_f64("kernel.f64_premul", dout, N);
+
+    /* u8 premul a*255 in place at an odd offset, wrapping; the 4-parameter
+     * shape with exactly 4 parameters and a 1-byte s. */
+    const uint8_t pu[4] = {200, 3, 255, 0};
+    const uint8_t u255 = 255;
+    uint8_t puo[6];
+    CK(cuMemsetD8(A, 9, 64));
+    CK(cuMemcpyHtoD(A + 5, pu, 4));
+    kv("kernel.exact_params_premul",
+       launch_premul(get_fn(m, "hetccl_premul_u8"), A + 5, A + 5, 4, &u255, 1, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(puo, A + 4, 6));
+    for (int i = 0; i < 6; i++) io[i] = puo[i];
+    kv_i64("kernel.u8_premul", io, 6); /* the bytes around are untouched (9) */
+
+    /* i64 postdiv by 2 truncates toward zero; by d = 2^64 - 1, which the
+     * kernel divides by as (long long)d = -1 (LLONG_MIN / -1 wraps). */
+    const int64_t da64[6] = {-7, 7, -8, INT64_MIN, -1, 9};
+    int64_t do64[6];
+    CUfunction pdiv = get_fn(m, "hetccl_postdiv_i64");
+    CK(cuMemcpyHtoD(A, da64, sizeof da64));
+    CK(launch_postdiv(pdiv, A, 6, 2, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(do64, A, sizeof do64));
+    kv_i64("kernel.i64_postdiv", do64, 6);
+    CK(cuMemcpyHtoD(A, da64, sizeof da64));
+    CK(launch_postdiv(pdiv, A, 6, UINT64_MAX, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(do64, A, sizeof do64));
+    kv_i64("kernel.i64_postdiv_dmax", do64, 6);
+
+    /* u32 postdiv by 3; the 3-parameter shape with exactly 3 parameters.
+     * Then by 2^32 (a 64-bit divisor: 0, not a division by zero). */
+    const uint32_t ua32[4] = {UINT32_MAX, 7, 0, 100};
+    uint32_t uo32[4];
+    CUfunction udiv = get_fn(m, "hetccl_postdiv_u32");
+    CK(cuMemcpyHtoD(A, ua32, sizeof ua32));
+    kv("kernel.exact_params_postdiv", launch_postdiv(udiv, A, 4, 3, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(uo32, A, sizeof uo32));
+    for (int i = 0; i < 4; i++) io[i] = uo32[i];
+    kv_i64("kernel.u32_postdiv", io, 4);
+    CK(cuMemcpyHtoD(A, ua32, sizeof ua32));
+    CK(launch_postdiv(udiv, A, 4, 1ull << 32, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuMemcpyDtoH(uo32, A, sizeof uo32));
+    for (int i = 0; i < 4; i++) io[i] = uo32[i];
+    kv_i64("kernel.u32_postdiv_2p32", io, 4);
+    /* Division by zero is refused (unless n == 0: nothing is divided). */
+    kv("kernel.postdiv_zero", launch_postdiv(udiv, A, 4, 0, s));
+    kv("kernel.postdiv_zero_n0", launch_postdiv(udiv, A, 0, 0, s));
+    {
+        uint64_t n1 = 1;
+        void *pp[3] = {&A, &n1, NULL};
+        kv("kernel.postdiv_null_param", cuLaunchKernel(udiv, 1, 1, 1, 1, 1, 1, 0, s, pp, NULL));
+    }
+    CK(cuStreamSynchronize(s));
 
     /* Errors. */
     void *params[5] = {&A, &A, &B, &(uint64_t){1}, &(uint64_t){0}};
