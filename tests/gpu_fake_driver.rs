@@ -123,7 +123,7 @@ fn two_ranks_every_mode() {
     let out = run(vec![logged(
         "dev_2",
         2,
-        "coll,async,group,coalesced,capture,memalloc,pinned,mixed",
+        "coll,async,group,coalesced,avgpremul,capture,memalloc,pinned,mixed",
     )]);
     let o = &out[0];
     let mut ipc_kinds = vec!["allgather", "broadcast", "alltoall"];
@@ -152,6 +152,13 @@ fn two_ranks_every_mode() {
         // pinned-buffer one.
         assert!(staged >= 2, "rank {r}: {staged} staged allreduce calls");
     }
+    if nvrtc().is_some() {
+        // coll's four, the coalesced group's one, and avgpremul's PreMulSum
+        // one (per-rank scalars: pre-multiplied on the GPU).
+        for (r, (ipc, _)) in paths(o, "reducescatter").into_iter().enumerate() {
+            assert!(ipc >= 6, "rank {r}: {ipc} reducescatters through CUDA IPC");
+        }
+    }
     // The coalesced group (no sends or receives) runs call by call through
     // CUDA IPC: one more broadcast than coll's four.
     for (r, (ipc, _)) in paths(o, "broadcast").into_iter().enumerate() {
@@ -165,7 +172,7 @@ fn two_ranks_every_mode() {
 fn ranks_sharing_a_device_and_nonblocking() {
     let out = run(vec![
         logged("dev_4_one_device", 4, "coll,group,async"),
-        logged("dev_3_nonblocking", 3, "coll,group").args(["--nonblocking"]),
+        logged("dev_3_nonblocking", 3, "coll,group,avgpremul").args(["--nonblocking"]),
     ]);
     for o in &out {
         for (r, (ipc, _)) in paths(o, "allgather").into_iter().enumerate() {

@@ -31,6 +31,10 @@
  *              call. A call that waited for its peers would time out.
  *   group      an AllReduce on one stream and an AllGather plus a send/recv
  *              ring on a second stream, all in one ncclGroupStart/End
+ *   avgpremul  AllReduce with ncclAvg on int32 (and float32 when N is a
+ *              power of two, where 1/N is exact), and AllReduce and
+ *              ReduceScatter with a PreMulSum op whose host scalar differs
+ *              per rank (rank+1), exact
  *   coalesced  an AllReduce and a ReduceScatter on one stream and an
  *              AllGather and a Broadcast on a second, in one group without
  *              sends or receives (hetccl runs such groups call by call, each
@@ -466,6 +470,84 @@ static void mode_group(ncclComm_t comm) {
   dfree(&a), dfree(&ar), dfree(&g), dfree(&gr), dfree(&rs), dfree(&rr);
 }
 
+static void mode_avgpremul(ncclComm_t comm) {
+  size_t n = 30011;
+  int pow2 = (g_nranks & (g_nranks - 1)) == 0;
+  /* int32 avg: the sum divided by N, truncated toward zero. */
+  {
+    dbuf sb = dalloc(n * 4), rb = dalloc(n * 4);
+    int32_t* h = (int32_t*)sb.h;
+    for (size_t i = 0; i < n; i++) h[i] = in_i(g_rank, i);
+    upload(&sb, n * 4);
+    NC(comm, ncclAllReduce((void*)sb.d, (void*)rb.d, n, ncclInt32, ncclAvg, comm, g_stream));
+    download(&rb, 0, n * 4);
+    sync_stream(g_stream);
+    m_checks++;
+    g_checks++;
+    for (size_t i = 0; i < n; i++) {
+      int64_t sum = 0;
+      for (int r = 0; r < g_nranks; r++) sum += in_i(r, i);
+      int32_t w = (int32_t)(sum / g_nranks);
+      if (((int32_t*)rb.h)[i] != w) {
+        fail("allreduce avg int32: element %zu is %d, want %d", i, ((int32_t*)rb.h)[i], w);
+        break;
+      }
+    }
+    dfree(&sb);
+    dfree(&rb);
+  }
+  if (pow2) {
+    dbuf sb = dalloc(n * 4), rb = dalloc(n * 4);
+    fill_f(&sb, n, g_rank, 0);
+    upload(&sb, n * 4);
+    NC(comm, ncclAllReduce((void*)sb.d, (void*)rb.d, n, ncclFloat32, ncclAvg, comm, g_stream));
+    download(&rb, 0, n * 4);
+    sync_stream(g_stream);
+    m_checks++;
+    g_checks++;
+    for (size_t i = 0; i < n; i++) {
+      float w = want_sum(i, NULL) / (float)g_nranks;
+      if (((float*)rb.h)[i] != w) {
+        fail("allreduce avg float32: element %zu is %g, want %g", i, (double)((float*)rb.h)[i], (double)w);
+        break;
+      }
+    }
+    dfree(&sb);
+    dfree(&rb);
+  }
+  /* PreMulSum with a per-rank host scalar: sum of (r+1) * input_r. */
+  float scalar = (float)(g_rank + 1);
+  ncclRedOp_t op;
+  NC(comm, ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm));
+  for (int rs = 0; rs < 2; rs++) {
+    size_t total = rs ? n * (size_t)g_nranks : n;
+    size_t off = rs ? (size_t)g_rank * n : 0;
+    dbuf sb = dalloc(total * 4), rb = dalloc(n * 4);
+    fill_f(&sb, total, g_rank, 0);
+    upload(&sb, total * 4);
+    if (rs)
+      NC(comm, ncclReduceScatter((void*)sb.d, (void*)rb.d, n, ncclFloat32, op, comm, g_stream));
+    else
+      NC(comm, ncclAllReduce((void*)sb.d, (void*)rb.d, n, ncclFloat32, op, comm, g_stream));
+    download(&rb, 0, n * 4);
+    sync_stream(g_stream);
+    m_checks++;
+    g_checks++;
+    for (size_t i = 0; i < n; i++) {
+      float w = 0;
+      for (int r = 0; r < g_nranks; r++) w += (float)(r + 1) * in_f(r, off + i);
+      if (((float*)rb.h)[i] != w) {
+        fail("%s premulsum: element %zu is %g, want %g", rs ? "reducescatter" : "allreduce", i,
+             (double)((float*)rb.h)[i], (double)w);
+        break;
+      }
+    }
+    dfree(&sb);
+    dfree(&rb);
+  }
+  NC(comm, ncclRedOpDestroy(op, comm));
+}
+
 static void mode_coalesced(ncclComm_t comm) {
   size_t n = 40009;
   size_t total = n * (size_t)g_nranks;
@@ -628,7 +710,7 @@ static void print_origins(void) {
       ORIGIN(ncclGroupEnd),    ORIGIN(ncclMemAlloc),     ORIGIN(ncclMemFree),
       ORIGIN(ncclCommCuDevice), ORIGIN(ncclGetLastError), ORIGIN(ncclCommDestroy),
       ORIGIN(ncclCommWindowRegister), ORIGIN(ncclWinGetUserPtr), ORIGIN(ncclSignal),
-      ORIGIN(ncclCommWindowDeregister),
+      ORIGIN(ncclCommWindowDeregister), ORIGIN(ncclRedOpCreatePreMulSum), ORIGIN(ncclRedOpDestroy),
   };
 #undef ORIGIN
   const char* first = origin_of(fns[0].sym);
@@ -729,6 +811,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(m, "async")) mode_async(comm);
     else if (!strcmp(m, "group")) mode_group(comm);
     else if (!strcmp(m, "coalesced")) mode_coalesced(comm);
+    else if (!strcmp(m, "avgpremul")) mode_avgpremul(comm);
     else if (!strcmp(m, "capture")) mode_capture(comm);
     else if (!strcmp(m, "memalloc")) mode_memalloc(comm);
     else if (!strcmp(m, "pinned")) mode_pinned(comm);

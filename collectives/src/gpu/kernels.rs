@@ -206,45 +206,32 @@ impl DeviceKernels {
         Ok(f)
     }
 
-    /// Whether the reduction kernel of `dt` and `op` can be launched here.
-    pub fn has(&self, dt: DataType, op: RedOp) -> bool {
-        self.function(&reduce_kernel(dt, op)).is_ok()
+    /// Whether the kernel `name` can be launched here.
+    pub fn has(&self, name: &str) -> bool {
+        self.function(name).is_ok()
     }
 
-    /// Enqueues `dst[i] = op(a[i], b[i])` for `n` elements of `dt` on
-    /// `stream`; `scalar` holds the pre-multiplier's bytes (avg, premulsum).
+    /// Launches `name` over `n` elements with `params` (pointers to the
+    /// kernel's arguments, in order) on `stream`: 256 threads per block,
+    /// grid-stride loops, at most 4096 blocks.
     ///
     /// # Safety
-    /// `dst`, `a`, `b` are device-accessible buffers of `n` elements that
-    /// stay valid until the kernel has run.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn reduce(
+    /// `params` match the kernel's signature; the buffers they name stay
+    /// valid until the kernel has run.
+    unsafe fn launch(
         &self,
-        dt: DataType,
-        op: RedOp,
-        dst: *mut c_void,
-        a: *const c_void,
-        b: *const c_void,
+        name: &str,
+        params: &mut [*mut c_void],
         n: u64,
-        scalar: [u8; 8],
         stream: cu::CUstream,
     ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&reduce_kernel(dt, op))?;
-        let (mut d, mut pa, mut pb, mut n_, mut s) = (dst, a, b, n, scalar);
-        let mut params: [*mut c_void; 5] = [
-            (&mut d as *mut *mut c_void).cast(),
-            (&mut pa as *mut *const c_void).cast(),
-            (&mut pb as *mut *const c_void).cast(),
-            (&mut n_ as *mut u64).cast(),
-            s.as_mut_ptr().cast(),
-        ];
+        let f = self.function(name)?;
         let threads = 256u32;
         let blocks = n.div_ceil(u64::from(threads)).min(4096) as u32;
-        // SAFETY: the parameters match the kernel's signature; buffers per
-        // the caller's contract.
+        // SAFETY: per the contract.
         driver::check(
             unsafe {
                 cu::cuLaunchKernel(
@@ -263,6 +250,85 @@ impl DeviceKernels {
             },
             "cuLaunchKernel",
         )
+    }
+
+    /// Enqueues `dst[i] = op(a[i], b[i])` for `n` elements of `dt` on
+    /// `stream` (for avg and premulsum `dst[i] = a[i]*s + b[i]`, with
+    /// `scalar` holding `s`'s bytes).
+    ///
+    /// # Safety
+    /// `dst`, `a`, `b` are device-accessible buffers of `n` elements that
+    /// stay valid until the kernel has run.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce(
+        &self,
+        dt: DataType,
+        op: RedOp,
+        dst: *mut c_void,
+        a: *const c_void,
+        b: *const c_void,
+        n: u64,
+        scalar: [u8; 8],
+        stream: cu::CUstream,
+    ) -> Result<()> {
+        let (mut d, mut pa, mut pb, mut n_, mut s) = (dst, a, b, n, scalar);
+        let mut params: [*mut c_void; 5] = [
+            (&mut d as *mut *mut c_void).cast(),
+            (&mut pa as *mut *const c_void).cast(),
+            (&mut pb as *mut *const c_void).cast(),
+            (&mut n_ as *mut u64).cast(),
+            s.as_mut_ptr().cast(),
+        ];
+        // SAFETY: the parameters match the kernel; buffers per the contract.
+        unsafe { self.launch(&reduce_kernel(dt, op), &mut params, n, stream) }
+    }
+
+    /// Enqueues `dst[i] = a[i]*s` (the pre-op of avg and premulsum).
+    ///
+    /// # Safety
+    /// As for [`DeviceKernels::reduce`].
+    pub unsafe fn premul(
+        &self,
+        dt: DataType,
+        dst: *mut c_void,
+        a: *const c_void,
+        n: u64,
+        scalar: [u8; 8],
+        stream: cu::CUstream,
+    ) -> Result<()> {
+        let (mut d, mut pa, mut n_, mut s) = (dst, a, n, scalar);
+        let mut params: [*mut c_void; 4] = [
+            (&mut d as *mut *mut c_void).cast(),
+            (&mut pa as *mut *const c_void).cast(),
+            (&mut n_ as *mut u64).cast(),
+            s.as_mut_ptr().cast(),
+        ];
+        // SAFETY: the parameters match the kernel; buffers per the contract.
+        unsafe { self.launch(&premul_kernel(dt), &mut params, n, stream) }
+    }
+
+    /// Enqueues `dst[i] /= d` (the post-op of integer avg).
+    ///
+    /// # Safety
+    /// As for [`DeviceKernels::reduce`]; `dt` is an integer type.
+    pub unsafe fn postdiv(
+        &self,
+        dt: DataType,
+        dst: *mut c_void,
+        n: u64,
+        d: u64,
+        stream: cu::CUstream,
+    ) -> Result<()> {
+        let name = postdiv_kernel(dt)
+            .ok_or_else(|| Error::Internal(format!("no postdiv kernel for {dt:?}")))?;
+        let (mut p, mut n_, mut d_) = (dst, n, d);
+        let mut params: [*mut c_void; 3] = [
+            (&mut p as *mut *mut c_void).cast(),
+            (&mut n_ as *mut u64).cast(),
+            (&mut d_ as *mut u64).cast(),
+        ];
+        // SAFETY: the parameters match the kernel; buffers per the contract.
+        unsafe { self.launch(&name, &mut params, n, stream) }
     }
 }
 

@@ -51,11 +51,13 @@ use super::kernels::{self, DeviceKernels};
 use super::memory::Placement;
 use crate::algo::Collective;
 use crate::api::coll_args::CollArgs;
+use crate::api::launch;
 use crate::comm::Comm;
 use crate::direct::board::GpuSlot;
 use crate::direct::{Node, WaitOp};
 use crate::error::Result;
 use crate::exec::watch::Watch;
+use crate::reduce::Scalar;
 
 /// The proxy thread's state for the CUDA IPC path: the peer allocations it
 /// opened. (The slot sequence is the communicator's `gpu_seq`.)
@@ -92,6 +94,8 @@ struct Desc {
     shape: u64,
     send: Option<Export>,
     recv: Option<Export>,
+    /// The rank's pre-multiplier (PreMulSum, float Avg), little-endian.
+    scalar: [u8; 8],
     /// Phase-1 result: whether the rank opened every buffer it reads.
     opened: bool,
 }
@@ -103,9 +107,10 @@ const W_SHAPE: usize = 4;
 const W_SEND: usize = 5;
 const W_RECV: usize = 16;
 const W_OPENED: usize = 27;
+const W_SCALAR: usize = 28;
 /// Words of one export: offset, size, pointer, then the handle.
 const EXPORT_WORDS: usize = 3 + HANDLE_BYTES / 8;
-const _: () = assert!(W_RECV + EXPORT_WORDS <= W_OPENED && W_OPENED < 30);
+const _: () = assert!(W_RECV + EXPORT_WORDS <= W_OPENED && W_SCALAR < 30);
 
 fn put_export(w: &[AtomicU64], e: &Option<Export>) {
     let Some(e) = e else { return };
@@ -150,6 +155,7 @@ impl Desc {
         put_export(&s.desc[W_SEND..W_SEND + EXPORT_WORDS], &self.send);
         put_export(&s.desc[W_RECV..W_RECV + EXPORT_WORDS], &self.recv);
         s.desc[W_OPENED].store(0, Ordering::Relaxed);
+        s.desc[W_SCALAR].store(u64::from_le_bytes(self.scalar), Ordering::Relaxed);
     }
 
     fn read(s: &GpuSlot) -> Desc {
@@ -165,6 +171,7 @@ impl Desc {
             send: (flags & 2 != 0).then(|| get_export(&s.desc[W_SEND..W_SEND + EXPORT_WORDS])),
             recv: (flags & 4 != 0).then(|| get_export(&s.desc[W_RECV..W_RECV + EXPORT_WORDS])),
             opened: s.desc[W_OPENED].load(Ordering::Relaxed) != 0,
+            scalar: s.desc[W_SCALAR].load(Ordering::Relaxed).to_le_bytes(),
         }
     }
 
@@ -177,6 +184,7 @@ impl Desc {
             send: None,
             recv: None,
             opened: false,
+            scalar: [0; 8],
         }
     }
 }
@@ -185,9 +193,7 @@ impl Desc {
 fn serves(a: &CollArgs) -> bool {
     let in_place = std::ptr::eq(a.send, a.recv);
     match a.kind {
-        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => {
-            matches!(a.op, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min)
-        }
+        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => true,
         Collective::AllGather
         | Collective::Broadcast
         | Collective::Gather
@@ -220,6 +226,51 @@ fn shape_of(a: &CollArgs) -> u64 {
     h
 }
 
+/// How a reduction folds its inputs on the GPU.
+#[derive(Debug, Clone, Copy)]
+struct Fold {
+    /// Each input is first multiplied by its owner's scalar (PreMulSum,
+    /// float Avg): `premul`, then `dst = in*s + dst` per further input.
+    pre: bool,
+    /// Integer Avg: the sum is divided by this at the end.
+    div: Option<u64>,
+}
+
+/// The fold of `a`, this rank's scalar, and the kernels it launches
+/// (None: the op cannot run on the GPU here).
+fn fold_of(a: &CollArgs, k: &DeviceKernels) -> Option<(Fold, [u8; 8])> {
+    let op = launch::reduce_op(a).ok()?;
+    let (dt, n) = (a.dtype, a.comm.nranks as u32);
+    let pre = op.pre_scalar(dt, n);
+    let div = op.has_post_op(dt).then_some(u64::from(n));
+    let mut names = vec![kernels::reduce_kernel(dt, a.op)];
+    if pre.is_some() {
+        names.push(kernels::premul_kernel(dt));
+    }
+    if div.is_some() {
+        names.push(kernels::postdiv_kernel(dt)?);
+    }
+    if !names.iter().all(|f| k.has(f)) {
+        return None;
+    }
+    let mut scalar = [0u8; 8];
+    match pre {
+        Some(s) => scalar[..dt.size()].copy_from_slice(s.bytes(dt)),
+        // Integer Avg folds with `a*1 + b`.
+        None if div.is_some() => {
+            scalar[..dt.size()].copy_from_slice(Scalar::from_f64(dt, 1.0).bytes(dt));
+        }
+        None => {}
+    }
+    Some((
+        Fold {
+            pre: pre.is_some(),
+            div,
+        },
+        scalar,
+    ))
+}
+
 /// This rank's descriptor for `a`, and the kernels it needs.
 fn describe(a: &CollArgs) -> (Desc, Option<std::sync::Arc<DeviceKernels>>) {
     let device = match a.placement {
@@ -229,12 +280,16 @@ fn describe(a: &CollArgs) -> (Desc, Option<std::sync::Arc<DeviceKernels>>) {
     if hetccl_core::config::get().p2p_disable || !serves(a) {
         return (Desc::no(), None);
     }
+    let mut scalar = [0u8; 8];
     let kernels = if a.kind.reduces() {
-        match kernels::for_device(device) {
-            Ok(k) if k.has(a.dtype, a.op) => Some(k),
-            Ok(_) => return (Desc::no(), None),
-            Err(_) => return (Desc::no(), None),
+        let Ok(k) = kernels::for_device(device) else {
+            return (Desc::no(), None);
+        };
+        match fold_of(a, &k) {
+            Some((_, s)) => scalar = s,
+            None => return (Desc::no(), None),
         }
+        Some(k)
     } else {
         None
     };
@@ -260,6 +315,7 @@ fn describe(a: &CollArgs) -> (Desc, Option<std::sync::Arc<DeviceKernels>>) {
         send,
         recv,
         opened: false,
+        scalar,
     };
     (d, kernels)
 }
@@ -336,12 +392,16 @@ pub fn try_run(
             return Ok(false);
         }
     };
+    let fold = kernels.as_deref().and_then(|k| fold_of(a, k)).map(|f| f.0);
+    let scalars: Vec<[u8; 8]> = descs.iter().map(|d| d.scalar).collect();
     let plan = Plan {
         a,
         n,
         me,
         ptrs: &ptrs,
         kernels: kernels.as_deref(),
+        fold,
+        scalars: &scalars,
         stream,
     };
     plan.phase(0)?;
@@ -408,6 +468,9 @@ struct Plan<'a> {
     me: usize,
     ptrs: &'a Ptrs,
     kernels: Option<&'a DeviceKernels>,
+    fold: Option<Fold>,
+    /// Every rank's pre-multiplier.
+    scalars: &'a [[u8; 8]],
     stream: cu::CUstream,
 }
 
@@ -424,43 +487,54 @@ impl Plan<'_> {
         )
     }
 
-    /// `dst = inputs[0] op inputs[1] op ...` over `elems` elements.
-    fn fold(&self, dst: u64, inputs: &[u64], elems: usize) -> Result<()> {
+    /// Folds `inputs` (address, owning rank) into `dst` over `elems`
+    /// elements: `in0 op in1 op ...`, or with a pre-op `in0*s0 + in1*s1 +
+    /// ...` (each input scaled by its owner's scalar), then the integer Avg
+    /// division.
+    fn fold(&self, dst: u64, inputs: &[(u64, usize)], elems: usize) -> Result<()> {
         let bytes = elems * self.a.dtype.size();
-        if inputs.len() == 1 {
-            return self.copy(dst, inputs[0], bytes);
+        if inputs.len() == 1 && self.fold.is_none_or(|f| !f.pre && f.div.is_none()) {
+            return self.copy(dst, inputs[0].0, bytes);
         }
         let k = self.kernels.expect("reductions load their kernels");
-        let (dt, op) = (self.a.dtype, self.a.op);
-        let launch = |a: u64, b: u64| {
-            // SAFETY: device-accessible ranges of `elems` elements, live
-            // until the stream is synchronised at the end of the phase.
-            unsafe {
-                k.reduce(
-                    dt,
-                    op,
-                    dst as *mut c_void,
-                    a as *const c_void,
-                    b as *const c_void,
-                    elems as u64,
-                    [0; 8],
-                    self.stream,
-                )
+        let f = self.fold.expect("reductions know their fold");
+        let (dt, op, st, n) = (self.a.dtype, self.a.op, self.stream, elems as u64);
+        let d = dst as *mut c_void;
+        let p = |x: u64| x as *const c_void;
+        // SAFETY (every launch): device-accessible ranges of `elems`
+        // elements, live until the stream is synchronised at the end of the
+        // phase; `dst` may alias an input of the same element.
+        unsafe {
+            let rest = if f.pre {
+                let (x, r) = inputs[0];
+                k.premul(dt, d, p(x), n, self.scalars[r], st)?;
+                &inputs[1..]
+            } else if inputs.len() == 1 {
+                self.copy(dst, inputs[0].0, bytes)?;
+                &inputs[1..]
+            } else {
+                let s0 = self.scalars[inputs[0].1];
+                k.reduce(dt, op, d, p(inputs[0].0), p(inputs[1].0), n, s0, st)?;
+                &inputs[2..]
+            };
+            for &(x, r) in rest {
+                // For avg/premulsum the kernel computes a*s + b: the new
+                // input times its owner's scalar, plus the partial sum.
+                k.reduce(dt, op, d, p(x), p(dst), n, self.scalars[r], st)?;
             }
-        };
-        launch(inputs[0], inputs[1])?;
-        for &x in &inputs[2..] {
-            launch(dst, x)?;
+            if let Some(div) = f.div {
+                k.postdiv(dt, d, n, div, st)?;
+            }
         }
         Ok(())
     }
 
-    /// The inputs of element offset `off` (bytes) for a fold: this rank's
-    /// first (in place, its output may be its input), then the others.
-    fn inputs_at(&self, off: u64) -> Vec<u64> {
+    /// The inputs of byte offset `off` for a fold: this rank's first (in
+    /// place, its output may be its input), then the others.
+    fn inputs_at(&self, off: u64) -> Vec<(u64, usize)> {
         std::iter::once(self.me)
             .chain((0..self.n).filter(|&k| k != self.me))
-            .map(|k| self.ptrs[k].0 + off)
+            .map(|k| (self.ptrs[k].0 + off, k))
             .collect()
     }
 
