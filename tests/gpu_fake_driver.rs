@@ -200,6 +200,36 @@ fn two_nodes_stage_and_pipeline() {
     }
 }
 
+/// A rank dies right after init: the others' device AllReduce must release
+/// their streams and report `ncclRemoteError` within the timeout, through
+/// CUDA IPC's waits (one node) and through staging (two emulated nodes).
+#[test]
+fn a_dead_peer_releases_the_streams_with_an_error() {
+    let out = run(vec![
+        logged("dev_3_peer_death", 3, "peerdeath").env("HETCCL_TIMEOUT_S", "20"),
+        logged("dev_2x2_peer_death", 4, "peerdeath")
+            .env("HETCCL_TIMEOUT_S", "20")
+            .rank_env(|r, _| vec![("HETCCL_HOST_ID".into(), format!("node{}", r / 2))]),
+    ]);
+    for o in &out {
+        for r in &o.outs[..o.outs.len() - 1] {
+            let ms: f64 = r
+                .get("peerdeath.ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1e9);
+            assert!(ms < 30_000.0, "rank {}: the failure took {ms} ms", r.rank);
+            eprintln!(
+                "rank {}: {ms} ms, call {:?}, async {:?}, next {:?}: {:?}",
+                r.rank,
+                r.get("peerdeath.call_rc"),
+                r.get("peerdeath.async"),
+                r.get("peerdeath.again"),
+                r.get("peerdeath.last_error")
+            );
+        }
+    }
+}
+
 /// The CUDA IPC protocol's sequence outlives the proxy thread, which ends
 /// after 10 s without calls: the call after the pause takes the same path
 /// with the right result.

@@ -51,6 +51,11 @@
  *   idle       an AllReduce, 10.5 s without calls (hetccl's GPU proxy thread
  *              ends after 10 s idle), another AllReduce: the second must
  *              still be right (and take the same path; the harness counts)
+ *   peerdeath  rank N-1 exits right after init; the others' AllReduce on
+ *              device buffers must release their streams (cuStreamSynchronize
+ *              returns) and then report ncclRemoteError through both
+ *              ncclCommGetAsyncError and the next call, within the timeout;
+ *              then they abort the communicator (last mode)
  *   forward    with HETCCL_NCCL_FALLBACK naming tests/c/fake_nvidia_nccl.c:
  *              ncclCommWindowRegister on a device buffer gives a window,
  *              ncclWinGetUserPtr returns the buffer, ncclSignal to the next
@@ -671,6 +676,43 @@ static void mode_idle(ncclComm_t comm) {
   one_allreduce_f(comm, 5003, 1);
 }
 
+/* Returns 1 when the communicator was aborted (no teardown). */
+static int mode_peerdeath(ncclComm_t comm) {
+  if (g_rank == g_nranks - 1) {
+    printf("mode.peerdeath.checks 0\nmode.peerdeath.wrong 0\nchecks %ld\nwrong_total %ld\ndone 1\n",
+           g_checks, g_wrong);
+    fflush(stdout);
+    _exit(0); /* dead without a word: no finalize, no abort */
+  }
+  size_t n = 70001;
+  dbuf s = dalloc(n * 4), r = dalloc(n * 4);
+  fill_f(&s, n, g_rank, 0);
+  upload(&s, n * 4);
+  double t = now_ms();
+  ncclResult_t rc = ncclAllReduce((void*)s.d, (void*)r.d, n, ncclFloat32, ncclSum, comm, g_stream);
+  CUresult q = cuStreamSynchronize(g_stream);
+  ncclResult_t st = ncclSuccess;
+  ncclResult_t arc = ncclCommGetAsyncError(comm, &st);
+  ncclResult_t again = ncclAllReduce((void*)s.d, (void*)r.d, n, ncclFloat32, ncclSum, comm, g_stream);
+  printf("peerdeath.call_rc %d\npeerdeath.sync %d\npeerdeath.async %d\npeerdeath.again %d\npeerdeath.ms %.0f\n",
+         (int)rc, (int)q, (int)st, (int)again, now_ms() - t);
+  kv_str("peerdeath.last_error", ncclGetLastError(comm));
+  m_checks++;
+  g_checks++;
+  if (q != CUDA_SUCCESS) fail("cuStreamSynchronize after the failed call returned %d", (int)q);
+  if (arc != ncclSuccess) fail("ncclCommGetAsyncError returned %d", (int)arc);
+  /* The call itself may succeed (it only enqueues); once the stream is
+   * released, the failure must be visible. */
+  if (rc != ncclSuccess && rc != ncclRemoteError) fail("the call returned %d", (int)rc);
+  if (st != ncclRemoteError) fail("ncclCommGetAsyncError after the stream: %d, want 6", (int)st);
+  if (again != ncclRemoteError) fail("the next call returned %d, want 6", (int)again);
+  sync_stream(g_stream);
+  dfree(&s);
+  dfree(&r);
+  NC(NULL, ncclCommAbort(comm));
+  return 1;
+}
+
 static void mode_forward(ncclComm_t comm) {
   dbuf b = dalloc(4096);
   ncclWindow_t win = NULL;
@@ -803,7 +845,8 @@ int main(int argc, char** argv) {
   char list[1024];
   snprintf(list, sizeof list, "%s", modes);
   char* save = NULL;
-  for (char* m = strtok_r(list, ",", &save); m; m = strtok_r(NULL, ",", &save)) {
+  int aborted = 0;
+  for (char* m = strtok_r(list, ",", &save); m && !aborted; m = strtok_r(NULL, ",", &save)) {
     g_mode = m;
     m_checks = m_wrong = 0;
     fprintf(stderr, "rank %d begin %s\n", g_rank, m);
@@ -818,6 +861,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(m, "mixed")) mode_mixed(comm);
     else if (!strcmp(m, "forward")) mode_forward(comm);
     else if (!strcmp(m, "idle")) mode_idle(comm);
+    else if (!strcmp(m, "peerdeath")) aborted = mode_peerdeath(comm);
     else {
       fprintf(stderr, "unknown mode %s\n", m);
       exit(2);
@@ -827,8 +871,10 @@ int main(int argc, char** argv) {
   }
 
   g_mode = "teardown";
-  NC(comm, ncclCommFinalize(comm));
-  NC(NULL, ncclCommDestroy(comm));
+  if (!aborted) {
+    NC(comm, ncclCommFinalize(comm));
+    NC(NULL, ncclCommDestroy(comm));
+  }
   CU(cuStreamDestroy(g_stream));
   CU(cuStreamDestroy(g_stream2));
   printf("checks %ld\nwrong_total %ld\ndone 1\n", g_checks, g_wrong);

@@ -408,7 +408,7 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
 /// Records a failed operation on `c`: its asynchronous error, and the reason
 /// every later operation fails (messages may have moved part-way, so no later
 /// operation may read the stray bytes).
-fn poison(c: &Comm, e: &Error) {
+pub(crate) fn poison(c: &Comm, e: &Error) {
     let code = match e {
         Error::Timeout(_) | Error::Remote(_) => NcclResult::RemoteError.raw(),
         other => other.code().raw(),

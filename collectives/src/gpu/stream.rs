@@ -307,14 +307,16 @@ fn proxy(key: usize, rx: Receiver<Batch>) {
             run_batch(key, &b, &mut state)
         }));
         let r = r.unwrap_or_else(|_| Err(Error::Internal("panic in the GPU proxy".into())));
-        // Release the stream whatever happened, so it never hangs.
-        b.flag.flag().store(1, Ordering::Release);
+        // A failure is recorded before the stream is released, so that work
+        // after the call (ncclCommGetAsyncError, the next call) sees it.
         if let Err(e) = r {
             tracing::warn!(target: "hetccl::COLL", "device-buffer operation failed: {e}");
             for op in &b.ops {
-                op.args.comm.record_failure(|| e.to_string());
+                launch::poison(&op.args.comm, &e);
             }
         }
+        // Release the stream whatever happened, so it never hangs.
+        b.flag.flag().store(1, Ordering::Release);
         retiring.push(b);
     }
     for b in &retiring {
@@ -360,7 +362,13 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
         if b.ops.iter().all(|op| ours(&op.args) && !p2p(&op.args)) {
             for op in &b.ops {
                 let a = &op.args;
-                if peer::try_run(node, &e.links.watch, &mut st.peer, a, stream)? {
+                let ipc = peer::try_run(node, &e.links.watch, &mut st.peer, a, stream);
+                if ipc.is_err() {
+                    // Peers blocked on this rank fail at once instead of at
+                    // their own stall limit.
+                    e.links.close_links();
+                }
+                if ipc? {
                     log_path(a, "CUDA IPC");
                 } else {
                     log_path(a, "staged through host memory");
