@@ -2,7 +2,8 @@
 //! own stream: the inputs are copied into pinned host buffers, the host
 //! engine runs the calls ([`crate::api::launch::submit`]), the outputs are
 //! copied back, and the stream is synchronised before the proxy releases
-//! the user's stream.
+//! the user's stream. Calls on pinned host memory skip the copies: the host
+//! engine works on the user's buffers (after the stream reached the call).
 //!
 //! Large AllReduce, Broadcast and Reduce calls are cut into pieces of
 //! [`PIECE`] bytes, each a host call of its own over its element range.
@@ -89,7 +90,7 @@ fn send_copy_bytes(a: &CollArgs) -> usize {
 
 /// `cuMemcpyAsync` (unified addressing: any direction).
 fn copy(dst: u64, src: u64, bytes: usize, stream: cu::CUstream) -> Result<()> {
-    if bytes == 0 {
+    if bytes == 0 || dst == src {
         return Ok(());
     }
     // SAFETY: both ranges are valid for `bytes` (validated call, staging
@@ -114,6 +115,15 @@ pub(super) fn sync(stream: cu::CUstream) -> Result<()> {
 /// buffer at the same offsets, so the host engine sees the same in-place
 /// layout.
 fn host_args(a: &CollArgs) -> Result<(CollArgs, Vec<Staging>)> {
+    if a.placement == Placement::PinnedHost {
+        // The host engine reads and writes pinned memory where it lies.
+        let host = CollArgs {
+            stream: std::ptr::null_mut(),
+            placement: Placement::Host,
+            ..a.clone()
+        };
+        return Ok((host, Vec::new()));
+    }
     let (s, sb) = (a.send as usize, send_copy_bytes(a));
     let (r, rb) = (a.recv as usize, recv_copy_bytes(a));
     let overlap = sb > 0 && rb > 0 && s < r + rb && r < s + sb;
