@@ -203,6 +203,9 @@ fn emulated_driver_behaves() {
         ("copy.double_free", "1"),
         // Pointer attributes: device memory allocated on device 1, asked
         // at an interior pointer; pinned memory; unknown pointers.
+        ("bufid.nonzero", "1"),
+        ("bufid.distinct", "1"),
+        ("bufid.unknown", "0"),
         ("attr.dev.rc", "0"),
         ("attr.dev.type", "2"), // CU_MEMORYTYPE_DEVICE
         ("attr.dev.managed", "0"),

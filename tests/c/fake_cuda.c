@@ -221,6 +221,7 @@ struct alloc {
     int kind;        /* enum kind */
     int fd;          /* the memfd (K_DEVICE), else -1 */
     int refs;        /* the table's, plus one per queued operation using it */
+    uint64_t id;     /* CU_POINTER_ATTRIBUTE_BUFFER_ID: unique for the process's life */
     struct fake_ctx *ctx;
 };
 static pthread_mutex_t g_mem = PTHREAD_MUTEX_INITIALIZER;
@@ -233,7 +234,9 @@ static struct alloc *find_locked(uintptr_t a) {
 }
 
 static void add_alloc(struct alloc *a) {
+    static uint64_t next_id;
     a->refs = 1;
+    a->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&g_mem);
     a->next = g_allocs;
     g_allocs = a;
@@ -1028,7 +1031,7 @@ static void put_attr(CUpointer_attribute at, void *data, const struct alloc *a, 
     case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
         memset(data, 0, sizeof(CUDA_POINTER_ATTRIBUTE_P2P_TOKENS));
         break;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(uint64_t *)data = a ? a->id : 0; break;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: *(uint64_t *)data = 0; break; /* 8-byte ones */

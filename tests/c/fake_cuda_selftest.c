@@ -292,6 +292,23 @@ static void t_attributes(void) {
     kv("range.unknown.untouched", base == 7 && size == 7);
     kv("range.null.rc", cuMemGetAddressRange(&base, &size, 0));
 
+    /* Buffer ids: per allocation, never reused, 0 for unknown memory. */
+    uint64_t id1 = 0, id2 = 0, id3 = 0, id0 = 7;
+    CUdeviceptr d2, d3;
+    CK(cuMemAlloc(&d2, 4096));
+    CK(cuPointerGetAttribute(&id1, CU_POINTER_ATTRIBUTE_BUFFER_ID, d + 5));
+    CK(cuPointerGetAttribute(&id2, CU_POINTER_ATTRIBUTE_BUFFER_ID, d2));
+    CK(cuMemFree(d2));
+    CK(cuMemAlloc(&d3, 4096));
+    CK(cuPointerGetAttribute(&id3, CU_POINTER_ATTRIBUTE_BUFFER_ID, d3));
+    CK(cuMemFree(d3));
+    CUpointer_attribute bid = CU_POINTER_ATTRIBUTE_BUFFER_ID;
+    void *bidp = &id0;
+    CK(cuPointerGetAttributes(1, &bid, &bidp, (CUdeviceptr)(uintptr_t)&local));
+    kv("bufid.nonzero", id1 != 0 && id2 != 0 && id3 != 0);
+    kv("bufid.distinct", id1 != id2 && id2 != id3 && id1 != id3);
+    kv("bufid.unknown", (long long)id0);
+
     /* The PROT_NONE view: a host read of a device pointer faults; pinned is fine. */
     fflush(stdout);
     for (int which = 0; which < 2; which++) {

@@ -7,6 +7,9 @@
 //! peer access (NVLink or PCIe), checked with `cuDeviceCanAccessPeer` and
 //! enabled by the open (`CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`).
 //!
+//! An exporter asks the driver for an allocation's handle once and keeps it
+//! by buffer id (unique for the process's life).
+//!
 //! A handle names one allocation for its lifetime: a buffer freed and
 //! allocated again gets a new handle, so a cached mapping is never reused
 //! for different memory. The cache holds at most [`MAX_IMPORTS`] mappings
@@ -16,6 +19,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
+
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
 
 use super::driver::{self, cu};
 use crate::error::{Error, Result};
@@ -39,8 +45,59 @@ pub struct Export {
     pub ptr: u64,
 }
 
-/// Exports the allocation holding device pointer `p`.
+/// Exported allocations by buffer id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`,
+/// unique for the process's life, so an entry never describes other
+/// memory): (handle, base, size). Cleared when [`MAX_EXPORTS`] is reached.
+static EXPORTS: Lazy<Mutex<HashMap<u64, ([u8; HANDLE_BYTES], u64, u64)>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// The most cached exports.
+const MAX_EXPORTS: usize = 4096;
+
+/// The buffer id of the allocation holding `p` (0: unknown).
+fn buffer_id(p: *const c_void) -> u64 {
+    let mut id = 0u64;
+    // SAFETY: a writable 8-byte slot; the driver checks the address.
+    let r = unsafe {
+        cu::cuPointerGetAttribute(
+            (&mut id as *mut u64).cast(),
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+            p as cu::CUdeviceptr,
+        )
+    };
+    if r == cu::CUresult::CUDA_SUCCESS {
+        id
+    } else {
+        0
+    }
+}
+
+/// Exports the allocation holding device pointer `p`; the handle of an
+/// allocation is asked for once (cached by buffer id).
 pub fn export(p: *const c_void) -> Result<Export> {
+    let id = buffer_id(p);
+    if id != 0 {
+        if let Some(&(handle, base, size)) = EXPORTS.lock().get(&id) {
+            return Ok(Export {
+                handle,
+                offset: p as u64 - base,
+                size,
+                ptr: p as u64,
+            });
+        }
+    }
+    let e = export_uncached(p)?;
+    if id != 0 {
+        let mut m = EXPORTS.lock();
+        if m.len() >= MAX_EXPORTS {
+            m.clear();
+        }
+        m.insert(id, (e.handle, e.ptr - e.offset, e.size));
+    }
+    Ok(e)
+}
+
+fn export_uncached(p: *const c_void) -> Result<Export> {
     let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
     // SAFETY: writable slots; the driver checks the address.
     driver::check(
