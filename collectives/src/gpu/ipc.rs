@@ -45,11 +45,13 @@ pub struct Export {
     pub ptr: u64,
 }
 
+/// An exported allocation: its handle, base and size.
+type Exported = ([u8; HANDLE_BYTES], u64, u64);
+
 /// Exported allocations by buffer id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`,
 /// unique for the process's life, so an entry never describes other
 /// memory): (handle, base, size). Cleared when [`MAX_EXPORTS`] is reached.
-static EXPORTS: Lazy<Mutex<HashMap<u64, ([u8; HANDLE_BYTES], u64, u64)>>> =
-    Lazy::new(|| Mutex::new(HashMap::new()));
+static EXPORTS: Lazy<Mutex<HashMap<u64, Exported>>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 /// The most cached exports.
 const MAX_EXPORTS: usize = 4096;
