@@ -1,6 +1,6 @@
-//! Self-test of the emulated CUDA driver (`tests/c/fake_cuda.c`): its
+//! Self-test of the emulated CUDA driver (`tests/c/fake_cuda*.c`): its
 //! exported symbols, and every emulated behaviour as seen by a C program
-//! (`tests/c/fake_cuda_selftest.c`) built against NVIDIA's real `cuda.h`
+//! (`tests/c/fake_cuda_selftest*.c`) built against NVIDIA's real `cuda.h`
 //! and linked to the fake.
 
 mod common;
@@ -82,18 +82,28 @@ fn selftest_exe() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         let dir = fake_cuda::fake_cuda_dir(TAG);
+        // main is in fake_cuda_selftest.c; the other files share
+        // fake_cuda_selftest.h (found next to them).
+        let mut extra: Vec<String> = [
+            "tests/c/fake_cuda_selftest_streams.c",
+            "tests/c/fake_cuda_selftest_kernels.c",
+        ]
+        .iter()
+        .map(|f| common::repo_root().join(f).display().to_string())
+        .collect();
+        extra.extend([
+            "-L".into(),
+            dir.display().to_string(),
+            "-l:libcuda.so.1".into(),
+            format!("-Wl,-rpath,{}", dir.display()),
+            "-pthread".into(),
+        ]);
         common::compile_c(
             "tests/c/fake_cuda_selftest.c",
             "fake_cuda_selftest_prog",
             &common::CcOpts {
                 link_nvidia_nccl: false,
-                extra: vec![
-                    "-L".into(),
-                    dir.display().to_string(),
-                    "-l:libcuda.so.1".into(),
-                    format!("-Wl,-rpath,{}", dir.display()),
-                    "-pthread".into(),
-                ],
+                extra,
             },
         )
     })

@@ -1,4 +1,4 @@
-//! The emulated CUDA driver (`tests/c/fake_cuda.c`) for integration tests
+//! The emulated CUDA driver (`tests/c/fake_cuda*.c`) for integration tests
 //! of the device-buffer paths on machines without a GPU.
 //!
 //! [`fake_cuda_dir`] builds it once per test binary as `libcuda.so.1` (plus
@@ -7,7 +7,8 @@
 //! ([`ld_library_path`]) and hetccl loads the fake instead of NVIDIA's
 //! driver. Device pointers are real addresses mapped `PROT_NONE`, so a host
 //! access of one crashes, as on a GPU. The model, its switches and where it
-//! differs from the real driver are described at the top of the C file.
+//! differs from the real driver are described at the top of
+//! `tests/c/fake_cuda.c`.
 //!
 //! Switches, read from the child's environment:
 //! - `FAKE_CUDA_DEVICES=N` (default 1; 0: `cuInit` fails with
@@ -28,6 +29,14 @@ use std::sync::OnceLock;
 
 use crate::common;
 
+/// The fake driver's C files, relative to the repository root.
+const FAKE_CUDA_SOURCES: &[&str] = &[
+    "tests/c/fake_cuda.c",
+    "tests/c/fake_cuda_memory.c",
+    "tests/c/fake_cuda_streams.c",
+    "tests/c/fake_cuda_kernels.c",
+];
+
 /// Compiles the fake driver (first call only) into
 /// `CARGO_TARGET_TMPDIR/fake_cuda_<tag>/` and returns that directory, which
 /// holds `libcuda.so.1` and `libcuda.so`. `tag` must differ between test
@@ -39,12 +48,19 @@ pub fn fake_cuda_dir(tag: &str) -> &'static Path {
         let name = format!("fake_cuda_{tag}");
         let dir = common::tmp_dir().join(&name);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        // fake_cuda.c first; the others share fake_cuda_internal.h (found
+        // next to them) and export only the CUDA API.
+        let mut extra: Vec<String> = FAKE_CUDA_SOURCES[1..]
+            .iter()
+            .map(|f| common::repo_root().join(f).display().to_string())
+            .collect();
+        extra.extend(["-shared".into(), "-fPIC".into(), "-pthread".into()]);
         common::compile_c(
-            "tests/c/fake_cuda.c",
+            FAKE_CUDA_SOURCES[0],
             &format!("{name}/libcuda.so.1"),
             &common::CcOpts {
                 link_nvidia_nccl: false,
-                extra: vec!["-shared".into(), "-fPIC".into(), "-pthread".into()],
+                extra,
             },
         );
         let link = dir.join("libcuda.so");

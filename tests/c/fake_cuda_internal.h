@@ -1,0 +1,134 @@
+/*
+ * fake_cuda_internal.h: what the files of the emulated CUDA driver share
+ * (tests/c/fake_cuda.c describes the model and its limits): the handle
+ * magics, the switches, the logging and argument-check macros, the timed
+ * waits, the current context, the two memory-table calls the streams and
+ * kernels use, and the queued operation (struct op) with its calls.
+ *
+ * Everything declared here is hidden: the shared library exports only the
+ * CUDA API (tests/fake_cuda_selftest.rs checks the list).
+ */
+#ifndef FAKE_CUDA_INTERNAL_H
+#define FAKE_CUDA_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <cuda.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#pragma GCC visibility push(hidden)
+
+/* ------------------------------------------------- basics (fake_cuda.c) */
+
+#define MAX_DEV 16
+#define CTX_MAGIC 0xC7C7C7C7u
+#define STREAM_MAGIC 0x57EA5757u
+#define EVENT_MAGIC 0xE7E7E7E7u
+#define IPC_MAGIC 0x1FCA4E00u
+#define MODULE_MAGIC 0x30D030D0u
+#define FUNC_MAGIC 0xF0F0F0F0u
+
+extern int g_log;       /* FAKE_CUDA_LOG */
+extern int g_no_memops; /* FAKE_CUDA_NO_STREAM_MEMOPS */
+extern int g_no_peer;   /* FAKE_CUDA_NO_PEER_ACCESS */
+extern int g_inited;    /* cuInit succeeded (atomic access) */
+
+__attribute__((format(printf, 1, 2))) void say(const char *fmt, ...);
+
+#define LOG(...) do { if (g_log) say(__VA_ARGS__); } while (0)
+
+#define NEED_INIT()                                                                                \
+    do {                                                                                           \
+        if (!__atomic_load_n(&g_inited, __ATOMIC_ACQUIRE)) return CUDA_ERROR_NOT_INITIALIZED;      \
+    } while (0)
+
+#define NEED_PTR(p) do { if ((p) == NULL) return CUDA_ERROR_INVALID_VALUE; } while (0)
+
+#define U(p) ((CUdeviceptr)(uintptr_t)(p))
+
+/* Aborts the process: `what` has waited FAKE_CUDA_TIMEOUT_S. */
+void die_timeout(const char *what);
+/* Condition variables use CLOCK_MONOTONIC so that deadlines are immune to clock changes. */
+void cond_init(pthread_cond_t *cv);
+/* FAKE_CUDA_TIMEOUT_S from now; past(): whether that time has come. */
+struct timespec deadline(void);
+int past(const struct timespec *dl);
+/* One wait on `cv`; aborts the process once `dl` has passed. */
+void wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, const struct timespec *dl,
+                const char *what);
+/* n rounded up to whole pages. */
+size_t page_round(size_t n);
+
+/* ----------------------------------------------- contexts (fake_cuda.c) */
+
+struct fake_ctx {
+    uint32_t magic;
+    int device;
+};
+extern __thread struct fake_ctx *t_ctx; /* the calling thread's current context */
+
+#define NEED_CTX() do { if (t_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
+
+/* -------------------------------- the memory table (fake_cuda_memory.c) */
+
+struct alloc; /* an entry of the table */
+
+/* Drops a reference taken by translate() (NULL: nothing). */
+void unref_alloc(struct alloc *a);
+/* [addr, addr+n) as the worker reads or writes it: a device range's
+ * shadow (a reference to its allocation in *hold), else the host address. */
+CUresult translate(uintptr_t addr, size_t n, char **out, struct alloc **hold);
+
+/* ------------------------------ queued operations (fake_cuda_streams.c) */
+
+struct fake_event;
+extern pthread_cond_t g_ev_cv; /* broadcast whenever an event record completes */
+
+enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT_EVENT, OP_WAIT_VALUE, OP_HOST_FN, OP_KERNEL };
+
+struct op {
+    struct op *next;
+    int kind;
+    char *dst;               /* COPY, SET; WAIT_VALUE: the translated address */
+    const char *src;         /* COPY; KERNEL: a (postdiv: dst) */
+    const char *src2;        /* KERNEL: b (reduce kernels only) */
+    size_t n;                /* COPY, SET; KERNEL: elements */
+    int kdt, kop;            /* KERNEL: enum kdt, enum kop (fake_cuda_kernels.c) */
+    unsigned char scalar[8]; /* KERNEL: s (its first sizeof(T) bytes; avg, premulsum, premul) */
+    uint64_t divisor;        /* KERNEL: d (postdiv) */
+    int byte;                /* SET */
+    struct fake_event *ev;   /* RECORD, WAIT_EVENT (a reference) */
+    uint64_t seq;            /* RECORD: this record; WAIT_EVENT: the record waited for */
+    uint32_t value;          /* WAIT_VALUE */
+    unsigned flags;          /* WAIT_VALUE */
+    CUhostFn fn;             /* HOST_FN */
+    void *user;              /* HOST_FN */
+    struct alloc *hold[3];   /* allocations kept mapped until the op is done */
+};
+
+struct op *op_new(int kind);
+/* Drops the op's references to allocations and its event, then frees it. */
+void op_free(struct op *o);
+/* Appends `o` to stream `h` (ownership passes; freed on failure). */
+CUresult submit(CUstream h, struct op *o);
+
+/* ---------------------------------------- kernels (fake_cuda_kernels.c) */
+
+/* Runs the emulated kernel of `o` (an OP_KERNEL with n > 0). */
+void run_kernel(const struct op *o);
+
+#pragma GCC visibility pop
+
+#endif /* FAKE_CUDA_INTERNAL_H */
