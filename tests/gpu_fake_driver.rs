@@ -1,5 +1,5 @@
 //! hetccl's CUDA-buffer path, end to end, without a GPU: N processes run
-//! `tests/c/device_check.c` (compiled against NVIDIA's real `nccl.h` and
+//! `tests/c/device_check*.c` (compiled against NVIDIA's real `nccl.h` and
 //! `cuda.h`, linked to NVIDIA's `libnccl.so.2`) with `LD_PRELOAD=libhetccl.so`
 //! and the emulated CUDA driver of `tests/c/fake_cuda.c` first in
 //! `LD_LIBRARY_PATH`, so hetccl's `cudarc` loads it as `libcuda.so.1`.
@@ -33,7 +33,13 @@ fn driver_dir() -> &'static Path {
     fake_cuda::fake_cuda_dir("gpu_fake_driver")
 }
 
-/// device_check, compiled once, linked to the emulated driver.
+/// A C source of this repository, as gcc's argument.
+fn src(rel: &str) -> String {
+    common::repo_root().join(rel).display().to_string()
+}
+
+/// device_check (`tests/c/device_check*.c`), compiled once, linked to the
+/// emulated driver.
 fn exe() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
@@ -44,6 +50,8 @@ fn exe() -> &'static Path {
             &common::CcOpts {
                 link_nvidia_nccl: true,
                 extra: vec![
+                    src("tests/c/device_check_colls.c"),
+                    src("tests/c/device_check_features.c"),
                     format!("-L{}", dir.display()),
                     "-l:libcuda.so.1".into(),
                     "-ldl".into(),
