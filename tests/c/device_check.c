@@ -233,6 +233,16 @@ void fill_f(dbuf* b, size_t n, int r, size_t base) {
 
 void sync_stream(CUstream s) { CU(cuStreamSynchronize(s)); }
 
+/* Reads `r` back after everything on the stream, checks it holds the sum
+ * over ranks of in_f, and frees both buffers. */
+void finish_sum(const char* what, dbuf* s, dbuf* r, size_t n) {
+  download(r, 0, n * 4);
+  sync_stream(g_stream);
+  check_f(what, (float*)r->h, n, want_sum, NULL);
+  dfree(s);
+  dfree(r);
+}
+
 /* ------------------------------------------------------------ main */
 
 static const char* origin_of(void* sym) {

@@ -62,6 +62,7 @@ float want_a2a(size_t i, void* a);
 void fill_f(dbuf* b, size_t n, int r, size_t base);
 void check_f(const char* what, const float* got, size_t n, float (*want)(size_t, void*), void* arg);
 void sync_stream(CUstream s);
+void finish_sum(const char* what, dbuf* s, dbuf* r, size_t n);
 void die_nccl(const char* call, ncclResult_t rc, int line) __attribute__((noreturn));
 void die_cu(const char* call, CUresult r, int line) __attribute__((noreturn));
 void die(const char* what) __attribute__((noreturn));
