@@ -131,7 +131,7 @@ fn two_ranks_every_mode() {
     let out = run(vec![logged(
         "dev_2",
         2,
-        "coll,async,group,coalesced,avgpremul,capture,memalloc,pinned,mixed",
+        "coll,async,group,sendrecv,coalesced,avgpremul,capture,memalloc,pinned,mixed",
     )]);
     let o = &out[0];
     let mut ipc_kinds = vec!["allgather", "broadcast", "alltoall"];
@@ -149,8 +149,10 @@ fn two_ranks_every_mode() {
     }
     for kind in ["send", "recv"] {
         for (r, (ipc, staged)) in paths(o, kind).into_iter().enumerate() {
+            // coll's ring at 4 counts, group's ring, and sendrecv's 2
+            // messages per pair (self included).
             assert!(
-                ipc == 0 && staged >= 4,
+                ipc >= 9 && staged == 0,
                 "rank {r}: {kind}: {ipc} IPC, {staged} staged"
             );
         }
@@ -179,8 +181,8 @@ fn two_ranks_every_mode() {
 #[test]
 fn ranks_sharing_a_device_and_nonblocking() {
     let out = run(vec![
-        logged("dev_4_one_device", 4, "coll,group,async"),
-        logged("dev_3_nonblocking", 3, "coll,group,avgpremul").args(["--nonblocking"]),
+        logged("dev_4_one_device", 4, "coll,group,sendrecv,async"),
+        logged("dev_3_nonblocking", 3, "coll,group,sendrecv,avgpremul").args(["--nonblocking"]),
     ]);
     for o in &out {
         for (r, (ipc, _)) in paths(o, "allgather").into_iter().enumerate() {
@@ -194,11 +196,15 @@ fn ranks_sharing_a_device_and_nonblocking() {
 /// the host engine's network path.
 #[test]
 fn two_nodes_stage_and_pipeline() {
-    let out = run(vec![logged("dev_2x2_nodes", 4, "coll,group,async")
-        .rank_env(|r, _| {
-            vec![("HETCCL_HOST_ID".into(), format!("node{}", r / 2))]
-        })]);
-    for kind in ["allreduce", "broadcast", "reduce", "allgather"] {
+    let out = run(vec![logged(
+        "dev_2x2_nodes",
+        4,
+        "coll,group,sendrecv,async",
+    )
+    .rank_env(|r, _| {
+        vec![("HETCCL_HOST_ID".into(), format!("node{}", r / 2))]
+    })]);
+    for kind in ["allreduce", "broadcast", "reduce", "allgather", "send"] {
         for (r, (ipc, staged)) in paths(&out[0], kind).into_iter().enumerate() {
             assert!(
                 ipc == 0 && staged >= 4,
@@ -262,18 +268,22 @@ fn device_calls_after_the_proxy_went_idle() {
 #[test]
 fn two_devices_and_host_function_wait() {
     let two = |label: &str| {
-        logged(label, 4, "memalloc,coll")
+        logged(label, 4, "memalloc,coll,sendrecv")
             .env("FAKE_CUDA_DEVICES", "2")
             .rank_env(|r, _| vec![("DEVICE_CHECK_DEVICE".into(), (r % 2).to_string())])
     };
     let out = run(vec![
         two("dev_4_two_devices"),
         two("dev_4_two_devices_no_peer_access").env("FAKE_CUDA_NO_PEER_ACCESS", "1"),
-        logged("dev_2_host_function_wait_no_p2p", 2, "coll,async,group")
-            .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1")
-            .env("NCCL_P2P_DISABLE", "1"),
+        logged(
+            "dev_2_host_function_wait_no_p2p",
+            2,
+            "coll,async,group,sendrecv",
+        )
+        .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1")
+        .env("NCCL_P2P_DISABLE", "1"),
     ]);
-    for kind in ["allgather", "broadcast", "alltoall"] {
+    for kind in ["allgather", "broadcast", "alltoall", "send", "recv"] {
         for (r, (ipc, _)) in paths(&out[0], kind).into_iter().enumerate() {
             assert!(
                 ipc >= 4,
@@ -287,6 +297,8 @@ fn two_devices_and_host_function_wait() {
         (2, "allreduce"),
         (2, "allgather"),
         (2, "broadcast"),
+        (2, "send"),
+        (2, "recv"),
     ] {
         for (r, (ipc, staged)) in paths(&out[o], kind).into_iter().enumerate() {
             assert!(
@@ -295,6 +307,14 @@ fn two_devices_and_host_function_wait() {
                 ["", "no peer access", "no P2P"][o]
             );
         }
+    }
+    // Without peer access, sends and receives are decided per pair: CUDA
+    // IPC on the rank's own device (itself, rank r+2), staged to the other.
+    for (r, (ipc, staged)) in paths(&out[1], "send").into_iter().enumerate() {
+        assert!(
+            ipc >= 4 && staged >= 4,
+            "no peer access: rank {r}: send: {ipc} IPC, {staged} staged"
+        );
     }
 }
 

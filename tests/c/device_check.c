@@ -39,6 +39,9 @@
  *              power of two, where 1/N is exact), and AllReduce and
  *              ReduceScatter with a PreMulSum op whose host scalar differs
  *              per rank (rank+1), exact
+ *   sendrecv   one group of sends and receives between every ordered pair,
+ *              self included, two messages per pair (matched in order), all
+ *              receives issued before all sends
  *   coalesced  an AllReduce and a ReduceScatter on one stream and an
  *              AllGather and a Broadcast on a second, in one group without
  *              sends or receives (hetccl runs such groups call by call, each
@@ -368,6 +371,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(m, "async")) mode_async(comm);
     else if (!strcmp(m, "group")) mode_group(comm);
     else if (!strcmp(m, "coalesced")) mode_coalesced(comm);
+    else if (!strcmp(m, "sendrecv")) mode_sendrecv(comm);
     else if (!strcmp(m, "avgpremul")) mode_avgpremul(comm);
     else if (!strcmp(m, "capture")) mode_capture(comm);
     else if (!strcmp(m, "memalloc")) mode_memalloc(comm);

@@ -83,6 +83,7 @@ void mode_async(ncclComm_t comm);
 void mode_group(ncclComm_t comm);
 void mode_avgpremul(ncclComm_t comm);
 void mode_coalesced(ncclComm_t comm);
+void mode_sendrecv(ncclComm_t comm);
 
 /* device_check_features.c */
 void mode_capture(ncclComm_t comm);

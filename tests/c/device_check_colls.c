@@ -328,3 +328,52 @@ void mode_coalesced(ncclComm_t comm) {
   check_f("coalesced broadcast", (float*)bcr.h, n, want_rank_i, &root);
   dfree(&a), dfree(&ar), dfree(&rs), dfree(&rsr), dfree(&g), dfree(&gr), dfree(&bc), dfree(&bcr);
 }
+
+/* Sends and receives in groups: every ordered pair (self included), all
+ * receives issued before all sends, and two messages to each peer in one
+ * group (matched in order); values say who sent which message. */
+void mode_sendrecv(ncclComm_t comm) {
+  size_t n = 20011;
+  int N = g_nranks;
+  dbuf* s = calloc((size_t)N * 2, sizeof(dbuf));
+  dbuf* r = calloc((size_t)N * 2, sizeof(dbuf));
+  if (s == NULL || r == NULL) die("calloc");
+  for (int p = 0; p < N; p++)
+    for (int j = 0; j < 2; j++) {
+      dbuf* b = &s[p * 2 + j];
+      *b = dalloc(n * 4);
+      /* message j from g_rank to p: in_f(g_rank, i + base) */
+      fill_f(b, n, g_rank, (size_t)(p * 2 + j) * 7);
+      upload(b, n * 4);
+      r[p * 2 + j] = dalloc(n * 4);
+    }
+  NC(comm, ncclGroupStart());
+  for (int p = 0; p < N; p++)
+    for (int j = 0; j < 2; j++)
+      NC(comm, ncclRecv((void*)r[p * 2 + j].d, n, ncclFloat32, p, comm, g_stream));
+  for (int p = 0; p < N; p++)
+    for (int j = 0; j < 2; j++)
+      NC(comm, ncclSend((void*)s[p * 2 + j].d, n, ncclFloat32, p, comm, g_stream));
+  NC(comm, ncclGroupEnd());
+  for (int p = 0; p < N; p++)
+    for (int j = 0; j < 2; j++) download(&r[p * 2 + j], 0, n * 4);
+  sync_stream(g_stream);
+  for (int p = 0; p < N; p++)
+    for (int j = 0; j < 2; j++) {
+      /* from p, its message j to me: in_f(p, i + (me*2+j)*7) */
+      size_t base = (size_t)(g_rank * 2 + j) * 7;
+      m_checks++;
+      g_checks++;
+      const float* got = (const float*)r[p * 2 + j].h;
+      for (size_t i = 0; i < n; i++)
+        if (got[i] != in_f(p, i + base)) {
+          fail("message %d from rank %d: element %zu is %g, want %g", j, p, i, (double)got[i],
+               (double)in_f(p, i + base));
+          break;
+        }
+      check_tail("sendrecv", &r[p * 2 + j], n * 4);
+    }
+  for (int i = 0; i < N * 2; i++) dfree(&s[i]), dfree(&r[i]);
+  free(s);
+  free(r);
+}

@@ -53,6 +53,9 @@ pub struct Comm {
     /// thread only. It lives here, not in the proxy, because a proxy ends
     /// when idle and the sequence must continue.
     pub gpu_seq: std::sync::atomic::AtomicU64,
+    /// Device sends and receives so far, per peer: (sent to, received
+    /// from); the message numbers of the mailbox protocol (`crate::gpu::p2p`).
+    pub gpu_p2p: Mutex<Vec<(u64, u64)>>,
 }
 
 impl Comm {
@@ -71,6 +74,7 @@ impl Comm {
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
             gpu_seq: std::sync::atomic::AtomicU64::new(0),
+            gpu_p2p: Mutex::new(vec![(0, 0); nranks]),
         }
     }
 

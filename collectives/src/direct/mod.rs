@@ -181,6 +181,11 @@ impl Node {
         self.me
     }
 
+    /// The node arena.
+    pub(crate) fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
     /// The direct paths' rows for the selection table (they take precedence
     /// over the table above for blocking calls outside groups).
     pub fn describe(&self) -> String {

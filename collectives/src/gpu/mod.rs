@@ -11,6 +11,7 @@
 //! - [`stream`]: the user's stream waits while the proxy thread runs the
 //!   call, through [`peer`] (CUDA IPC inside a node) or host staging;
 //! - [`ipc`]: exporting and opening device buffers between processes;
+//! - [`p2p`]: sends and receives inside a node through a mailbox per pair;
 //! - [`stage`]: host staging on the proxy's stream, large calls pipelined;
 //! - [`staging`]: the pinned buffer pool;
 //! - [`kernels`] and [`nvrtc`]: reduction kernels compiled at first use.
@@ -20,6 +21,7 @@ pub mod ipc;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;
+pub mod p2p;
 pub mod peer;
 pub mod stage;
 pub mod staging;

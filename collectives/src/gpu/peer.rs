@@ -63,7 +63,7 @@ use crate::reduce::Scalar;
 /// opened. (The slot sequence is the communicator's `gpu_seq`.)
 #[derive(Debug, Default)]
 pub struct PeerState {
-    imports: Imports,
+    pub(super) imports: Imports,
 }
 
 /// The next slot sequence number of `comm`'s device collectives.

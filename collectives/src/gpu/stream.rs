@@ -44,6 +44,7 @@ use parking_lot::Mutex;
 
 use super::driver::{self, cu};
 use super::memory;
+use super::p2p;
 use super::peer::{self, PeerState};
 use super::stage::{self, Event};
 use super::staging::Staging;
@@ -383,8 +384,18 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
             }
         }
     }
+    let calls: Vec<&CollArgs> = b.ops.iter().map(|op| &op.args).collect();
+    if calls.iter().any(|a| p2p::uses_mailbox(a)) {
+        // Sends and receives inside a node (CUDA IPC or staged, decided per
+        // message); the rest of the batch stages with the staged ones.
+        for a in calls.iter().filter(|a| !p2p::uses_mailbox(a)) {
+            log_path(a, "staged through host memory");
+        }
+        p2p::run(&calls, &mut st.peer, stream)?;
+        return Ok(());
+    }
     for op in &b.ops {
         log_path(&op.args, "staged through host memory");
     }
-    stage::run(&b.ops.iter().map(|op| &op.args).collect::<Vec<_>>(), stream)
+    stage::run(&calls, stream)
 }

@@ -23,6 +23,10 @@ const BELL: usize = std::mem::size_of::<DoorbellCell>();
 /// Bytes of one local rank's board (a multiple of 64; see `crate::direct::board`).
 pub const BOARD: usize = 256 + 2 * (64 + (16 << 10)) + 16 * 256;
 
+/// Bytes of the device send/receive mailbox of one ordered pair of local
+/// ranks (see `crate::gpu::p2p`).
+pub const MAILBOX: usize = 256;
+
 /// A mapped arena.
 #[derive(Debug)]
 pub struct Arena {
@@ -44,8 +48,10 @@ fn size_for(nlocal: usize, nchan: usize, cap: usize) -> Option<usize> {
         .checked_mul(nlocal)?
         .checked_mul(nchan)?
         .checked_mul(Ring::footprint(cap))?;
+    let mailboxes = nlocal.checked_mul(nlocal)?.checked_mul(MAILBOX)?;
     HDR.checked_add(nlocal.checked_mul(BELL + BOARD)?)?
-        .checked_add(rings)
+        .checked_add(rings)?
+        .checked_add(mailboxes)
 }
 
 /// The `/dev/shm` name of a communicator's arena on one node.
@@ -180,6 +186,17 @@ impl Arena {
         assert!(i < self.nlocal);
         // SAFETY: inside the mapping (boards follow the doorbells).
         unsafe { self.base.add(HDR + self.nlocal * BELL + i * BOARD) }
+    }
+
+    /// The device send/receive mailbox from local rank `from` to local rank
+    /// `to` (`from == to` included): [`MAILBOX`] zero-initialised, 64-byte
+    /// aligned bytes after the rings.
+    pub fn mailbox(&self, from: usize, to: usize) -> *mut u8 {
+        assert!(from < self.nlocal && to < self.nlocal);
+        let rings = self.nlocal * self.nlocal * self.nchan * Ring::footprint(self.cap);
+        let off = HDR + self.nlocal * (BELL + BOARD) + rings + (from * self.nlocal + to) * MAILBOX;
+        // SAFETY: the mailbox region lies inside the mapping.
+        unsafe { self.base.add(off) }
     }
 
     /// The ring carrying bytes from local rank `from` to local rank `to` on

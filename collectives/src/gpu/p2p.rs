@@ -1,0 +1,440 @@
+//! Device sends and receives inside a node through CUDA IPC: the receiver
+//! copies straight from the sender's buffer, with no staging through host
+//! memory.
+//!
+//! Every device `ncclSend`/`ncclRecv` on a communicator whose ranks share
+//! this node goes through a mailbox per ordered pair of ranks in the node
+//! arena ([`crate::transport::arena::Arena::mailbox`]), whatever path it
+//! takes, so both sides always agree. Messages of a pair are numbered in
+//! issue order (NCCL matches a pair's sends and receives in order); the
+//! numbers live in the communicator (`gpu_p2p`). For a batch:
+//! 1. post: for each send, once the receiver acknowledged the pair's
+//!    previous message, the sender writes its buffer's descriptor (IPC
+//!    handle, offset, bytes, pid, GPU UUID, whether it can take the path)
+//!    and publishes the message number;
+//! 2. decide: for each receive, the receiver waits for the post, decides
+//!    (both able, same size, peer access, the sender's buffer opened) and
+//!    acknowledges with the decision;
+//! 3. the senders read the decisions of their last messages;
+//! 4. the receivers copy their IPC messages on the proxy's stream,
+//!    synchronise it and publish each message as done; the calls that stage
+//!    (staged messages, and any collectives of the batch) run as one host
+//!    group, so no send or receive can deadlock another;
+//! 5. each sender of an IPC message waits until it is done (its buffer may
+//!    then be reused) before the proxy releases its stream.
+//!
+//! Posts and acknowledgements never wait for copies, so the steps cannot
+//! deadlock between ranks that grouped their calls the same way NCCL
+//! requires.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::driver::{self, cu};
+use super::ipc::{self, Export, HANDLE_BYTES};
+use super::memory::Placement;
+use super::peer::PeerState;
+use super::stage;
+use crate::algo::Collective;
+use crate::api::coll_args::CollArgs;
+use crate::direct::{Node, WaitOp};
+use crate::error::Result;
+use crate::transport::arena::MAILBOX;
+
+/// One ordered pair's mailbox (in the node arena; zero at creation).
+#[repr(C, align(64))]
+struct Mailbox {
+    /// The last message the sender posted.
+    post: AtomicU64,
+    /// The last message the receiver acknowledged.
+    ack: AtomicU64,
+    /// The receiver's decision for message `ack`: 1 CUDA IPC, 2 staged.
+    go: AtomicU64,
+    /// The last message the receiver finished copying (CUDA IPC ones).
+    done: AtomicU64,
+    /// The sender's descriptor of message `post`.
+    desc: [AtomicU64; 28],
+}
+
+const _: () = assert!(std::mem::size_of::<Mailbox>() == MAILBOX);
+
+const D_ABLE: usize = 0;
+const D_PID: usize = 1;
+const D_UUID: usize = 2;
+const D_BYTES: usize = 4;
+const D_EXPORT: usize = 5;
+
+fn mailbox(node: &Node, from: usize, to: usize) -> &Mailbox {
+    // SAFETY: a MAILBOX-sized, 64-byte aligned, zero-initialised region of
+    // the arena, which the node keeps alive; every field is an atomic.
+    unsafe { &*(node.arena().mailbox(from, to) as *const Mailbox) }
+}
+
+/// What a sender tells its receiver.
+#[derive(Debug, Clone, Copy)]
+struct Post {
+    able: bool,
+    pid: u32,
+    uuid: [u8; 16],
+    bytes: u64,
+    export: Export,
+}
+
+impl Post {
+    fn write(&self, m: &Mailbox) {
+        let d = &m.desc;
+        d[D_ABLE].store(u64::from(self.able), Ordering::Relaxed);
+        d[D_PID].store(u64::from(self.pid), Ordering::Relaxed);
+        d[D_UUID].store(
+            u64::from_le_bytes(self.uuid[..8].try_into().expect("8")),
+            Ordering::Relaxed,
+        );
+        d[D_UUID + 1].store(
+            u64::from_le_bytes(self.uuid[8..].try_into().expect("8")),
+            Ordering::Relaxed,
+        );
+        d[D_BYTES].store(self.bytes, Ordering::Relaxed);
+        let e = &self.export;
+        d[D_EXPORT].store(e.offset, Ordering::Relaxed);
+        d[D_EXPORT + 1].store(e.size, Ordering::Relaxed);
+        d[D_EXPORT + 2].store(e.ptr, Ordering::Relaxed);
+        for (i, c) in e.handle.chunks(8).enumerate() {
+            d[D_EXPORT + 3 + i].store(
+                u64::from_le_bytes(c.try_into().expect("8")),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    fn read(m: &Mailbox) -> Post {
+        let d = &m.desc;
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&d[D_UUID].load(Ordering::Relaxed).to_le_bytes());
+        uuid[8..].copy_from_slice(&d[D_UUID + 1].load(Ordering::Relaxed).to_le_bytes());
+        let mut handle = [0u8; HANDLE_BYTES];
+        for (i, c) in handle.chunks_mut(8).enumerate() {
+            c.copy_from_slice(&d[D_EXPORT + 3 + i].load(Ordering::Relaxed).to_le_bytes());
+        }
+        Post {
+            able: d[D_ABLE].load(Ordering::Relaxed) != 0,
+            pid: d[D_PID].load(Ordering::Relaxed) as u32,
+            uuid,
+            bytes: d[D_BYTES].load(Ordering::Relaxed),
+            export: Export {
+                handle,
+                offset: d[D_EXPORT].load(Ordering::Relaxed),
+                size: d[D_EXPORT + 1].load(Ordering::Relaxed),
+                ptr: d[D_EXPORT + 2].load(Ordering::Relaxed),
+            },
+        }
+    }
+}
+
+/// Whether this rank's side of `a` can take the CUDA IPC path.
+fn local_able(a: &CollArgs) -> bool {
+    matches!(a.placement, Placement::Device(_)) && !hetccl_core::config::get().p2p_disable
+}
+
+/// One send or receive of the batch and what became of it.
+struct Msg<'a> {
+    a: &'a CollArgs,
+    node: &'a Node,
+    k: u64,
+    /// Decided to go through CUDA IPC.
+    ipc: bool,
+    /// The decision is known (for sends once the acknowledgement was seen).
+    decided: bool,
+    /// Posted (a send) or acknowledged (a receive).
+    done_step: bool,
+    /// For an IPC receive: the sender's buffer in this process.
+    src: u64,
+}
+
+/// The direct-path node of `a`'s communicator (all its ranks on this node).
+fn node_of(a: &CollArgs) -> Option<(&Node, &crate::exec::watch::Watch)> {
+    let e = a.comm.engine.get()?;
+    e.direct.as_ref().map(|n| (n, &e.links.watch))
+}
+
+/// Whether `a` is a send or receive on a communicator with a node mailbox
+/// (such calls must go through [`run`]).
+pub fn uses_mailbox(a: &CollArgs) -> bool {
+    matches!(a.kind, Collective::Send | Collective::Recv) && node_of(a).is_some()
+}
+
+/// Runs a batch holding sends or receives on single-node communicators
+/// (every call of `calls` as passed to the proxy): the mailbox protocol for
+/// those, then one host group for everything that stages. Returns the
+/// number of messages that went through CUDA IPC.
+pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Result<usize> {
+    // Number every message of the batch in issue order, per pair.
+    let mut msgs: Vec<Msg<'_>> = Vec::new();
+    for a in calls.iter().copied().filter(|a| uses_mailbox(a)) {
+        let Some((node, _)) = node_of(a) else {
+            continue;
+        };
+        let k = {
+            let mut c = a.comm.gpu_p2p.lock();
+            let e = &mut c[a.root];
+            let n = if a.kind == Collective::Send {
+                &mut e.0
+            } else {
+                &mut e.1
+            };
+            *n += 1;
+            *n
+        };
+        msgs.push(Msg {
+            a,
+            node,
+            k,
+            ipc: false,
+            decided: false,
+            done_step: false,
+            src: 0,
+        });
+    }
+    // 1-2. Post every send and acknowledge every receive, each as soon as
+    // its pair's mailbox allows (a pair's messages go one at a time), so
+    // that neither side waits for a step the other has not reached.
+    let mine = ipc::current_uuid().ok();
+    loop {
+        let mut progress = false;
+        let mut blocked: Option<usize> = None;
+        for i in 0..msgs.len() {
+            if msgs[i].done_step || !first_of_pair(&msgs, i) {
+                continue;
+            }
+            let ready = if msgs[i].a.kind == Collective::Send {
+                try_post(&mut msgs, i)
+            } else {
+                try_ack(&mut msgs[i], st, mine)
+            };
+            if ready {
+                progress = true;
+            } else {
+                blocked.get_or_insert(i);
+            }
+        }
+        let Some(i) = blocked else { break };
+        if !progress {
+            let (node, a, k) = (msgs[i].node, msgs[i].a, msgs[i].k);
+            let m = pair_box(&msgs[i]);
+            let watch = &a
+                .comm
+                .engine
+                .get()
+                .expect("a node has an engine")
+                .links
+                .watch;
+            let label = || format!("{} {k} with rank {} (device mailbox)", a.kind, a.root);
+            let wop = WaitOp {
+                label: &label,
+                watch,
+                seq: k,
+            };
+            let send = a.kind == Collective::Send;
+            node.wait(&wop, || {
+                let waiting = if send {
+                    m.ack.load(Ordering::Acquire) < k - 1
+                } else {
+                    m.post.load(Ordering::Acquire) < k
+                };
+                waiting.then_some(a.root)
+            })?;
+        }
+    }
+    // 3. The senders' decisions not seen yet (their pair's last message).
+    for msg in msgs.iter_mut() {
+        if msg.decided {
+            continue;
+        }
+        let (node, a, k) = (msg.node, msg.a, msg.k);
+        let m = pair_box(msg);
+        let watch = &a
+            .comm
+            .engine
+            .get()
+            .expect("a node has an engine")
+            .links
+            .watch;
+        let label = || format!("send {k} to rank {} (device mailbox)", a.root);
+        let wop = WaitOp {
+            label: &label,
+            watch,
+            seq: k,
+        };
+        node.wait(&wop, || {
+            (m.ack.load(Ordering::Acquire) < k).then_some(a.root)
+        })?;
+        msg.ipc = m.go.load(Ordering::Relaxed) == 1;
+        msg.decided = true;
+    }
+    for msg in &msgs {
+        let path = if msg.ipc {
+            "CUDA IPC"
+        } else {
+            "staged through host memory"
+        };
+        let a = msg.a;
+        tracing::info!(target: "hetccl::COLL", "{} count {} {:?}: {path}", a.kind, a.count, a.dtype);
+    }
+    // 4. CUDA IPC copies, then everything staged as one host group.
+    for msg in msgs
+        .iter()
+        .filter(|m| m.ipc && m.a.kind == Collective::Recv)
+    {
+        copy(msg.a.recv as u64, msg.src, msg.a.recv_bytes, stream)?;
+    }
+    stage::sync(stream)?;
+    for msg in msgs
+        .iter()
+        .filter(|m| m.ipc && m.a.kind == Collective::Recv)
+    {
+        let m = mailbox(msg.node, msg.a.root, msg.node.me());
+        m.done.store(msg.k, Ordering::Release);
+        msg.node.wake_peers();
+    }
+    let staged: Vec<&CollArgs> = calls
+        .iter()
+        .copied()
+        .filter(|a| !msgs.iter().any(|m| m.ipc && std::ptr::eq(m.a, *a)))
+        .collect();
+    if !staged.is_empty() {
+        stage::run(&staged, stream)?;
+    }
+    // 5. Senders wait until their receivers have read their buffers.
+    for msg in msgs
+        .iter()
+        .filter(|m| m.ipc && m.a.kind == Collective::Send)
+    {
+        let (node, peer, k) = (msg.node, msg.a.root, msg.k);
+        let m = mailbox(node, node.me(), peer);
+        let watch = &msg
+            .a
+            .comm
+            .engine
+            .get()
+            .expect("a node has an engine")
+            .links
+            .watch;
+        let label = || format!("send {k} to rank {peer}: copy (device mailbox)");
+        let wop = WaitOp {
+            label: &label,
+            watch,
+            seq: k,
+        };
+        node.wait(&wop, || {
+            (m.done.load(Ordering::Acquire) < k).then_some(peer)
+        })?;
+    }
+    Ok(msgs.iter().filter(|m| m.ipc).count())
+}
+
+/// The mailbox message `m` travels through.
+fn pair_box<'a>(m: &Msg<'a>) -> &'a Mailbox {
+    let me = m.node.me();
+    if m.a.kind == Collective::Send {
+        mailbox(m.node, me, m.a.root)
+    } else {
+        mailbox(m.node, m.a.root, me)
+    }
+}
+
+/// Whether `msgs[i]` is the first unfinished message of its direction and
+/// pair (a pair's messages go through its mailbox one at a time).
+fn first_of_pair(msgs: &[Msg<'_>], i: usize) -> bool {
+    let x = &msgs[i];
+    !msgs[..i].iter().any(|y| {
+        !y.done_step
+            && y.a.kind == x.a.kind
+            && y.a.root == x.a.root
+            && std::sync::Arc::ptr_eq(&y.a.comm, &x.a.comm)
+    })
+}
+
+/// Posts send `msgs[i]` if the receiver acknowledged the pair's previous
+/// message (whose decision, if it is one of this batch, is read first).
+fn try_post(msgs: &mut [Msg<'_>], i: usize) -> bool {
+    let (a, k) = (msgs[i].a, msgs[i].k);
+    let m = pair_box(&msgs[i]);
+    if m.ack.load(Ordering::Acquire) < k - 1 {
+        return false;
+    }
+    if let Some(prev) = msgs.iter_mut().find(|x| {
+        x.a.kind == Collective::Send
+            && x.a.root == a.root
+            && std::sync::Arc::ptr_eq(&x.a.comm, &a.comm)
+            && x.k == k - 1
+    }) {
+        prev.ipc = m.go.load(Ordering::Relaxed) == 1;
+        prev.decided = true;
+    }
+    let export = if a.send_bytes == 0 {
+        None
+    } else {
+        ipc::export(a.send).ok()
+    };
+    let uuid = ipc::current_uuid().ok();
+    let post = Post {
+        able: local_able(a) && export.is_some() && uuid.is_some(),
+        pid: std::process::id(),
+        uuid: uuid.unwrap_or_default(),
+        bytes: a.send_bytes as u64,
+        export: export.unwrap_or(Export {
+            handle: [0; HANDLE_BYTES],
+            offset: 0,
+            size: 0,
+            ptr: a.send as u64,
+        }),
+    };
+    post.write(m);
+    m.post.store(k, Ordering::Release);
+    msgs[i].node.wake_peers();
+    msgs[i].done_step = true;
+    true
+}
+
+/// Decides and acknowledges receive `msg` once its sender has posted it.
+fn try_ack(msg: &mut Msg<'_>, st: &mut PeerState, mine: Option<[u8; 16]>) -> bool {
+    let (a, k) = (msg.a, msg.k);
+    let m = pair_box(msg);
+    if m.post.load(Ordering::Acquire) < k {
+        return false;
+    }
+    let p = Post::read(m);
+    let ipc = p.able
+        && local_able(a)
+        && p.bytes == a.recv_bytes as u64
+        && mine.is_some_and(|u| ipc::check_peer_access(&u, &p.uuid).is_ok())
+        && match st.imports.resolve(p.pid, &p.export) {
+            Ok(s) => {
+                msg.src = s;
+                true
+            }
+            Err(e) => {
+                tracing::info!(target: "hetccl::COLL", "receive {k} from rank {}: staging through host memory: {e}", a.root);
+                false
+            }
+        };
+    m.go.store(if ipc { 1 } else { 2 }, Ordering::Relaxed);
+    m.ack.store(k, Ordering::Release);
+    msg.node.wake_peers();
+    msg.ipc = ipc;
+    msg.decided = true;
+    msg.done_step = true;
+    true
+}
+
+/// `cuMemcpyAsync` on the proxy's stream.
+fn copy(dst: u64, src: u64, bytes: usize, stream: cu::CUstream) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: the receive buffer of a validated call and the sender's
+    // buffer of the same size, opened through IPC, live until the sender
+    // sees the message done.
+    driver::check(
+        unsafe { cu::cuMemcpyAsync(dst, src, bytes, stream) },
+        "cuMemcpyAsync (peer)",
+    )
+}
