@@ -217,8 +217,16 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
         }
         let Some(i) = blocked else { break };
         if !progress {
+            // Wait until any pending message can move (not only the first:
+            // its peer may itself wait for one of the others).
+            let heads: Vec<(&Mailbox, bool, u64)> = (0..msgs.len())
+                .filter(|&j| !msgs[j].done_step && first_of_pair(&msgs, j))
+                .map(|j| {
+                    let m = &msgs[j];
+                    (pair_box(m), m.a.kind == Collective::Send, m.k)
+                })
+                .collect();
             let (node, a, k) = (msgs[i].node, msgs[i].a, msgs[i].k);
-            let m = pair_box(&msgs[i]);
             let watch = &a
                 .comm
                 .engine
@@ -232,14 +240,15 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
                 watch,
                 seq: k,
             };
-            let send = a.kind == Collective::Send;
             node.wait(&wop, || {
-                let waiting = if send {
-                    m.ack.load(Ordering::Acquire) < k - 1
-                } else {
-                    m.post.load(Ordering::Acquire) < k
-                };
-                waiting.then_some(a.root)
+                let movable = heads.iter().any(|&(m, send, k)| {
+                    if send {
+                        m.ack.load(Ordering::Acquire) >= k - 1
+                    } else {
+                        m.post.load(Ordering::Acquire) >= k
+                    }
+                });
+                (!movable).then_some(a.root)
             })?;
         }
     }
