@@ -7,7 +7,8 @@
 //! whose ranks all share one node and shared memory (the direct paths'
 //! [`Node`]), when every rank's buffers are `cuMemAlloc` memory on GPUs
 //! that can read each other (the same GPU, or peer access), and, for
-//! reductions, sum/prod/max/min with a loaded kernel for the datatype.
+//! reductions, the kernels of the datatype and op loaded (every op: avg and
+//! PreMulSum pre-multiply, with each rank's scalar in its descriptor).
 //! Several ranks on one GPU are the case NCCL does not serve. Anything else
 //! goes through host staging ([`super::stage`]), decided the same way on
 //! every rank.

@@ -10,14 +10,18 @@
 //! 3. an event ("done"): the stream is past the call.
 //!
 //! The proxy thread (one per communicator, ended when idle) waits for the
-//! "ready" events, then runs the batch on a stream of its own:
-//! - one collective whose ranks all share this node goes through CUDA IPC
-//!   when every rank can ([`super::peer`]): peers' device buffers are read
-//!   where they lie;
-//! - anything else is staged: the inputs are copied into pinned host
-//!   buffers, the host engine ([`crate::api::launch::submit`]) runs the
-//!   calls (one host group for a batch of several), and the outputs are
-//!   copied back.
+//! "ready" events, then runs the batch on a stream of its own, on a
+//! communicator whose ranks all share this node:
+//! - collectives (alone, or grouped without sends or receives) one by one,
+//!   each through CUDA IPC when every rank can ([`super::peer`]: peers'
+//!   device buffers are read where they lie), else staged alone;
+//! - sends and receives through a mailbox per pair of ranks ([`super::p2p`]),
+//!   CUDA IPC or staged per message;
+//!
+//! and anything else (other nodes, other memory) staged ([`super::stage`]):
+//! the inputs are copied into pinned host buffers, the host engine
+//! ([`crate::api::launch::submit`]) runs the calls (one host group for a
+//! batch of several), and the outputs are copied back.
 //!
 //! The proxy synchronises its stream, then sets the flag, so later work on
 //! the user's stream sees the results, and the user's thread never waits
