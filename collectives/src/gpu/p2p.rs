@@ -226,29 +226,14 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
                     (pair_box(m), m.a.kind == Collective::Send, m.k)
                 })
                 .collect();
-            let (node, a, k) = (msgs[i].node, msgs[i].a, msgs[i].k);
-            let watch = &a
-                .comm
-                .engine
-                .get()
-                .expect("a node has an engine")
-                .links
-                .watch;
-            let label = || format!("{} {k} with rank {} (device mailbox)", a.kind, a.root);
-            let wop = WaitOp {
-                label: &label,
-                watch,
-                seq: k,
-            };
-            node.wait(&wop, || {
-                let movable = heads.iter().any(|&(m, send, k)| {
+            wait_for(&msgs[i], "device mailbox", || {
+                !heads.iter().any(|&(m, send, k)| {
                     if send {
                         m.ack.load(Ordering::Acquire) >= k - 1
                     } else {
                         m.post.load(Ordering::Acquire) >= k
                     }
-                });
-                (!movable).then_some(a.root)
+                })
             })?;
         }
     }
@@ -257,24 +242,8 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
         if msg.decided {
             continue;
         }
-        let (node, a, k) = (msg.node, msg.a, msg.k);
-        let m = pair_box(msg);
-        let watch = &a
-            .comm
-            .engine
-            .get()
-            .expect("a node has an engine")
-            .links
-            .watch;
-        let label = || format!("send {k} to rank {} (device mailbox)", a.root);
-        let wop = WaitOp {
-            label: &label,
-            watch,
-            seq: k,
-        };
-        node.wait(&wop, || {
-            (m.ack.load(Ordering::Acquire) < k).then_some(a.root)
-        })?;
+        let (m, k) = (pair_box(msg), msg.k);
+        wait_for(msg, "device mailbox", || m.ack.load(Ordering::Acquire) < k)?;
         msg.ipc = m.go.load(Ordering::Relaxed) == 1;
         msg.decided = true;
     }
@@ -316,27 +285,26 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
         .iter()
         .filter(|m| m.ipc && m.a.kind == Collective::Send)
     {
-        let (node, peer, k) = (msg.node, msg.a.root, msg.k);
-        let m = mailbox(node, node.me(), peer);
-        let watch = &msg
-            .a
-            .comm
-            .engine
-            .get()
-            .expect("a node has an engine")
-            .links
-            .watch;
-        let label = || format!("send {k} to rank {peer}: copy (device mailbox)");
-        let wop = WaitOp {
-            label: &label,
-            watch,
-            seq: k,
-        };
-        node.wait(&wop, || {
-            (m.done.load(Ordering::Acquire) < k).then_some(peer)
+        let (m, k) = (pair_box(msg), msg.k);
+        wait_for(msg, "device mailbox: the receiver's copy", || {
+            m.done.load(Ordering::Acquire) < k
         })?;
     }
     Ok(msgs.iter().filter(|m| m.ipc).count())
+}
+
+/// Waits while `blocked` holds, with the node's bounded wait (abort, stall
+/// limit, the peer's liveness); `what` and `msg` name the wait.
+fn wait_for(msg: &Msg<'_>, what: &str, mut blocked: impl FnMut() -> bool) -> Result<()> {
+    let (a, k) = (msg.a, msg.k);
+    let e = a.comm.engine.get().expect("a node has an engine");
+    let label = || format!("{} {k} with rank {} ({what})", a.kind, a.root);
+    let wop = WaitOp {
+        label: &label,
+        watch: &e.links.watch,
+        seq: k,
+    };
+    msg.node.wait(&wop, || blocked().then_some(a.root))
 }
 
 /// The mailbox message `m` travels through.
