@@ -20,6 +20,8 @@ mod coll;
 mod common;
 #[path = "support/fake_cuda.rs"]
 mod fake_cuda;
+#[path = "support/nvrtc.rs"]
+mod nvrtc_path;
 #[path = "support/ranks.rs"]
 mod ranks;
 
@@ -66,18 +68,8 @@ fn exe() -> &'static Path {
 /// `scripts/fetch-nvrtc.sh` caches. Missing: `None`, or a failure when
 /// `HETCCL_REQUIRE_NVRTC=1` (as `scripts/test.sh` sets).
 fn nvrtc() -> Option<String> {
-    let p = std::env::var_os("HETCCL_NVRTC_LIB")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let cache = std::env::var_os("HETCCL_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hetccl"))
-                })?;
-            Some(cache.join("nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"))
-        })
-        .filter(|p| p.exists());
-    if p.is_none() && std::env::var("HETCCL_REQUIRE_NVRTC").as_deref() == Ok("1") {
+    let p = nvrtc_path::nvrtc_path();
+    if p.is_none() && nvrtc_path::required() {
         panic!("HETCCL_REQUIRE_NVRTC=1 but NVRTC is missing: run scripts/fetch-nvrtc.sh");
     }
     p.map(|p| p.display().to_string())

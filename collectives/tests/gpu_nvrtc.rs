@@ -8,24 +8,15 @@
 //! path. Without the library the tests skip, unless `HETCCL_REQUIRE_NVRTC=1`
 //! (set by `scripts/test.sh`), where they fail.
 
-use std::path::PathBuf;
-
 use hetccl_collectives::gpu::kernels::{self, CI_ARCHS};
 use hetccl_collectives::gpu::nvrtc::Nvrtc;
 
-fn nvrtc_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("HETCCL_NVRTC_LIB") {
-        return Some(PathBuf::from(p));
-    }
-    let cache = std::env::var_os("HETCCL_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hetccl")))?;
-    let p = cache.join("nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
-    p.exists().then_some(p)
-}
+#[path = "../../tests/support/nvrtc.rs"]
+mod nvrtc;
+use nvrtc::nvrtc_path;
 
 fn open() -> Option<Nvrtc> {
-    let required = std::env::var("HETCCL_REQUIRE_NVRTC").as_deref() == Ok("1");
+    let required = nvrtc::required();
     let Some(path) = nvrtc_path() else {
         assert!(
             !required,
