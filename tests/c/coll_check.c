@@ -105,6 +105,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nccl_origins.h"
+
 /* ------------------------------------------------------------------ state */
 
 static int g_rank = -1, g_nranks = -1;
@@ -1576,45 +1578,21 @@ static int selftest(void) {
 
 /* ---------------------------------------------------------- main */
 
-static const char* origin_of(void* sym) {
-  Dl_info info;
-  if (sym != NULL && dladdr(sym, &info) != 0 && info.dli_fname != NULL) return info.dli_fname;
-  return "?";
-}
-
 /* Where the dynamic linker bound the nccl* functions this program calls. */
 static void print_origins(void) {
-#define ORIGIN(f) {#f, (void*)&f}
-  struct {
-    const char* name;
-    void* sym;
-  } fns[] = {
-      ORIGIN(ncclGetUniqueId),     ORIGIN(ncclCommInitRank),     ORIGIN(ncclCommInitRankConfig),
-      ORIGIN(ncclCommCount),       ORIGIN(ncclCommUserRank),     ORIGIN(ncclCommGetAsyncError),
-      ORIGIN(ncclCommFinalize),    ORIGIN(ncclCommDestroy),      ORIGIN(ncclCommAbort),
-      ORIGIN(ncclCommSplit),       ORIGIN(ncclCommShrink),       ORIGIN(ncclAllReduce),
-      ORIGIN(ncclBroadcast),       ORIGIN(ncclBcast),            ORIGIN(ncclReduce),
-      ORIGIN(ncclAllGather),       ORIGIN(ncclReduceScatter),    ORIGIN(ncclAlltoAll),
-      ORIGIN(ncclGather),          ORIGIN(ncclScatter),          ORIGIN(ncclSend),
-      ORIGIN(ncclRecv),            ORIGIN(ncclGroupStart),       ORIGIN(ncclGroupEnd),
-      ORIGIN(ncclGroupSimulateEnd), ORIGIN(ncclRedOpCreatePreMulSum), ORIGIN(ncclRedOpDestroy),
-      ORIGIN(ncclGetLastError),    ORIGIN(ncclGetErrorString),
+  static const struct nccl_origin fns[] = {
+      NCCL_ORIGIN(ncclGetUniqueId),     NCCL_ORIGIN(ncclCommInitRank),     NCCL_ORIGIN(ncclCommInitRankConfig),
+      NCCL_ORIGIN(ncclCommCount),       NCCL_ORIGIN(ncclCommUserRank),     NCCL_ORIGIN(ncclCommGetAsyncError),
+      NCCL_ORIGIN(ncclCommFinalize),    NCCL_ORIGIN(ncclCommDestroy),      NCCL_ORIGIN(ncclCommAbort),
+      NCCL_ORIGIN(ncclCommSplit),       NCCL_ORIGIN(ncclCommShrink),       NCCL_ORIGIN(ncclAllReduce),
+      NCCL_ORIGIN(ncclBroadcast),       NCCL_ORIGIN(ncclBcast),            NCCL_ORIGIN(ncclReduce),
+      NCCL_ORIGIN(ncclAllGather),       NCCL_ORIGIN(ncclReduceScatter),    NCCL_ORIGIN(ncclAlltoAll),
+      NCCL_ORIGIN(ncclGather),          NCCL_ORIGIN(ncclScatter),          NCCL_ORIGIN(ncclSend),
+      NCCL_ORIGIN(ncclRecv),            NCCL_ORIGIN(ncclGroupStart),       NCCL_ORIGIN(ncclGroupEnd),
+      NCCL_ORIGIN(ncclGroupSimulateEnd), NCCL_ORIGIN(ncclRedOpCreatePreMulSum), NCCL_ORIGIN(ncclRedOpDestroy),
+      NCCL_ORIGIN(ncclGetLastError),    NCCL_ORIGIN(ncclGetErrorString),
   };
-#undef ORIGIN
-  const char* first = origin_of(fns[0].sym);
-  int same = 1;
-  kv_str("origin", first);
-  for (size_t k = 1; k < sizeof fns / sizeof fns[0]; k++) {
-    const char* o = origin_of(fns[k].sym);
-    if (strcmp(o, first) != 0) {
-      char key[96];
-      snprintf(key, sizeof key, "origin.%s", fns[k].name);
-      kv_str(key, o);
-      same = 0;
-    }
-  }
-  printf("origin.all_same %d\n", same);
-  fflush(stdout);
+  nccl_print_origins(fns, sizeof fns / sizeof fns[0], kv_str);
 }
 
 static void parse_list_dt(const char* s, int* on) {

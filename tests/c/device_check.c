@@ -71,6 +71,7 @@
  */
 #define _GNU_SOURCE
 #include "device_check.h"
+#include "nccl_origins.h"
 
 int g_rank = -1, g_nranks = -1, g_nonblocking;
 const char* g_idpath;
@@ -248,43 +249,19 @@ void finish_sum(const char* what, dbuf* s, dbuf* r, size_t n) {
 
 /* ------------------------------------------------------------ main */
 
-static const char* origin_of(void* sym) {
-  Dl_info info;
-  if (sym != NULL && dladdr(sym, &info) != 0 && info.dli_fname != NULL) return info.dli_fname;
-  return "?";
-}
-
-/* Where the nccl* functions this program calls were bound (the harness
- * requires the preloaded hetccl for all). */
+/* Where the nccl* functions this program calls were bound. */
 static void print_origins(void) {
-#define ORIGIN(f) {#f, (void*)&f}
-  struct {
-    const char* name;
-    void* sym;
-  } fns[] = {
-      ORIGIN(ncclGetUniqueId), ORIGIN(ncclCommInitRank), ORIGIN(ncclCommInitRankConfig),
-      ORIGIN(ncclAllReduce),   ORIGIN(ncclBroadcast),    ORIGIN(ncclReduce),
-      ORIGIN(ncclAllGather),   ORIGIN(ncclReduceScatter), ORIGIN(ncclAlltoAll),
-      ORIGIN(ncclSend),        ORIGIN(ncclRecv),         ORIGIN(ncclGroupStart),
-      ORIGIN(ncclGroupEnd),    ORIGIN(ncclMemAlloc),     ORIGIN(ncclMemFree),
-      ORIGIN(ncclCommCuDevice), ORIGIN(ncclGetLastError), ORIGIN(ncclCommDestroy),
-      ORIGIN(ncclCommWindowRegister), ORIGIN(ncclWinGetUserPtr), ORIGIN(ncclSignal),
-      ORIGIN(ncclCommWindowDeregister), ORIGIN(ncclRedOpCreatePreMulSum), ORIGIN(ncclRedOpDestroy),
+  static const struct nccl_origin fns[] = {
+      NCCL_ORIGIN(ncclGetUniqueId), NCCL_ORIGIN(ncclCommInitRank), NCCL_ORIGIN(ncclCommInitRankConfig),
+      NCCL_ORIGIN(ncclAllReduce),   NCCL_ORIGIN(ncclBroadcast),    NCCL_ORIGIN(ncclReduce),
+      NCCL_ORIGIN(ncclAllGather),   NCCL_ORIGIN(ncclReduceScatter), NCCL_ORIGIN(ncclAlltoAll),
+      NCCL_ORIGIN(ncclSend),        NCCL_ORIGIN(ncclRecv),         NCCL_ORIGIN(ncclGroupStart),
+      NCCL_ORIGIN(ncclGroupEnd),    NCCL_ORIGIN(ncclMemAlloc),     NCCL_ORIGIN(ncclMemFree),
+      NCCL_ORIGIN(ncclCommCuDevice), NCCL_ORIGIN(ncclGetLastError), NCCL_ORIGIN(ncclCommDestroy),
+      NCCL_ORIGIN(ncclCommWindowRegister), NCCL_ORIGIN(ncclWinGetUserPtr), NCCL_ORIGIN(ncclSignal),
+      NCCL_ORIGIN(ncclCommWindowDeregister), NCCL_ORIGIN(ncclRedOpCreatePreMulSum), NCCL_ORIGIN(ncclRedOpDestroy),
   };
-#undef ORIGIN
-  const char* first = origin_of(fns[0].sym);
-  int same = 1;
-  kv_str("origin", first);
-  for (size_t k = 1; k < sizeof fns / sizeof fns[0]; k++) {
-    const char* o = origin_of(fns[k].sym);
-    if (strcmp(o, first) != 0) {
-      char key[96];
-      snprintf(key, sizeof key, "origin.%s", fns[k].name);
-      kv_str(key, o);
-      same = 0;
-    }
-  }
-  printf("origin.all_same %d\n", same);
+  nccl_print_origins(fns, sizeof fns / sizeof fns[0], kv_str);
 }
 
 static void exchange_id(ncclUniqueId* id) {
