@@ -105,7 +105,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nccl_origins.h"
+#include "nccl_test_common.h"
 
 /* ------------------------------------------------------------------ state */
 
@@ -139,12 +139,6 @@ static int is_unsigned(ncclDataType_t dt) {
 }
 static int is_fp8(ncclDataType_t dt) { return dt == ncclFloat8e4m3 || dt == ncclFloat8e5m2; }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* Prints `key value` with newlines in the value flattened. */
 static void kv_str(const char* key, const char* v) {
   printf("%s ", key);
@@ -177,19 +171,8 @@ static void die(const char* what) {
   exit(4);
 }
 
-/* In nonblocking mode, a call may answer ncclInProgress: poll the comm's
- * async error until it is no longer in progress. */
 static ncclResult_t settle(ncclComm_t comm, ncclResult_t rc) {
-  if (!g_nonblocking || comm == NULL || (rc != ncclInProgress && rc != ncclSuccess)) return rc;
-  double deadline = now_ms() + 120e3;
-  for (;;) {
-    ncclResult_t st = ncclInProgress;
-    ncclResult_t r = ncclCommGetAsyncError(comm, &st);
-    if (r != ncclSuccess) return r;
-    if (st != ncclInProgress) return st;
-    if (now_ms() > deadline) return ncclInProgress;
-    usleep(50);
-  }
+  return nccl_settle(comm, rc, g_nonblocking);
 }
 
 #define NC(comm, call)                                    \

@@ -71,7 +71,6 @@
  */
 #define _GNU_SOURCE
 #include "device_check.h"
-#include "nccl_origins.h"
 
 int g_rank = -1, g_nranks = -1, g_nonblocking;
 const char* g_idpath;
@@ -80,12 +79,6 @@ long g_checks, g_wrong, m_checks, m_wrong;
 CUstream g_stream, g_stream2;
 int g_device;
 
-
-double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 void kv_str(const char* key, const char* v) {
   printf("%s ", key);
@@ -122,19 +115,6 @@ void die(const char* what) {
   exit(4);
 }
 
-/* In nonblocking mode a call may answer ncclInProgress: poll to the end. */
-ncclResult_t settle(ncclComm_t comm, ncclResult_t rc) {
-  if (!g_nonblocking || comm == NULL || (rc != ncclInProgress && rc != ncclSuccess)) return rc;
-  double deadline = now_ms() + 120e3;
-  for (;;) {
-    ncclResult_t st = ncclInProgress;
-    ncclResult_t r = ncclCommGetAsyncError(comm, &st);
-    if (r != ncclSuccess) return r;
-    if (st != ncclInProgress) return st;
-    if (now_ms() > deadline) return ncclInProgress;
-    usleep(50);
-  }
-}
 
 
 

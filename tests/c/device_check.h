@@ -15,6 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nccl_test_common.h"
+
 
 extern int g_rank, g_nranks, g_nonblocking;
 extern const char* g_idpath;
@@ -26,10 +28,10 @@ extern int g_device;
 #define SENTINEL 0xCD
 #define TAIL 64
 
-#define NC(comm, call)                                      \
-  do {                                                      \
-    ncclResult_t rc_ = settle((comm), (call));              \
-    if (rc_ != ncclSuccess) die_nccl(#call, rc_, __LINE__); \
+#define NC(comm, call)                                             \
+  do {                                                             \
+    ncclResult_t rc_ = nccl_settle((comm), (call), g_nonblocking); \
+    if (rc_ != ncclSuccess) die_nccl(#call, rc_, __LINE__);        \
   } while (0)
 #define CU(call)                                  \
   do {                                            \
@@ -44,9 +46,7 @@ typedef struct {
   size_t bytes; /* usable bytes; TAIL more are allocated */
 } dbuf;
 
-double now_ms(void);
 void kv_str(const char* key, const char* v);
-ncclResult_t settle(ncclComm_t comm, ncclResult_t rc);
 dbuf dalloc(size_t bytes);
 void dfree(dbuf* b);
 void upload(dbuf* b, size_t bytes);
