@@ -58,9 +58,6 @@ use crate::api::{group, launch};
 use crate::comm::redop_table::Scalar;
 use crate::error::{Error, Result};
 
-/// The proxy thread's stack (address space; only touched pages count).
-const PROXY_STACK: usize = 64 << 20;
-
 /// A proxy thread with nothing to do for this long ends.
 const PROXY_IDLE: Duration = Duration::from_secs(10);
 
@@ -243,9 +240,6 @@ fn send_to_proxy(key: usize, batch: Batch) {
     proxies.insert(key, tx);
     std::thread::Builder::new()
         .name("hetccl-gpu-proxy".into())
-        // NVRTC, which compiles the reduction kernels on this thread at
-        // first use, recurses deeply: it overflows a 2 MiB stack.
-        .stack_size(PROXY_STACK)
         .spawn(move || proxy(key, rx))
         .expect("spawning the GPU proxy thread");
 }
