@@ -19,6 +19,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
@@ -72,6 +73,55 @@ fn buffer_id(p: *const c_void) -> u64 {
     } else {
         0
     }
+}
+
+impl Export {
+    /// Words an export takes on a board: offset, size, pointer, handle.
+    pub const WORDS: usize = 3 + HANDLE_BYTES / 8;
+
+    /// Stores the export in `w` ([`Export::WORDS`] words, owner-written).
+    pub fn store(&self, w: &[AtomicU64]) {
+        w[0].store(self.offset, Ordering::Relaxed);
+        w[1].store(self.size, Ordering::Relaxed);
+        w[2].store(self.ptr, Ordering::Relaxed);
+        for (i, c) in self.handle.chunks(8).enumerate() {
+            let v = u64::from_le_bytes(c.try_into().expect("8-byte chunk"));
+            w[3 + i].store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads an export stored by [`Export::store`].
+    pub fn load(w: &[AtomicU64]) -> Export {
+        let mut handle = [0u8; HANDLE_BYTES];
+        for (i, c) in handle.chunks_mut(8).enumerate() {
+            c.copy_from_slice(&w[3 + i].load(Ordering::Relaxed).to_le_bytes());
+        }
+        Export {
+            handle,
+            offset: w[0].load(Ordering::Relaxed),
+            size: w[1].load(Ordering::Relaxed),
+            ptr: w[2].load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Stores a device UUID in two board words.
+pub fn store_uuid(w: &[AtomicU64], uuid: &[u8; 16]) {
+    for (x, c) in w.iter().zip(uuid.chunks(8)) {
+        x.store(
+            u64::from_le_bytes(c.try_into().expect("8-byte chunk")),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Reads a UUID stored by [`store_uuid`].
+pub fn load_uuid(w: &[AtomicU64]) -> [u8; 16] {
+    let mut u = [0u8; 16];
+    for (x, c) in w.iter().zip(u.chunks_mut(8)) {
+        c.copy_from_slice(&x.load(Ordering::Relaxed).to_le_bytes());
+    }
+    u
 }
 
 /// Exports the allocation holding device pointer `p`; the handle of an

@@ -62,6 +62,7 @@ const D_PID: usize = 1;
 const D_UUID: usize = 2;
 const D_BYTES: usize = 4;
 const D_EXPORT: usize = 5;
+const _: () = assert!(D_EXPORT + Export::WORDS <= 28);
 
 fn mailbox(node: &Node, from: usize, to: usize) -> &Mailbox {
     // SAFETY: a MAILBOX-sized, 64-byte aligned, zero-initialised region of
@@ -84,47 +85,19 @@ impl Post {
         let d = &m.desc;
         d[D_ABLE].store(u64::from(self.able), Ordering::Relaxed);
         d[D_PID].store(u64::from(self.pid), Ordering::Relaxed);
-        d[D_UUID].store(
-            u64::from_le_bytes(self.uuid[..8].try_into().expect("8")),
-            Ordering::Relaxed,
-        );
-        d[D_UUID + 1].store(
-            u64::from_le_bytes(self.uuid[8..].try_into().expect("8")),
-            Ordering::Relaxed,
-        );
+        ipc::store_uuid(&d[D_UUID..D_UUID + 2], &self.uuid);
         d[D_BYTES].store(self.bytes, Ordering::Relaxed);
-        let e = &self.export;
-        d[D_EXPORT].store(e.offset, Ordering::Relaxed);
-        d[D_EXPORT + 1].store(e.size, Ordering::Relaxed);
-        d[D_EXPORT + 2].store(e.ptr, Ordering::Relaxed);
-        for (i, c) in e.handle.chunks(8).enumerate() {
-            d[D_EXPORT + 3 + i].store(
-                u64::from_le_bytes(c.try_into().expect("8")),
-                Ordering::Relaxed,
-            );
-        }
+        self.export.store(&d[D_EXPORT..]);
     }
 
     fn read(m: &Mailbox) -> Post {
         let d = &m.desc;
-        let mut uuid = [0u8; 16];
-        uuid[..8].copy_from_slice(&d[D_UUID].load(Ordering::Relaxed).to_le_bytes());
-        uuid[8..].copy_from_slice(&d[D_UUID + 1].load(Ordering::Relaxed).to_le_bytes());
-        let mut handle = [0u8; HANDLE_BYTES];
-        for (i, c) in handle.chunks_mut(8).enumerate() {
-            c.copy_from_slice(&d[D_EXPORT + 3 + i].load(Ordering::Relaxed).to_le_bytes());
-        }
         Post {
             able: d[D_ABLE].load(Ordering::Relaxed) != 0,
             pid: d[D_PID].load(Ordering::Relaxed) as u32,
-            uuid,
+            uuid: ipc::load_uuid(&d[D_UUID..D_UUID + 2]),
             bytes: d[D_BYTES].load(Ordering::Relaxed),
-            export: Export {
-                handle,
-                offset: d[D_EXPORT].load(Ordering::Relaxed),
-                size: d[D_EXPORT + 1].load(Ordering::Relaxed),
-                ptr: d[D_EXPORT + 2].load(Ordering::Relaxed),
-            },
+            export: Export::load(&d[D_EXPORT..]),
         }
     }
 }
@@ -163,9 +136,8 @@ pub fn uses_mailbox(a: &CollArgs) -> bool {
 
 /// Runs a batch holding sends or receives on single-node communicators
 /// (every call of `calls` as passed to the proxy): the mailbox protocol for
-/// those, then one host group for everything that stages. Returns the
-/// number of messages that went through CUDA IPC.
-pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Result<usize> {
+/// those, then one host group for everything that stages.
+pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Result<()> {
     // Number every message of the batch in issue order, per pair.
     let mut msgs: Vec<Msg<'_>> = Vec::new();
     for a in calls.iter().copied().filter(|a| uses_mailbox(a)) {
@@ -290,7 +262,7 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
             m.done.load(Ordering::Acquire) < k
         })?;
     }
-    Ok(msgs.iter().filter(|m| m.ipc).count())
+    Ok(())
 }
 
 /// Waits while `blocked` holds, with the node's bounded wait (abort, stall

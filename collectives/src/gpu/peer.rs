@@ -42,12 +42,12 @@
 //! path's rank order.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use hetccl_abi::RedOp;
 
 use super::driver::{self, cu};
-use super::ipc::{self, Export, Imports, HANDLE_BYTES};
+use super::ipc::{self, Export, Imports};
 use super::kernels::{self, DeviceKernels};
 use super::memory::Placement;
 use crate::algo::Collective;
@@ -109,33 +109,7 @@ const W_SEND: usize = 5;
 const W_RECV: usize = 16;
 const W_OPENED: usize = 27;
 const W_SCALAR: usize = 28;
-/// Words of one export: offset, size, pointer, then the handle.
-const EXPORT_WORDS: usize = 3 + HANDLE_BYTES / 8;
-const _: () = assert!(W_RECV + EXPORT_WORDS <= W_OPENED && W_SCALAR < 30);
-
-fn put_export(w: &[AtomicU64], e: &Option<Export>) {
-    let Some(e) = e else { return };
-    w[0].store(e.offset, Ordering::Relaxed);
-    w[1].store(e.size, Ordering::Relaxed);
-    w[2].store(e.ptr, Ordering::Relaxed);
-    for (i, c) in e.handle.chunks(8).enumerate() {
-        let v = u64::from_le_bytes(c.try_into().expect("8-byte chunk"));
-        w[3 + i].store(v, Ordering::Relaxed);
-    }
-}
-
-fn get_export(w: &[AtomicU64]) -> Export {
-    let mut handle = [0u8; HANDLE_BYTES];
-    for (i, c) in handle.chunks_mut(8).enumerate() {
-        c.copy_from_slice(&w[3 + i].load(Ordering::Relaxed).to_le_bytes());
-    }
-    Export {
-        handle,
-        offset: w[0].load(Ordering::Relaxed),
-        size: w[1].load(Ordering::Relaxed),
-        ptr: w[2].load(Ordering::Relaxed),
-    }
-}
+const _: () = assert!(W_RECV + Export::WORDS <= W_OPENED && W_SCALAR < 30);
 
 impl Desc {
     fn write(&self, s: &GpuSlot) {
@@ -144,33 +118,28 @@ impl Desc {
             | u64::from(self.recv.is_some()) << 2;
         s.desc[W_FLAGS].store(flags, Ordering::Relaxed);
         s.desc[W_PID].store(u64::from(self.pid), Ordering::Relaxed);
-        s.desc[W_UUID].store(
-            u64::from_le_bytes(self.uuid[..8].try_into().expect("8")),
-            Ordering::Relaxed,
-        );
-        s.desc[W_UUID + 1].store(
-            u64::from_le_bytes(self.uuid[8..].try_into().expect("8")),
-            Ordering::Relaxed,
-        );
+        ipc::store_uuid(&s.desc[W_UUID..W_UUID + 2], &self.uuid);
         s.desc[W_SHAPE].store(self.shape, Ordering::Relaxed);
-        put_export(&s.desc[W_SEND..W_SEND + EXPORT_WORDS], &self.send);
-        put_export(&s.desc[W_RECV..W_RECV + EXPORT_WORDS], &self.recv);
+        if let Some(e) = &self.send {
+            e.store(&s.desc[W_SEND..]);
+        }
+        if let Some(e) = &self.recv {
+            e.store(&s.desc[W_RECV..]);
+        }
         s.desc[W_OPENED].store(0, Ordering::Relaxed);
         s.desc[W_SCALAR].store(u64::from_le_bytes(self.scalar), Ordering::Relaxed);
     }
 
     fn read(s: &GpuSlot) -> Desc {
         let flags = s.desc[W_FLAGS].load(Ordering::Relaxed);
-        let mut uuid = [0u8; 16];
-        uuid[..8].copy_from_slice(&s.desc[W_UUID].load(Ordering::Relaxed).to_le_bytes());
-        uuid[8..].copy_from_slice(&s.desc[W_UUID + 1].load(Ordering::Relaxed).to_le_bytes());
+        let uuid = ipc::load_uuid(&s.desc[W_UUID..W_UUID + 2]);
         Desc {
             able: flags & 1 != 0,
             pid: s.desc[W_PID].load(Ordering::Relaxed) as u32,
             uuid,
             shape: s.desc[W_SHAPE].load(Ordering::Relaxed),
-            send: (flags & 2 != 0).then(|| get_export(&s.desc[W_SEND..W_SEND + EXPORT_WORDS])),
-            recv: (flags & 4 != 0).then(|| get_export(&s.desc[W_RECV..W_RECV + EXPORT_WORDS])),
+            send: (flags & 2 != 0).then(|| Export::load(&s.desc[W_SEND..])),
+            recv: (flags & 4 != 0).then(|| Export::load(&s.desc[W_RECV..])),
             opened: s.desc[W_OPENED].load(Ordering::Relaxed) != 0,
             scalar: s.desc[W_SCALAR].load(Ordering::Relaxed).to_le_bytes(),
         }
@@ -272,8 +241,11 @@ fn fold_of(a: &CollArgs, k: &DeviceKernels) -> Option<(Fold, [u8; 8])> {
     ))
 }
 
-/// This rank's descriptor for `a`, and the kernels it needs.
-fn describe(a: &CollArgs) -> (Desc, Option<std::sync::Arc<DeviceKernels>>) {
+/// A reduction's kernels and how it folds.
+type Reducer = (std::sync::Arc<DeviceKernels>, Fold);
+
+/// This rank's descriptor for `a`, and for a reduction its kernels and fold.
+fn describe(a: &CollArgs) -> (Desc, Option<Reducer>) {
     let device = match a.placement {
         Placement::Device(d) => d,
         _ => return (Desc::no(), None),
@@ -282,15 +254,15 @@ fn describe(a: &CollArgs) -> (Desc, Option<std::sync::Arc<DeviceKernels>>) {
         return (Desc::no(), None);
     }
     let mut scalar = [0u8; 8];
-    let kernels = if a.kind.reduces() {
+    let reducer = if a.kind.reduces() {
         let Ok(k) = kernels::for_device(device) else {
             return (Desc::no(), None);
         };
-        match fold_of(a, &k) {
-            Some((_, s)) => scalar = s,
-            None => return (Desc::no(), None),
-        }
-        Some(k)
+        let Some((fold, s)) = fold_of(a, &k) else {
+            return (Desc::no(), None);
+        };
+        scalar = s;
+        Some((k, fold))
     } else {
         None
     };
@@ -318,7 +290,7 @@ fn describe(a: &CollArgs) -> (Desc, Option<std::sync::Arc<DeviceKernels>>) {
         opened: false,
         scalar,
     };
-    (d, kernels)
+    (d, reducer)
 }
 
 /// Posts "no" for a device collective of a batch with sends or receives
@@ -351,7 +323,7 @@ pub fn try_run(
 ) -> Result<bool> {
     let seq = next_seq(&a.comm);
     let (n, me) = (node.nranks(), node.me());
-    let (mine, kernels) = describe(a);
+    let (mine, reducer) = describe(a);
     let slot = post(node, seq, &mine);
     if !mine.able {
         return Ok(false);
@@ -393,15 +365,14 @@ pub fn try_run(
             return Ok(false);
         }
     };
-    let fold = kernels.as_deref().and_then(|k| fold_of(a, k)).map(|f| f.0);
     let scalars: Vec<[u8; 8]> = descs.iter().map(|d| d.scalar).collect();
     let plan = Plan {
         a,
         n,
         me,
         ptrs: &ptrs,
-        kernels: kernels.as_deref(),
-        fold,
+        kernels: reducer.as_ref().map(|r| &*r.0),
+        fold: reducer.as_ref().map(|r| r.1),
         scalars: &scalars,
         stream,
     };
