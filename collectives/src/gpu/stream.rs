@@ -356,9 +356,9 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
     }
     let engine = b.ops[0].args.comm.engine.get();
     if let Some((node, e)) = engine.and_then(|e| e.direct.as_ref().map(|n| (n, e))) {
-        let p2p = |a: &CollArgs| matches!(a.kind, Collective::Send | Collective::Recv);
+        let is_p2p = |a: &CollArgs| matches!(a.kind, Collective::Send | Collective::Recv);
         let ours = |a: &CollArgs| Arc::as_ptr(&a.comm) as usize == key;
-        if b.ops.iter().all(|op| ours(&op.args) && !p2p(&op.args)) {
+        if b.ops.iter().all(|op| ours(&op.args) && !is_p2p(&op.args)) {
             for op in &b.ops {
                 let a = &op.args;
                 let ipc = peer::try_run(node, &e.links.watch, &mut st.peer, a, stream);
@@ -377,7 +377,7 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
             return Ok(());
         }
         for op in &b.ops {
-            if ours(&op.args) && !p2p(&op.args) {
+            if ours(&op.args) && !is_p2p(&op.args) {
                 peer::post_no(node, &op.args.comm);
             }
         }
