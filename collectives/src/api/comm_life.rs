@@ -3,14 +3,18 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use hetccl_abi::{ncclComm_t, ncclResult_t, CommMemStat};
+use hetccl_abi::{ncclComm_t, ncclResult_t, CommMemStat, NcclResult};
 
 use super::check;
 use super::guard::guard;
-use crate::comm::handle;
+use crate::comm::{finalize, handle};
 use crate::error::{Error, Result};
 use crate::export;
+
+/// The longest graceful close an abort of an idle communicator waits for.
+const ABORT_LINGER: Duration = Duration::from_secs(1);
 
 /// `NCCL_SUSPEND_MEM`, the only suspend flag.
 const NCCL_SUSPEND_MEM: c_int = 0x01;
@@ -66,20 +70,61 @@ export! {
 }
 
 export! {
-    /// Completes the communicator's outstanding operations.
+    /// Completes the communicator's outstanding operations and closes its
+    /// links gracefully (`comm::finalize`). A nonblocking communicator
+    /// finalizes on a helper thread: the call returns `ncclInProgress` and
+    /// `ncclCommGetAsyncError` reports the end.
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
-        guard("ncclCommFinalize", || handle::lookup(comm).map(drop))
+        guard("ncclCommFinalize", || {
+            let c = handle::lookup(comm)?;
+            let nonblocking = c.engine.get().is_some_and(|e| !e.config.blocking);
+            if !nonblocking {
+                return finalize::finalize(&c);
+            }
+            let mut slot = c.finalizer.lock();
+            if slot.is_some() || c.finalized.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            c.async_error.store(NcclResult::InProgress.raw(), Ordering::Release);
+            let cc = c.clone();
+            let h = std::thread::Builder::new()
+                .name("hetccl-finalize".into())
+                .spawn(move || {
+                    let code = match finalize::finalize(&cc) {
+                        Ok(()) => NcclResult::Success.raw(),
+                        Err(e) => {
+                            super::guard::set_last_error(&format!("ncclCommFinalize: {e}"));
+                            e.code().raw()
+                        }
+                    };
+                    cc.async_error.store(code, Ordering::Release);
+                })
+                .map_err(|e| Error::System(format!("spawn: {e}")))?;
+            *slot = Some(h);
+            Err(Error::InProgress)
+        })
     }
 }
 
 export! {
-    /// Frees the communicator. NULL is accepted, as NCCL does.
+    /// Frees the communicator, finalizing it first unless that was done
+    /// (waiting for a nonblocking finalize still running). NULL is
+    /// accepted, as NCCL does.
     fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         guard("ncclCommDestroy", || {
             if comm.is_null() {
                 return Ok(());
             }
-            handle::unregister(comm).map(drop)
+            let c = handle::unregister(comm)?;
+            let running = c.finalizer.lock().take();
+            if let Some(h) = running {
+                let _ = h.join();
+            }
+            if let Err(e) = finalize::finalize(&c) {
+                tracing::warn!(target: "hetccl::INIT",
+                    "ncclCommDestroy: rank {}: {e}; closing the links at once", c.rank);
+            }
+            Ok(())
         })
     }
 }
@@ -94,6 +139,15 @@ export! {
             let c = handle::unregister(comm)?;
             c.revoked.store(true, Ordering::Release);
             if let Some(e) = c.engine.get() {
+                // An idle, healthy communicator (an application's exit path)
+                // still closes gracefully, briefly, so that peers finishing
+                // their last operation lose nothing; one with an operation
+                // in flight is stopped at once.
+                if !c.has_failed() {
+                    if let Some(_idle) = e.exec_lock.try_lock() {
+                        e.links.finish(Instant::now() + ABORT_LINGER);
+                    }
+                }
                 // Operations running on other threads see the flag within
                 // one bounded wait; peers see the closed links.
                 e.links.close_all();

@@ -6,6 +6,7 @@
 //! NULL, never-created and destroyed handles alike.
 
 pub mod engine;
+pub mod finalize;
 pub mod handle;
 pub mod init;
 pub mod plan_cache;
@@ -56,6 +57,11 @@ pub struct Comm {
     /// Device sends and receives so far, per peer: (sent to, received
     /// from); the message numbers of the mailbox protocol (`crate::gpu::p2p`).
     pub gpu_p2p: Mutex<Vec<(u64, u64)>>,
+    /// Set when `ncclCommFinalize` starts: no new operations.
+    pub finalized: AtomicBool,
+    /// A nonblocking communicator's finalize, running on a helper thread
+    /// (joined by destroy).
+    pub finalizer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Comm {
@@ -75,6 +81,8 @@ impl Comm {
             failed: AtomicBool::new(false),
             gpu_seq: std::sync::atomic::AtomicU64::new(0),
             gpu_p2p: Mutex::new(vec![(0, 0); nranks]),
+            finalized: AtomicBool::new(false),
+            finalizer: Mutex::new(None),
         }
     }
 
@@ -93,6 +101,11 @@ impl Comm {
         self.failed.store(true, Ordering::Release);
     }
 
+    /// Whether an operation failed part-way (see [`Comm::record_failure`]).
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
     /// Fails unless the comm accepts new operations.
     pub fn check_usable(&self) -> Result<()> {
         if self.failed.load(Ordering::Acquire) {
@@ -103,6 +116,11 @@ impl Comm {
         }
         if self.revoked.load(Ordering::Acquire) {
             return Err(Error::usage("the communicator was revoked or aborted"));
+        }
+        if self.finalized.load(Ordering::Acquire) {
+            return Err(Error::usage(
+                "the communicator was finalized; it can only be destroyed",
+            ));
         }
         if self.suspended.load(Ordering::Acquire) {
             return Err(Error::usage(

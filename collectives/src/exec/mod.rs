@@ -300,6 +300,16 @@ impl Links {
         self.close_links();
     }
 
+    /// Closes every link gracefully after the communicator's last
+    /// operation (`ncclCommFinalize`): each returns once what this rank
+    /// sent cannot be lost by closing it, or at `deadline`.
+    pub fn finish(&self, deadline: Instant) {
+        for c in self.peers.iter().flatten().flatten() {
+            c.tx.finish(deadline);
+            c.rx.finish(deadline);
+        }
+    }
+
     /// Marks every link dead without marking the communicator aborted: after
     /// a failed operation, so that shm peers blocked on this rank fail at
     /// once instead of waiting for their own stall limit.

@@ -126,6 +126,10 @@ pub trait SendLink: Send + Sync + std::fmt::Debug {
     fn wait_source(&self) -> WaitSource;
     /// Marks the link dead (abort); the peer's calls then fail.
     fn close(&self);
+    /// Prepares a graceful close after the last operation: returns once
+    /// every byte this link sent is safe from the link being closed, or at
+    /// `deadline`. Transports whose close cannot lose data do nothing.
+    fn finish(&self, _deadline: std::time::Instant) {}
 }
 
 /// The receiving half of a connection.
@@ -151,6 +155,8 @@ pub trait RecvLink: Send + Sync + std::fmt::Debug {
     fn wait_source(&self) -> WaitSource;
     /// Marks the link dead (abort).
     fn close(&self);
+    /// As [`SendLink::finish`], for the receiving half.
+    fn finish(&self, _deadline: std::time::Instant) {}
 }
 
 /// Both halves of a connection to one peer.

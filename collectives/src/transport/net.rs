@@ -166,6 +166,11 @@ impl SendLink for NetSend {
         // The peer sees the sockets close when the connection is dropped.
         self.closed.store(true, Ordering::Release);
     }
+    fn finish(&self, deadline: std::time::Instant) {
+        // Every channel of the pair shares the comm; the first call closes
+        // it gracefully, the others find it closed.
+        self.comm.finish(deadline);
+    }
 }
 
 impl RecvLink for NetRecv {
@@ -211,6 +216,9 @@ impl RecvLink for NetRecv {
     fn close(&self) {
         // The peer sees the sockets close when the connection is dropped.
         self.closed.store(true, Ordering::Release);
+    }
+    fn finish(&self, deadline: std::time::Instant) {
+        self.comm.finish(deadline);
     }
 }
 

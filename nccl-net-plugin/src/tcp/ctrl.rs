@@ -391,6 +391,29 @@ impl Ctrl {
         Ok(Some(InEvent::Frame(frame)))
     }
 
+    /// Drops what was peeked, and writes queued output until `deadline`:
+    /// the first step of a graceful close. `Ok(true)` when nothing is left
+    /// queued.
+    pub(crate) fn settle(&mut self, deadline: Instant) -> Result<bool> {
+        self.release()?;
+        let mut done = Vec::new();
+        loop {
+            self.flush(&mut done)?;
+            if self.out.is_empty() {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
+    /// The socket (for a graceful close).
+    pub(crate) fn sock(&self) -> &TcpStream {
+        &self.sock
+    }
+
     /// Shuts the socket down both ways (wakes nothing; the channel is polled).
     pub(crate) fn shutdown(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);

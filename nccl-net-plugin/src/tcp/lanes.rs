@@ -94,6 +94,8 @@ struct Shared {
     /// When any lane last moved bytes, in ns since `epoch`.
     moved_ns: AtomicU64,
     epoch: Instant,
+    /// Tasks a helper thread has taken and not finished.
+    active: AtomicUsize,
 }
 
 impl Shared {
@@ -182,6 +184,7 @@ impl Lanes {
             timeout,
             moved_ns: AtomicU64::new(0),
             epoch: Instant::now(),
+            active: AtomicUsize::new(0),
         });
         let mut threads = Vec::with_capacity(nthreads);
         for t in 0..nthreads {
@@ -288,6 +291,32 @@ impl Lanes {
     /// Stops the helpers and joins them. Idempotent.
     pub(crate) fn stop(&self) {
         self.core.stop();
+    }
+
+    /// Waits until no task is queued or running (until `deadline` at the
+    /// latest), then joins the helpers, leaving the sockets open for a
+    /// graceful close (`linger`); returns the sockets.
+    pub(crate) fn quiesce(&self, deadline: Instant) -> &[TcpStream] {
+        let sh = &self.core.shared;
+        while (sh.active.load(Ordering::Acquire) > 0
+            || sh.queues.iter().any(|(q, _)| !q.lock().is_empty()))
+            && Instant::now() < deadline
+            && !sh.any_failed.load(Ordering::Acquire)
+        {
+            if sh.inline {
+                let _ = self.poll();
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        sh.stop.store(true, Ordering::Release);
+        for (q, cv) in &sh.queues {
+            let _g = q.lock();
+            cv.notify_all();
+        }
+        for h in self.core.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+        &sh.socks
     }
 
     /// Inline mode: moves what the sockets take now. A no-op with helper threads.
@@ -398,6 +427,7 @@ fn helper(sh: &Shared, t: usize) {
                     return;
                 }
                 if let Some(task) = g.pop_front() {
+                    sh.active.fetch_add(1, Ordering::AcqRel);
                     break task;
                 }
                 cv.wait_for(&mut g, TICK);
@@ -415,6 +445,7 @@ fn helper(sh: &Shared, t: usize) {
             sh.fail(e);
         }
         task.prog.finish(&r);
+        sh.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -6,6 +6,7 @@
 mod connect;
 mod ctrl;
 mod lanes;
+mod linger;
 mod recv;
 mod send;
 
@@ -17,6 +18,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use connect::TcpListenComm;
+pub use linger::Lingered;
 pub use recv::{RecvBuf, RecvRequest, RecvSizes, TcpRecvComm};
 pub use send::{SendRequest, TcpSendComm};
 
@@ -223,6 +225,18 @@ impl TcpNet {
 impl Drop for TcpNet {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Logs what a graceful close saw.
+fn log_linger(side: &str, r: &Lingered) {
+    if r.unacked > 0 {
+        tracing::warn!(target: "hetccl::NET",
+            "{side} comm closed with {} socket(s) holding unacknowledged bytes at the deadline", r.unacked);
+    }
+    if r.discarded > 0 {
+        tracing::debug!(target: "hetccl::NET",
+            "{side} comm: dropped {} bytes that arrived after the last request", r.discarded);
     }
 }
 

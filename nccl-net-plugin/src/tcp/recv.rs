@@ -8,11 +8,13 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use super::ctrl::{Ctrl, InEvent, MAX_INLINE};
 use super::lanes::{Lanes, Progress};
+use super::linger::{linger, Lingered};
 use super::{TcpOptions, MAX_RECVS, MAX_REQUESTS};
 use crate::error::{NetError, Result};
 use crate::wire::{DataMode, Frame};
@@ -503,8 +505,35 @@ impl TcpRecvComm {
         Ok(true)
     }
 
-    /// Stops the helper threads and closes the sockets. Requests in flight are abandoned.
+    /// Closes gracefully once every request is done: drops what the
+    /// control socket peeked, writes what is queued, half-closes every
+    /// socket and waits, until `deadline` at the latest, until the sender's
+    /// kernel has acknowledged every byte (see `linger`), so that closing
+    /// cannot reset the connection under bytes the peer has not read. With
+    /// requests in flight, or after a failure, it only marks the comm
+    /// closed: closing then abandons them. Later calls fail. Idempotent.
+    pub fn finish(&self, deadline: Instant) -> Lingered {
+        let mut st = self.st.lock();
+        let graceful = st.failed.is_none() && st.reqs.is_empty();
+        let mut r = Lingered::default();
+        if graceful && st.ctrl.settle(deadline).is_ok() {
+            let mut socks = vec![st.ctrl.sock()];
+            if let Some(l) = &self.lanes {
+                socks.extend(l.quiesce(deadline));
+            }
+            r = linger(&socks, deadline);
+            super::log_linger("recv", &r);
+        }
+        st.failed
+            .get_or_insert_with(|| NetError::InvalidUsage("comm closed".into()));
+        r
+    }
+
+    /// Closes the comm: gracefully ([`Self::finish`], bounded by the comm's
+    /// timeout) when every request is done, else at once, abandoning the
+    /// requests in flight. Stops the helper threads.
     pub fn close(self) {
+        self.finish(Instant::now() + self.opts.timeout);
         if let Some(l) = &self.lanes {
             l.stop();
         }

@@ -435,3 +435,65 @@ fn silent_connections_do_not_crowd_out_a_real_peer() {
     assert_eq!(recvd.unwrap(), [4096]);
     assert_eq!(got, out);
 }
+
+/// A sender that closes its comm as soon as its last send is done must not
+/// take the message from a receiver that has not read it yet: closing with
+/// the receiver's last CTS still queued (peeked, not yet dropped) used to
+/// reset the connection, and the receiver's request failed with
+/// "Connection reset by peer". The receiver runs on its own thread and
+/// starts reading the rest only after the sender has closed.
+#[test]
+fn closing_right_after_the_last_send_loses_nothing() {
+    for (nsocks, nthreads) in [(0, 0), (2, 0), (2, 2)] {
+        let net = lo_net(nsocks, nthreads);
+        for round in 0..12 {
+            let (s, r) = pair(&net);
+            // Small enough that the payload goes out in the pass that reads
+            // the CTS, large enough to need one; one big one too.
+            let len = [128 << 10, 256 << 10, 4 << 20][round % 3];
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 + round) as u8).collect();
+            let (closed_tx, closed_rx) = std::sync::mpsc::channel::<()>();
+            let (posted_tx, posted_rx) = std::sync::mpsc::channel::<()>();
+            let receiver = std::thread::spawn(move || {
+                let mut dst = vec![0u8; len];
+                let buf = RecvBuf {
+                    ptr: dst.as_mut_ptr(),
+                    cap: len,
+                    tag: 3,
+                };
+                // SAFETY: `dst` outlives the request.
+                let rq = unsafe { r.irecv(&[buf], false) }.unwrap().unwrap();
+                posted_tx.send(()).unwrap();
+                // Move the request until the sender has closed: its CTS
+                // goes out, part of the payload comes in.
+                while closed_rx.try_recv().is_err() {
+                    if r.test(rq).unwrap().is_some() {
+                        closed_rx.recv().unwrap();
+                        return Ok((vec![len], dst));
+                    }
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                let sizes = wait_recv(&r, rq)?;
+                r.close();
+                Ok::<_, NetError>((sizes, dst))
+            });
+            posted_rx.recv().unwrap();
+            // SAFETY: `src` outlives the request.
+            let sq = unsafe { s.isend(src.as_ptr(), len, 3) }.unwrap().unwrap();
+            let t0 = Instant::now();
+            while s.test(sq).unwrap().is_none() {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "send did not finish"
+                );
+            }
+            s.close();
+            closed_tx.send(()).unwrap();
+            let (sizes, dst) = receiver.join().unwrap().unwrap_or_else(|e| {
+                panic!("nsocks {nsocks} nthreads {nthreads} round {round}: {e}")
+            });
+            assert_eq!(sizes, vec![len]);
+            assert!(dst == src, "round {round}: payload differs");
+        }
+    }
+}

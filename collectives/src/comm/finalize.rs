@@ -1,0 +1,45 @@
+//! Finalizing a communicator (`ncclCommFinalize`, and `ncclCommDestroy`
+//! without it): no new operations, the ones in flight on other threads
+//! finish, then every link closes gracefully.
+//!
+//! A rank that finishes its last operation first must not break the peers'
+//! same operation by closing its links: a TCP socket closed with unread
+//! bytes resets the connection and drops what the peer had not read yet.
+//! Each TCP link therefore half-closes and waits until the peer's kernel
+//! has acknowledged every byte this rank sent (`hetccl_net::tcp`'s graceful
+//! close). That waits for the peer's kernel, not for its application, so a
+//! rank that destroys early does not wait for slower peers to reach their
+//! own destroy. Shared memory keeps its bytes however the rank leaves, so
+//! its links need nothing. A communicator whose operation failed, or that
+//! was aborted, closes at once: its links hold nothing worth delivering.
+
+use std::sync::atomic::Ordering;
+
+use super::Comm;
+use crate::error::{Error, Result};
+
+/// Finalizes `c` on the calling thread. Idempotent; bounded by the
+/// bootstrap deadline (`HETCCL_TIMEOUT_S`).
+pub fn finalize(c: &Comm) -> Result<()> {
+    if c.finalized.swap(true, Ordering::AcqRel) {
+        return Ok(());
+    }
+    let Some(e) = c.engine.get() else {
+        return Ok(());
+    };
+    let deadline = crate::bootstrap::deadline();
+    // Operations other threads run on this communicator (a nonblocking
+    // communicator's helper, the GPU proxy) hold the lock until they end.
+    let Some(_running) = e.exec_lock.try_lock_until(deadline) else {
+        return Err(Error::Timeout(
+            "ncclCommFinalize: an operation on another thread did not finish in time".into(),
+        ));
+    };
+    if c.has_failed() || e.aborted.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    e.links.finish(deadline);
+    tracing::debug!(target: "hetccl::INIT",
+        "comm {:016x} rank {}: finalized", e.comm_hash, c.rank);
+    Ok(())
+}
