@@ -48,11 +48,14 @@ const STATE_NO: u8 = 2;
 impl Node {
     /// Whether single-copy reads work between every pair of local ranks.
     /// The first call on each rank probes every peer (reads its probe word)
-    /// and waits for every peer's verdict, so all ranks decide alike.
-    pub(crate) fn copy_usable(&self, watch: &Watch, seq: u64) -> bool {
+    /// and waits for every peer's verdict, so all ranks decide alike. A
+    /// peer that never gives its verdict fails the call (it is this
+    /// operation's stall: falling back to the rings would wait a second
+    /// stall limit for the same peer).
+    pub(crate) fn copy_usable(&self, watch: &Watch, seq: u64) -> Result<bool> {
         match self.copy_state.load(Ordering::Relaxed) {
-            STATE_YES => return true,
-            STATE_NO => return false,
+            STATE_YES => return Ok(true),
+            STATE_NO => return Ok(false),
             _ => {} // not probed yet
         }
         let n = self.nranks();
@@ -75,21 +78,20 @@ impl Node {
             watch,
             seq,
         };
-        let waited = self.wait(&op, || {
+        self.wait(&op, || {
             (0..n).find(|&k| {
                 k != self.me && self.boards[k].control().probe_ok.load(Ordering::Acquire) == 0
             })
+        })?;
+        let all_ok = (0..n).all(|k| {
+            self.boards[k].control().probe_ok.load(Ordering::Acquire) == u64::from(STATE_YES)
         });
-        let all_ok = waited.is_ok()
-            && (0..n).all(|k| {
-                self.boards[k].control().probe_ok.load(Ordering::Acquire) == u64::from(STATE_YES)
-            });
         tracing::info!(target: "hetccl::INIT",
             "comm {:016x} rank {}: single-copy (process_vm_readv) between local ranks: {}",
             self.comm_hash, self.me, if all_ok { "yes" } else { "no" });
         self.copy_state
             .store(if all_ok { STATE_YES } else { STATE_NO }, Ordering::Relaxed);
-        all_ok
+        Ok(all_ok)
     }
 
     /// Copies `dst.len()` bytes at `addr` in local rank `k`'s address space.

@@ -265,8 +265,15 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
         node.copy_min,
     )?;
     let watch = &e.links.watch;
-    if path == Path::Copy && !node.copy_usable(watch, e.seq.load(Ordering::Relaxed)) {
-        return None;
+    if path == Path::Copy {
+        match node.copy_usable(watch, e.seq.load(Ordering::Relaxed)) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(err) => {
+                e.links.close_links();
+                return Some(Err(err));
+            }
+        }
     }
     let op = if a.kind.reduces() {
         match op() {
