@@ -573,3 +573,104 @@ fn a_failed_operation_poisons_the_communicator() {
     assert_eq!(st, 6);
     check(unsafe { ncclCommAbort(cs[0].0) });
 }
+
+/// Two threads may not use one communicator at once (NCCL forbids it; their
+/// operations would be matched with the peers' in an order nobody chose).
+/// A second thread entering an operation while the first is inside one,
+/// or holds the communicator in an open group, gets ncclInvalidUsage with a
+/// message naming the communicator; the first thread's operation is not
+/// disturbed and the communicator stays usable.
+#[test]
+fn a_second_thread_on_a_busy_communicator_is_refused() {
+    let cs = comms(2);
+    let (c0, c1) = (cs[0], cs[1]);
+    let count = 1024usize;
+    // An AllReduce of `v` everywhere, optionally alone in a group; `inside`
+    // runs after the call was made (before the group ends).
+    let allreduce = |c: Comm, v: i32, grouped: bool, inside: &dyn Fn()| -> (i32, Vec<i32>) {
+        let send = vec![v; count];
+        let mut recv = vec![0i32; count];
+        if grouped {
+            check(unsafe { ncclGroupStart() });
+        }
+        let rc = unsafe {
+            ncclAllReduce(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                count,
+                INT32,
+                SUM,
+                c.0,
+                null_mut(),
+            )
+        };
+        inside();
+        if grouped {
+            check(unsafe { ncclGroupEnd() });
+        }
+        (rc, recv)
+    };
+    let last_error = || {
+        unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    for grouped in [false, true] {
+        std::thread::scope(|s| {
+            let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+            let go_rx = std::sync::Mutex::new(go_rx);
+            // Thread X on rank 0: inside an AllReduce that rank 1 has not
+            // joined yet, or holding the comm in an open group.
+            let x = s.spawn(move || {
+                if !grouped {
+                    entered_tx.send(()).unwrap();
+                }
+                allreduce(c0, 1, grouped, &|| {
+                    if grouped {
+                        entered_tx.send(()).unwrap();
+                        go_rx.lock().unwrap().recv().unwrap();
+                    }
+                })
+            });
+            entered_rx.recv().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            // Thread Y on rank 0 meanwhile.
+            let (rc, msg) = s
+                .spawn(move || {
+                    let (rc, _) = allreduce(c0, 100, false, &|| {});
+                    (rc, last_error())
+                })
+                .join()
+                .unwrap();
+            assert_eq!(
+                rc, 5,
+                "grouped {grouped}: want ncclInvalidUsage, got {rc}: {msg}"
+            );
+            assert!(
+                msg.contains("in use by another thread") && msg.contains("communicator "),
+                "grouped {grouped}: {msg}"
+            );
+            // Rank 1 joins (grouped like rank 0: a lone collective takes
+            // another path inside a group than outside); thread X's
+            // operation completes with its own data.
+            let r1 = s.spawn(move || allreduce(c1, 2, grouped, &|| {}));
+            go_tx.send(()).unwrap();
+            for (who, (rc, out)) in [("X", x.join().unwrap()), ("rank 1", r1.join().unwrap())] {
+                assert_eq!(rc, 0, "grouped {grouped}: {who}");
+                assert!(
+                    out.iter().all(|&v| v == 3),
+                    "grouped {grouped}: {who}: {:?}",
+                    &out[..4]
+                );
+            }
+        });
+    }
+    // Used one thread at a time again, from any thread, it works.
+    let outs = on_all(&cs, |r, c| allreduce(c, r as i32 + 1, false, &|| {}));
+    for (rc, out) in outs {
+        assert_eq!(rc, 0);
+        assert!(out.iter().all(|&v| v == 3));
+    }
+    destroy(cs);
+}

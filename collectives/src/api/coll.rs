@@ -14,7 +14,7 @@ use hetccl_abi::{
 use super::coll_args::validate;
 use super::config_read::read_coll_config;
 use super::guard::guard;
-use super::launch::submit;
+use super::launch::{claim_for_call, submit};
 use crate::algo::Collective;
 use crate::export;
 
@@ -37,10 +37,13 @@ unsafe fn run(
         // SAFETY: the caller passes NULL or a valid ncclCollConfig_t.
         let _cfg = unsafe { read_coll_config(config)? };
         let a = validate(kind, send, recv, count, dtype, op, root, comm, stream)?;
-        if a.placement.is_device() {
-            return crate::gpu::submit(a);
-        }
-        submit(a)
+        let c = a.comm.clone();
+        claim_for_call(&c, || {
+            if a.placement.is_device() {
+                return crate::gpu::submit(a);
+            }
+            submit(a)
+        })
     })
 }
 

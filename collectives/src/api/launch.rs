@@ -36,6 +36,34 @@ struct Pending {
 struct GroupQueue {
     ops: Vec<Pending>,
     inits: Vec<Box<dyn FnOnce() -> Result<()>>>,
+    /// Communicators this thread claimed for the group (released when the
+    /// group ends or is discarded).
+    held: Vec<Arc<Comm>>,
+}
+
+impl GroupQueue {
+    fn release_held(&mut self) {
+        for c in self.held.drain(..) {
+            c.owner.release();
+        }
+    }
+}
+
+/// Claims `comm` for the calling thread's operation (see `comm::owner`):
+/// until the call returns, or inside a group until it ends. A second thread
+/// gets `ncclInvalidUsage`.
+pub fn claim_for_call<R>(comm: &Arc<Comm>, call: impl FnOnce() -> Result<R>) -> Result<R> {
+    let claim = comm.owner.claim(|| comm.describe())?;
+    if super::group::depth() > 0 {
+        if claim.is_fresh() {
+            claim.keep();
+            QUEUE.with(|q| q.borrow_mut().held.push(comm.clone()));
+        }
+        return call();
+    }
+    let r = call();
+    drop(claim);
+    r
 }
 
 thread_local! {
@@ -264,18 +292,20 @@ pub fn submit_init(f: Box<dyn FnOnce() -> Result<()>>) -> Result<()> {
 
 /// Runs everything the thread's closing group queued.
 pub fn group_end() -> Result<()> {
-    let q = QUEUE.with(|q| std::mem::take(&mut *q.borrow_mut()));
-    run_inits(q.inits)?;
-    if q.ops.is_empty() {
-        return Ok(());
+    let mut q = QUEUE.with(|q| std::mem::take(&mut *q.borrow_mut()));
+    let held = std::mem::take(&mut q.held);
+    let r = run_inits(q.inits).and_then(|()| if q.ops.is_empty() { Ok(()) } else { run(q.ops) });
+    for c in held {
+        c.owner.release();
     }
-    run(q.ops)
+    r
 }
 
 /// Drops what the thread's group queued (after a failure, or a simulated end).
 pub fn group_discard() -> usize {
     QUEUE.with(|q| {
-        let q = std::mem::take(&mut *q.borrow_mut());
+        let mut q = std::mem::take(&mut *q.borrow_mut());
+        q.release_held();
         q.ops.len() + q.inits.len()
     })
 }

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod finalize;
 pub mod handle;
 pub mod init;
+pub mod owner;
 pub mod plan_cache;
 pub mod redop_table;
 pub mod split;
@@ -57,6 +58,8 @@ pub struct Comm {
     /// Device sends and receives so far, per peer: (sent to, received
     /// from); the message numbers of the mailbox protocol (`crate::gpu::p2p`).
     pub gpu_p2p: Mutex<Vec<(u64, u64)>>,
+    /// The thread inside an operation on this communicator.
+    pub owner: owner::Owner,
     /// Set when `ncclCommFinalize` starts: no new operations.
     pub finalized: AtomicBool,
     /// A nonblocking communicator's finalize, running on a helper thread
@@ -81,6 +84,7 @@ impl Comm {
             failed: AtomicBool::new(false),
             gpu_seq: std::sync::atomic::AtomicU64::new(0),
             gpu_p2p: Mutex::new(vec![(0, 0); nranks]),
+            owner: owner::Owner::default(),
             finalized: AtomicBool::new(false),
             finalizer: Mutex::new(None),
         }
@@ -99,6 +103,17 @@ impl Comm {
     pub fn record_failure(&self, why: impl FnOnce() -> String) {
         self.failure.lock().get_or_insert_with(why);
         self.failed.store(true, Ordering::Release);
+    }
+
+    /// "comm 0123abcd… rank 2 of 4", for messages.
+    pub fn describe(&self) -> String {
+        match self.engine.get() {
+            Some(e) => format!(
+                "communicator {:016x} (rank {} of {})",
+                e.comm_hash, self.rank, self.nranks
+            ),
+            None => format!("communicator (rank {} of {})", self.rank, self.nranks),
+        }
     }
 
     /// Whether an operation failed part-way (see [`Comm::record_failure`]).
