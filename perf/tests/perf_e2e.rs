@@ -511,3 +511,45 @@ fn device_buffers_without_cuda_are_refused() {
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("need the CUDA driver"), "{err}");
 }
+
+/// Variables hetccl ignores are not silently dropped: each rank process
+/// logs one WARN line per ignored variable the user set, and the run works.
+#[test]
+fn ignored_variables_warn_once_per_process() {
+    let o = run_env(
+        &[
+            "all_reduce",
+            "-np",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "8",
+            "-n",
+            "2",
+            "-w",
+            "1",
+        ],
+        &[
+            ("NCCL_DEBUG", "WARN"),
+            ("NCCL_PROTO", "LL128"),
+            ("NCCL_MAX_NCHANNELS", "4"),
+        ],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let all = format!("{out}\n{err}");
+    for var in ["NCCL_PROTO=LL128", "NCCL_MAX_NCHANNELS=4"] {
+        let lines: Vec<&str> = all
+            .lines()
+            .filter(|l| {
+                l.contains("NCCL WARN") && l.contains(&format!("{var} is ignored by hetccl: "))
+            })
+            .collect();
+        assert_eq!(
+            lines.len(),
+            2,
+            "{var}: one line per rank process, got {lines:?}\n{all}"
+        );
+    }
+}

@@ -40,8 +40,8 @@ fn fixed_id(spec: &str) -> Result<UniqueId> {
     let mut h = Sha256::new();
     h.update(b"hetccl-fixed-id");
     h.update(spec.as_bytes());
-    if let Ok(s) = std::env::var("HETCCL_COMM_SECRET") {
-        h.update(s.as_bytes());
+    if let Some(s) = &hetccl_core::config::get().comm_secret {
+        h.update(s.0.as_bytes());
     }
     Ok(UniqueId {
         root,

@@ -9,7 +9,8 @@ use super::Config;
 impl fmt::Display for Config {
     /// Writes, in table order, one line per variable:
     /// - `NAME=value` when it came from the environment (with
-    ///   `(overrides OTHER)` when it beat an alias that was also set);
+    ///   `(overrides OTHER)` when it beat an alias that was also set, and
+    ///   `(ignored: why)` when hetccl ignores it);
     /// - `NAME=value (default)` when unset but the field has a default;
     /// - `NAME=value` when unset but set in code to a non-default value.
     ///
@@ -32,10 +33,18 @@ impl fmt::Display for Config {
                         .filter(|&&j| j != i && from_env(j))
                         .map(|&j| VARS[j].name)
                         .collect();
+                    let ignored = super::vars::ignored(var.name)
+                        .map(|why| format!(" (ignored: {why})"))
+                        .unwrap_or_default();
                     if beaten.is_empty() {
-                        writeln!(f, "{}={value}", var.name)?;
+                        writeln!(f, "{}={value}{ignored}", var.name)?;
                     } else {
-                        writeln!(f, "{}={value} (overrides {})", var.name, beaten.join(", "))?;
+                        writeln!(
+                            f,
+                            "{}={value} (overrides {}){ignored}",
+                            var.name,
+                            beaten.join(", ")
+                        )?;
                     }
                 }
                 Some(_) => {}

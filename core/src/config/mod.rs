@@ -98,7 +98,14 @@ pub struct Config {
     /// `NCCL_NET`: the network plugin/transport to use, by name. Default unset.
     pub net: Option<String>,
     /// `NCCL_IB_DISABLE`: disable InfiniBand/verbs. Default false.
+    /// Ignored (no verbs transport yet).
     pub ib_disable: bool,
+    /// `NCCL_IB_HCA`: which InfiniBand devices and ports to use. Ignored
+    /// (no verbs transport yet).
+    pub ib_hca: Option<String>,
+    /// `NCCL_NET_GDR_LEVEL`: when to use GPUDirect RDMA. Ignored (no
+    /// GPUDirect RDMA).
+    pub net_gdr_level: Option<String>,
     /// `HETCCL_SPIN_US`: how long a wait spins before it blocks, in
     /// microseconds. Default 50.
     pub spin_us: u32,
@@ -113,8 +120,22 @@ pub struct Config {
     /// finishes for a while. 0 (default): one per online processing unit,
     /// so every rank works unless ranks outnumber processing units.
     pub copy_workers: u32,
+    /// `HETCCL_COMM_SECRET`: mixed into the secret of ids derived from
+    /// `NCCL_COMM_ID`, so that they cannot be guessed from the address.
+    /// Never printed. Default unset.
+    pub comm_secret: Option<Secret>,
     /// Bit `i` set: entry `i` of the variable table came from the environment.
     from_env: u64,
+}
+
+/// A value that is never printed (`Debug` and the INFO dump redact it).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 impl Default for Config {
@@ -145,9 +166,12 @@ impl Default for Config {
             p2p_disable: false,
             net: None,
             ib_disable: false,
+            ib_hca: None,
+            net_gdr_level: None,
             spin_us: 50,
             copy_min_bytes: 32 << 10,
             copy_workers: 0,
+            comm_secret: None,
             from_env: 0,
         }
     }
@@ -176,6 +200,21 @@ impl Config {
     /// The names of every variable hetccl reads, in table order.
     pub fn known_names() -> impl Iterator<Item = &'static str> {
         vars::VARS.iter().map(|v| v.name)
+    }
+
+    /// Why hetccl ignores the variable `name` (it reads it so that it can
+    /// say so), or `None` when the variable is honoured.
+    pub fn ignored_reason(name: &str) -> Option<&'static str> {
+        vars::ignored(name)
+    }
+
+    /// The variables from the environment that hetccl ignores, with why.
+    pub fn ignored_settings(&self) -> Vec<(&'static str, &'static str)> {
+        vars::IGNORED
+            .iter()
+            .copied()
+            .filter(|(n, _)| self.is_set(n))
+            .collect()
     }
 }
 

@@ -54,8 +54,17 @@ fn every_variable_parses() {
         ("HETCCL_SPIN_US", "0"),
         ("HETCCL_COPY_MIN_BYTES", "1M"),
         ("HETCCL_COPY_WORKERS", "3"),
+        ("NCCL_IB_HCA", "mlx5_0:1"),
+        ("NCCL_NET_GDR_LEVEL", "PHB"),
+        ("HETCCL_COMM_SECRET", "s3cret"),
     ]);
-    assert!(w.is_empty(), "{w:?}");
+    // Only the ignored variables warn, one line each.
+    let ignored: Vec<&str> = vars::IGNORED.iter().map(|(n, _)| *n).collect();
+    assert_eq!(w.len(), ignored.len(), "{w:?}");
+    for (line, name) in w.iter().zip(&ignored) {
+        assert!(line.starts_with(&format!("{name}=")), "{line}");
+        assert!(line.contains(" is ignored by hetccl: "), "{line}");
+    }
     assert_eq!(c.debug, DebugLevel::Info);
     assert!(!c.debug_subsys.contains("NET") && c.debug_subsys.contains("COLL"));
     assert_eq!(c.debug_file.as_deref(), Some("/tmp/log.%h.%p"));
@@ -83,6 +92,18 @@ fn every_variable_parses() {
     assert_eq!(c.spin_us, 0);
     assert_eq!(c.copy_min_bytes, 1 << 20);
     assert_eq!(c.copy_workers, 3);
+    assert_eq!(c.ib_hca.as_deref(), Some("mlx5_0:1"));
+    assert_eq!(c.net_gdr_level.as_deref(), Some("PHB"));
+    assert_eq!(c.comm_secret, Some(Secret("s3cret".into())));
+    assert!(
+        !format!("{c:?}").contains("s3cret"),
+        "Debug redacts the secret"
+    );
+    assert!(
+        !c.to_string().contains("s3cret"),
+        "the dump redacts the secret"
+    );
+    assert!(c.to_string().contains("HETCCL_COMM_SECRET=<redacted>\n"));
     for name in Config::known_names().filter(|n| *n != "HETCCL_SOCKET_IFNAME") {
         assert!(c.is_set(name), "{name}");
     }
@@ -181,6 +202,12 @@ fn unknown_hetccl_names_warn_with_a_suggestion() {
 }
 
 #[test]
+fn hetccl_perf_variables_are_not_unknown() {
+    let (_, w) = cfg(&[("HETCCL_PERF_RANK", "1"), ("HETCCL_PERF_STORE", "/tmp/x")]);
+    assert!(w.is_empty(), "{w:?}");
+}
+
+#[test]
 fn empty_values_are_unset_without_warning() {
     let (c, w) = cfg(&[
         ("NCCL_DEBUG", ""),
@@ -220,8 +247,10 @@ fn last_duplicate_wins() {
 fn min_above_max_channels_warns() {
     let (c, w) = cfg(&[("NCCL_MIN_NCHANNELS", "16"), ("NCCL_MAX_NCHANNELS", "4")]);
     assert_eq!((c.min_nchannels, c.max_nchannels), (Some(16), Some(4)));
-    assert_eq!(w.len(), 1);
-    assert!(w[0].contains("above"));
+    assert_eq!(w.len(), 3, "{w:?}");
+    assert!(w[0].contains("NCCL_MIN_NCHANNELS=16 is ignored by hetccl"));
+    assert!(w[1].contains("NCCL_MAX_NCHANNELS=4 is ignored by hetccl"));
+    assert!(w[2].contains("above"));
 }
 
 #[test]
@@ -239,6 +268,24 @@ fn display_marks_defaults_and_omits_unset_options() {
     assert!(!shown.contains("NCCL_PROTO"));
     assert!(!shown.contains("NCCL_COMM_ID"));
     assert!(lines.iter().all(|l| l.contains('=')));
+}
+
+#[test]
+fn each_ignored_variable_warns_once_and_is_marked_in_the_dump() {
+    for (name, why) in vars::IGNORED {
+        let (c, w) = cfg(&[(name, "1")]);
+        assert_eq!(w, vec![format!("{name}=1 is ignored by hetccl: {why}")]);
+        assert_eq!(Config::ignored_reason(name), Some(*why));
+        assert_eq!(c.ignored_settings(), vec![(*name, *why)]);
+        let dump = c.to_string();
+        assert!(
+            dump.contains(&format!("{name}=1 (ignored: {why})\n")),
+            "{dump}"
+        );
+    }
+    assert_eq!(Config::ignored_reason("NCCL_ALGO"), None);
+    let (c, w) = cfg(&[("NCCL_ALGO", "ring")]);
+    assert!(w.is_empty() && c.ignored_settings().is_empty());
 }
 
 #[test]
@@ -261,6 +308,15 @@ fn docs_describe_every_variable() {
         assert!(
             doc.contains(&format!("`{name}`")),
             "docs/configuration.md lacks {name}"
+        );
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{name}` |")))
+            .unwrap_or_else(|| panic!("docs/configuration.md has no row for {name}"));
+        assert_eq!(
+            row.contains("**Ignored**"),
+            vars::ignored(name).is_some(),
+            "docs/configuration.md: {name} must be marked **Ignored** exactly when it is"
         );
     }
 }

@@ -48,6 +48,51 @@ fn channels(s: &str) -> Result<u32, String> {
     parse::int_in(s, 1, i64::from(u32::MAX)).map(|v| v as u32)
 }
 
+/// Variables hetccl reads only to say that it ignores them, with why. A
+/// user who sets one gets one WARN line, and the INFO dump marks it.
+pub(crate) const IGNORED: &[(&str, &str)] = &[
+    (
+        "NCCL_PROTO",
+        "NCCL's LL, LL128 and Simple are GPU-kernel protocols; hetccl's transports each have one protocol of their own",
+    ),
+    (
+        "NCCL_MIN_NCHANNELS",
+        "hetccl's plans use a fixed two channels per link for collectives and one for point-to-point",
+    ),
+    (
+        "NCCL_MAX_NCHANNELS",
+        "hetccl's plans use a fixed two channels per link for collectives and one for point-to-point",
+    ),
+    (
+        "HETCCL_TRACE_FILE",
+        "the timeline writer is not implemented yet",
+    ),
+    (
+        "NCCL_NET",
+        "hetccl's engine has one transport between nodes (TCP); NVIDIA's NCCL reads NCCL_NET itself when it loads hetccl as its net plugin",
+    ),
+    (
+        "NCCL_IB_DISABLE",
+        "hetccl has no InfiniBand/verbs transport yet, so there is nothing to disable",
+    ),
+    (
+        "NCCL_IB_HCA",
+        "hetccl has no InfiniBand/verbs transport yet",
+    ),
+    (
+        "NCCL_NET_GDR_LEVEL",
+        "hetccl has no GPUDirect RDMA: device buffers cross nodes staged through host memory",
+    ),
+];
+
+/// Why `name` is ignored, if it is.
+pub(crate) fn ignored(name: &str) -> Option<&'static str> {
+    IGNORED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, why)| *why)
+}
+
 /// The table. At most 64 entries (`Config::from_env` is a bitmask).
 pub(crate) const VARS: &[Var] = &[
     Var {
@@ -224,6 +269,18 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| Some(u8::from(c.ib_disable).to_string()),
     },
     Var {
+        name: "NCCL_IB_HCA",
+        field: "ib_hca",
+        apply: |c, v| ok(parse::text(v), |t| c.ib_hca = Some(t)),
+        show: |c| c.ib_hca.clone(),
+    },
+    Var {
+        name: "NCCL_NET_GDR_LEVEL",
+        field: "net_gdr_level",
+        apply: |c, v| ok(parse::text(v), |t| c.net_gdr_level = Some(t)),
+        show: |c| c.net_gdr_level.clone(),
+    },
+    Var {
         name: "HETCCL_SPIN_US",
         field: "spin_us",
         apply: |c, v| {
@@ -243,6 +300,12 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| Some(c.copy_min_bytes.to_string()),
     },
     Var {
+        name: "HETCCL_COMM_SECRET",
+        field: "comm_secret",
+        apply: |c, v| ok(parse::text(v), |t| c.comm_secret = Some(super::Secret(t))),
+        show: |c| c.comm_secret.as_ref().map(|_| "<redacted>".to_string()),
+    },
+    Var {
         name: "HETCCL_COPY_WORKERS",
         field: "copy_workers",
         apply: |c, v| {
@@ -252,6 +315,10 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| Some(c.copy_workers.to_string()),
     },
 ];
+
+/// Variables of hetccl-perf (its launcher's rank, size and store), which it
+/// sets for the ranks it spawns: not the library's, and not unknown.
+const TOOL_PREFIX: &str = "HETCCL_PERF_";
 
 /// The table index of `name`, if hetccl reads it.
 pub(crate) fn index_of(name: &str) -> Option<usize> {
@@ -265,7 +332,10 @@ pub(crate) fn build<I: IntoIterator<Item = (String, String)>>(vars: I) -> (Confi
     for (name, value) in vars {
         if let Some(i) = index_of(&name) {
             values[i] = Some(value);
-        } else if name.starts_with("HETCCL_") && !unknown.contains(&name) {
+        } else if name.starts_with("HETCCL_")
+            && !name.starts_with(TOOL_PREFIX)
+            && !unknown.contains(&name)
+        {
             unknown.push(name);
         }
     }
@@ -281,6 +351,9 @@ pub(crate) fn build<I: IntoIterator<Item = (String, String)>>(vars: I) -> (Confi
                 cfg.from_env |= 1u64 << i;
                 if let Some(note) = note {
                     warnings.push(format!("{}={value}: {note}", var.name));
+                }
+                if let Some(why) = ignored(var.name) {
+                    warnings.push(format!("{}={value} is ignored by hetccl: {why}", var.name));
                 }
             }
             Err(expected) => {
@@ -316,6 +389,14 @@ const _: () = assert!(VARS.len() <= 64, "Config::from_env is a u64 bitmask");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_ignored_variable_is_in_the_table() {
+        for (name, why) in IGNORED {
+            assert!(index_of(name).is_some(), "{name}");
+            assert!(!why.is_empty());
+        }
+    }
 
     #[test]
     fn names_are_unique_and_prefixed() {
