@@ -12,6 +12,7 @@
 //! briefly and then sleeping on the rank's doorbell or sockets, and gives up
 //! at the deadline or when the communicator is aborted.
 
+pub mod clock;
 pub mod self_p2p;
 mod step;
 pub mod watch;
@@ -21,6 +22,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use self::clock::Patience;
+use self::clock::{Clock, Next, Stall, SystemClock};
 use crate::algo::{BufId, Plan};
 use crate::error::{Error, Result};
 use crate::transport::doorbell::Doorbell;
@@ -321,17 +324,6 @@ impl Links {
     }
 }
 
-/// How long `drive` waits before giving up or reporting.
-#[derive(Debug, Clone, Copy)]
-pub struct Patience {
-    /// Spin this long after the last progress before sleeping.
-    pub spin: Duration,
-    /// Log a hang report (WARN) after this long without progress.
-    pub hang_report: Option<Duration>,
-    /// Fail with a timeout after this long without progress.
-    pub stall_timeout: Duration,
-}
-
 impl Patience {
     /// From `HETCCL_SPIN_US`, `HETCCL_HANG_REPORT_S` and `HETCCL_TIMEOUT_S`.
     pub fn from_config() -> Self {
@@ -414,10 +406,6 @@ impl Batch<'_> {
     }
 }
 
-/// How long a stall lasts before the board hears of it and local peers'
-/// processes are checked (then again at this interval).
-const WATCH_AFTER: Duration = Duration::from_millis(200);
-
 /// Drives `batches` to completion; fails once nothing moved for
 /// `patience.stall_timeout` (`ncclRemoteError`, naming the peers and steps
 /// waited on), when a peer's process on this node is gone, or on abort.
@@ -425,10 +413,15 @@ const WATCH_AFTER: Duration = Duration::from_millis(200);
 /// peers blocked on this rank fail too instead of waiting for their own
 /// stall limit (the communicator is unusable anyway).
 pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
+    drive_with(batches, patience, &SystemClock)
+}
+
+/// [`drive`] on a given clock.
+pub fn drive_with(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clock) -> Result<()> {
     for b in batches.iter() {
         b.links.watch.begin(b.seq());
     }
-    let r = drive_loop(batches, patience).map_err(|e| match e {
+    let r = drive_loop(batches, patience, clock).map_err(|e| match e {
         // Transport-level stalls are peer failures too; ncclTimeout is kept
         // for bootstrap deadlines.
         Error::Timeout(m) => Error::Remote(m),
@@ -443,10 +436,8 @@ pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
     r
 }
 
-fn drive_loop(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
-    let mut idle_since: Option<Instant> = None;
-    let mut reported = false;
-    let mut watched: Option<Instant> = None;
+fn drive_loop(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clock) -> Result<()> {
+    let mut stall = Stall::new(patience);
     let mut sources = Vec::new();
     loop {
         let mut progressed = false;
@@ -465,71 +456,68 @@ fn drive_loop(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
             return Err(Error::Remote("the communicator was aborted".into()));
         }
         if progressed {
-            if watched.is_some() {
+            if stall.moved() {
                 for b in batches.iter() {
                     b.links.watch.moving();
                 }
             }
-            idle_since = None;
-            reported = false;
-            watched = None;
             continue;
         }
-        let now = Instant::now();
-        let since = *idle_since.get_or_insert(now);
-        let idle = now - since;
-        if idle < patience.spin {
-            std::hint::spin_loop();
-            continue;
-        }
-        if idle >= WATCH_AFTER && watched.is_none_or(|t| now - t >= WATCH_AFTER) {
-            let first = watched.is_none();
-            watched = Some(now);
-            for b in batches.iter().filter(|b| !b.finished()) {
-                if first {
-                    b.links
-                        .watch
-                        .stalled(idle, b.blocked().first().map(|x| x.on));
-                }
-                if let Some(p) = b.dead_peer() {
-                    let pid = b.links.watch.pid(p).unwrap_or(0);
-                    return Err(Error::Remote(format!(
-                        "rank {p} (pid {pid}) died: its process is gone; {}",
-                        b.describe_wait().join("; ")
-                    )));
+        let now = clock.now();
+        match stall.next(now) {
+            Next::Spin { until } => clock.spin(until),
+            Next::Watch { first } => {
+                for b in batches.iter().filter(|b| !b.finished()) {
+                    if first {
+                        b.links
+                            .watch
+                            .stalled(stall.idle(now), b.blocked().first().map(|x| x.on));
+                    }
+                    if let Some(p) = b.dead_peer() {
+                        let pid = b.links.watch.pid(p).unwrap_or(0);
+                        return Err(Error::Remote(format!(
+                            "rank {p} (pid {pid}) died: its process is gone; {}",
+                            b.describe_wait().join("; ")
+                        )));
+                    }
                 }
             }
+            Next::Report => hang_report(
+                batches,
+                stall.idle(now),
+                patience.hang_report.unwrap_or_default(),
+            ),
+            Next::Fail { idle } => return Err(stall_error(batches, idle)),
+            Next::Sleep { until } => {
+                sources.clear();
+                for b in batches.iter() {
+                    b.wait_sources(&mut sources);
+                }
+                wait(batches, &sources, until, clock)?;
+            }
         }
-        if !reported && patience.hang_report.is_some_and(|h| idle >= h) {
-            reported = true;
-            hang_report(batches, idle, patience.hang_report.unwrap_or_default());
-        }
-        if idle >= patience.stall_timeout {
-            let blocked: Vec<Blocked> = batches
-                .iter()
-                .filter(|b| !b.finished())
-                .flat_map(|b| b.blocked())
-                .collect();
-            let mut peers: Vec<usize> = blocked.iter().map(|b| b.on.peer).collect();
-            peers.sort_unstable();
-            peers.dedup();
-            let peers: Vec<String> = peers.iter().map(usize::to_string).collect();
-            let mut lines: Vec<String> = blocked.into_iter().map(|b| b.line).collect();
-            lines.sort();
-            return Err(Error::Remote(format!(
-                "no progress from rank(s) {} for {:.1} s (HETCCL_TIMEOUT_S): {}",
-                peers.join(", "),
-                idle.as_secs_f64(),
-                lines.join("; ")
-            )));
-        }
-        let deadline = since + patience.stall_timeout;
-        sources.clear();
-        for b in batches.iter() {
-            b.wait_sources(&mut sources);
-        }
-        wait(batches, &sources, deadline)?;
     }
+}
+
+/// The error of an operation that made no progress for `idle`.
+fn stall_error(batches: &[Batch<'_>], idle: Duration) -> Error {
+    let blocked: Vec<Blocked> = batches
+        .iter()
+        .filter(|b| !b.finished())
+        .flat_map(|b| b.blocked())
+        .collect();
+    let mut peers: Vec<usize> = blocked.iter().map(|b| b.on.peer).collect();
+    peers.sort_unstable();
+    peers.dedup();
+    let peers: Vec<String> = peers.iter().map(usize::to_string).collect();
+    let mut lines: Vec<String> = blocked.into_iter().map(|b| b.line).collect();
+    lines.sort();
+    Error::Remote(format!(
+        "no progress from rank(s) {} for {:.1} s (HETCCL_TIMEOUT_S): {}",
+        peers.join(", "),
+        idle.as_secs_f64(),
+        lines.join("; ")
+    ))
 }
 
 /// Logs this rank's hang report lines and, from one rank per node, the
@@ -551,17 +539,22 @@ fn hang_report(batches: &[Batch<'_>], idle: Duration, after: Duration) {
     }
 }
 
-/// Sleeps until a link may have moved: on the doorbell when every blocked
-/// link rings one (shm), else briefly (links that must be polled, like TCP
-/// driven from this thread). Each sleep is bounded, so aborts and deadlines
-/// are noticed within ~10 ms.
-fn wait(batches: &mut [Batch<'_>], sources: &[WaitSource], deadline: Instant) -> Result<()> {
-    let max = deadline
-        .saturating_duration_since(Instant::now())
+/// Sleeps until a link may have moved, or `until`: on the doorbell when
+/// every blocked link rings one (shm), else briefly through the clock
+/// (links that must be polled, like TCP driven from this thread). Each
+/// sleep is bounded by 10 ms, so aborts are noticed within ~10 ms.
+fn wait(
+    batches: &mut [Batch<'_>],
+    sources: &[WaitSource],
+    until: Instant,
+    clock: &dyn Clock,
+) -> Result<()> {
+    let max = until
+        .saturating_duration_since(clock.now())
         .min(Duration::from_millis(10));
     let bell = batches.iter().find_map(|b| b.links.bell);
     let Some(bell) = bell.filter(|_| !sources.contains(&WaitSource::Poll)) else {
-        std::thread::sleep(Duration::from_micros(20).min(max));
+        clock.nap(Duration::from_micros(20), until);
         return Ok(());
     };
     // Announce the sleep, then poll once more: a peer that publishes after

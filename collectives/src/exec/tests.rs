@@ -189,3 +189,65 @@ fn the_board_reports_a_dead_local_process() {
     // Rank 1 is not stalled in seq 5: it does not report.
     assert!(peer.summary(5, Duration::from_secs(2)).is_none());
 }
+
+/// With a clock the test controls, a silent peer fails the operation
+/// exactly at the stall limit, however long the limit: no real sleeps.
+#[test]
+fn the_stall_limit_holds_on_a_manual_clock() {
+    let (links, _theirs) = links_to_silent_peer();
+    let mut buf = vec![0u8; 100];
+    let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
+    let p = Patience {
+        spin: Duration::from_micros(10),
+        hang_report: Some(Duration::from_secs(60)),
+        stall_timeout: Duration::from_secs(300),
+    };
+    let clock = clock::ManualClock::default();
+    let (t0, real) = (clock::Clock::now(&clock), Instant::now());
+    let err = drive_with(&mut b, p, &clock).unwrap_err();
+    let waited = clock::Clock::now(&clock) - t0;
+    assert!(
+        waited >= Duration::from_secs(300) && waited < Duration::from_millis(300_100),
+        "{waited:?}"
+    );
+    assert!(real.elapsed() < Duration::from_secs(20), "no real sleeping");
+    let e = err.to_string();
+    assert!(e.contains("no progress from rank(s) 1 for 300.0 s"), "{e}");
+    assert_eq!(err.code(), hetccl_abi::NcclResult::RemoteError);
+}
+
+/// A dead local peer is noticed at the first process check (200 ms into
+/// the stall), long before the stall limit, on a manual clock.
+#[test]
+fn a_dead_local_peer_is_noticed_at_the_first_check_on_a_manual_clock() {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    let hash = 0x5eed_1000_0000_0000 | u64::from(std::process::id());
+    let me = watch::Watch::open(hash, 0, 0, vec![true, true]);
+    let peer = watch::Watch::open(hash, 0, 1, vec![true, true]);
+    watch::Watch::unlink(hash, 0);
+    peer.fake_pid_for_tests(pid);
+    let (mine, _theirs) = crate::transport::net::loopback_pair(NCHAN).unwrap();
+    let links = Links {
+        rank: 0,
+        peers: vec![None, Some(mine)],
+        bell: None,
+        aborted: Arc::new(AtomicBool::new(false)),
+        watch: me,
+    };
+    let mut buf = vec![0u8; 8];
+    let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
+    let p = Patience {
+        spin: Duration::ZERO,
+        hang_report: None,
+        stall_timeout: Duration::from_secs(300),
+    };
+    let clock = clock::ManualClock::default();
+    let t0 = clock::Clock::now(&clock);
+    let e = drive_with(&mut b, p, &clock).unwrap_err().to_string();
+    let waited = clock::Clock::now(&clock) - t0;
+    assert_eq!(waited, clock::WATCH_AFTER, "{e}");
+    assert!(e.contains(&format!("rank 1 (pid {pid}) died")), "{e}");
+    peer.fake_pid_for_tests(std::process::id());
+}
