@@ -60,7 +60,10 @@ def _collect():
 def _info_text(d):
     lib = d["hetccl"]
     rows = [d["version"]]
-    add = lambda key, value: rows.append("  %-11s %s" % (key, value))  # noqa: E731
+
+    def add(key, value):
+        rows.append("  %-11s %s" % (key, value))
+
     add("package", d["package"])
     add("library", d["library"])
     add("nccl api", "%d (%s)" % (d["nccl_api"], _native.format_api(d["nccl_api"])))

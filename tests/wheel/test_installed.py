@@ -261,6 +261,11 @@ class Info(unittest.TestCase):
         out = self.info(LD_LIBRARY_PATH=fake, FAKE_CUDA_DEVICES="0")
         self.assertRegex(self.rows(out, "cuda")[0], r"^driver \d+\.\d+, cuInit or cuDeviceGetCount failed \(CUresult 100\)$")
 
+    def test_version_options(self):
+        version = os.path.basename(os.environ["HETCCL_TEST_WHEEL"]).split("-")[1]
+        self.assertEqual(run(["hetccl", "--version"]).stdout, "hetccl %s (NCCL API 2.28.0)\n" % version)
+        self.assertEqual(run(["hetccl-run", "--version"]).stdout, "hetccl-run %s\n" % version)
+
     def test_json_and_module(self):
         d = json.loads(run([sys.executable, "-m", "hetccl", "info", "--json"], env=clean_env(NCCL_SOCKET_IFNAME="=lo")).stdout)
         self.assertEqual(d["nccl_api"], 22800)
@@ -380,26 +385,39 @@ class Exec(unittest.TestCase):
             self.signal_reaches_the_command(sig)
 
     def signal_reaches_the_command(self, sig):
+        # The command reports the signal, then dies of it.
         code = (
-            "import signal, sys, time\n"
-            "signal.signal(%d, signal.SIG_DFL)\n"
-            "print('ready', flush=True)\n"
+            "import os, signal, time\n"
+            "def on(sig, frame):\n"
+            "    print('got', sig, flush=True)\n"
+            "    signal.signal(sig, signal.SIG_DFL)\n"
+            "    os.kill(os.getpid(), sig)\n"
+            "signal.signal(%d, on)\n"
+            "print('ready', os.getpid(), flush=True)\n"
             "time.sleep(600)\n" % sig
         )
         p = subprocess.Popen(
             ["hetccl-run", sys.executable, "-c", code], env=clean_env(), stdout=subprocess.PIPE
         )
+        pid = None
         try:
-            # Once it prints, the command runs under hetccl-run's PID.
             ready, _, _ = select.select([p.stdout], [], [], 120)
             self.assertTrue(ready, "the command did not start within 120 s")
-            self.assertEqual(p.stdout.readline(), b"ready\n")
+            word, pid = p.stdout.readline().split()
+            pid = int(pid)
+            self.assertEqual((word, pid), (b"ready", p.pid), "the command does not run as hetccl-run's PID")
             p.send_signal(sig)
             self.assertEqual(p.wait(timeout=60), -sig)
+            self.assertEqual(p.stdout.read().split(), [b"got", str(int(sig)).encode()])
         finally:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=60)
+            if pid is not None and pid != p.pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             p.stdout.close()
 
 
