@@ -131,17 +131,34 @@ def elf_needed(path):
     return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", _readelf("-d", path))
 
 
-def elf_glibc_needs(path):
-    """The GLIBC_x.y[.z] versions in the version-needs section, as tuples."""
+# The newest libgcc_s symbol version every manylinux policy (2014 and
+# later) allows.
+GCC_MAX = (4, 8, 0)
+
+
+def _needs(path, prefix):
+    """The `prefix`x.y[.z] versions in the version-needs section, as tuples."""
     text = _readelf("-V", path)
     m = re.search(r"Version needs section.*?(?=\n\S|\Z)", text, re.S)
     if not m:
         return []
-    names = re.findall(r"Name: (GLIBC_[0-9A-Z_.]+)", m.group(0))
-    bad = [n for n in names if not re.fullmatch(r"GLIBC_\d+(\.\d+)+", n)]
+    names = re.findall(r"Name: (%s[0-9A-Z_.]+)" % prefix, m.group(0))
+    bad = [n for n in names if not re.fullmatch(r"%s\d+(\.\d+)+" % prefix, n)]
     if bad:
-        raise BuildError("%s needs %s: not a public glibc version" % (path, ", ".join(bad)))
-    return [tuple(int(x) for x in n[len("GLIBC_"):].split(".")) for n in names]
+        raise BuildError("%s needs %s: not a public version" % (path, ", ".join(bad)))
+    return [tuple(int(x) for x in n[len(prefix):].split(".")) for n in names]
+
+
+def elf_glibc_needs(path):
+    """The GLIBC_x.y[.z] versions `path` needs, as tuples; fails on a
+    libgcc_s version newer than every manylinux policy allows."""
+    gcc = _needs(path, "GCC_")
+    if gcc and max(gcc) > GCC_MAX:
+        raise BuildError(
+            "%s needs GCC_%s from libgcc_s, newer than manylinux allows (GCC_%s)"
+            % (path, ".".join(map(str, max(gcc))), ".".join(map(str, GCC_MAX)))
+        )
+    return _needs(path, "GLIBC_")
 
 
 def elf_arch(path):
