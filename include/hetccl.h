@@ -40,6 +40,30 @@ ncclResult_t hetcclCommSelectionTable(ncclComm_t comm, char *buf, size_t len, si
  */
 const char *hetcclGetVersionString(void);
 
+/**
+ * Writes, as one JSON object, what hetccl sees in this process: `version`
+ * (the string of `hetcclGetVersionString`), `nccl_api` (the level
+ * `ncclGetVersion` reports), `socket_ifname` (the interface filter in
+ * force, or null), `interfaces` (the TCP interfaces the bootstrap and the
+ * TCP transport would use, chosen by the same code: each with `name`,
+ * `addr`, `loopback`, `speed_mbps`), `shm_disable` (`NCCL_SHM_DISABLE`) and
+ * `config` (the effective configuration, one `NAME=value` string per
+ * variable, as `NCCL_DEBUG=INFO` prints it). The text goes into `buf` of
+ * `len` bytes, NUL-terminated and truncated if needed; `*needed` (if not
+ * NULL) receives its full length without the NUL, as snprintf does.
+ */
+ncclResult_t hetcclInfoJson(char *buf, size_t len, size_t *needed);
+
+/**
+ * Writes the algorithm table (as `hetcclCommSelectionTable` prints it for a
+ * live communicator, without its direct-path lines) for `nranks` ranks on
+ * `nnodes` nodes, ranks spread in contiguous blocks as launchers place them
+ * (block sizes differ by at most one, larger blocks first), one process per
+ * rank. `NCCL_ALGO` restrictions are applied. `1 <= nnodes <= nranks <=
+ * 65536`. `buf`, `len` and `needed` as for `hetcclInfoJson`.
+ */
+ncclResult_t hetcclSelectionTableFor(int nranks, int nnodes, char *buf, size_t len, size_t *needed);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

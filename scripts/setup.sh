@@ -7,6 +7,8 @@ for pair in gcc:gcc nm:binutils readelf:binutils ip:iproute2 python3:python3 pip
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
+# venv with pip (Debian splits ensurepip out) for scripts/wheel-test.sh.
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 # hwloc (topology) for the hwloc2 crate, found through pkg-config.
 pkg-config --exists hwloc 2>/dev/null || need+=(libhwloc-dev pkg-config)
 if [ ${#need[@]} -gt 0 ]; then

@@ -22,3 +22,5 @@ echo "== fuzz seeds and random inputs through every decoder (stable replay)"
 bash scripts/fuzz.sh --replay
 echo "== hwloc topology probe (feature hwloc)"
 cargo test -p hetccl-collectives --features hwloc --lib topo
+echo "== wheel: built from the dev profile, installed in a fresh venv, tested without cargo"
+bash scripts/wheel-test.sh --profile dev

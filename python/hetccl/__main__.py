@@ -1,0 +1,7 @@
+"""`python -m hetccl`: the `hetccl` command."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())
