@@ -1,7 +1,8 @@
 //! Algorithm selection from an α-β cost model, and the printable table.
 //!
 //! Each pair of ranks is in a [`LinkClass`] (same process, same node, cross
-//! node) with a latency α and an inverse bandwidth β. A message of `m` bytes
+//! node) with a latency α and an inverse bandwidth β (the communicator's
+//! [`CostModel`], `crate::cost`). A message of `m` bytes
 //! costs `o + α + m·β`, where `o` is a per-message software overhead paid
 //! serially by the sender; messages posted together overlap their α. A
 //! local reduction costs γ per byte. Each algorithm's estimate uses the
@@ -9,84 +10,13 @@
 //! `docs/algorithms.md`. The model is a starting point for the measured
 //! tables of the autotuner.
 
+pub use crate::cost::{CostModel, LinkClass, LinkCost};
+
 use super::filter::AlgoFilter;
 use super::generate::{supported, Topology};
 use super::{Algorithm, Collective};
 
-/// Latency and inverse bandwidth of one link class.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LinkCost {
-    /// Latency in microseconds.
-    pub alpha_us: f64,
-    /// Microseconds per byte (1 / bandwidth).
-    pub beta_us_per_byte: f64,
-}
-
-/// How two ranks are connected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum LinkClass {
-    /// Same process: plain memory copies.
-    SameProcess,
-    /// Same node, different processes: shared memory.
-    SameNode,
-    /// Different nodes: the network.
-    CrossNode,
-}
-
-/// The α-β model's parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CostModel {
-    /// Ranks in one process.
-    pub same_process: LinkCost,
-    /// Ranks on one node.
-    pub same_node: LinkCost,
-    /// Ranks on different nodes.
-    pub cross_node: LinkCost,
-    /// Sender-side overhead per message, microseconds.
-    pub msg_overhead_us: f64,
-    /// Local reduction, microseconds per byte.
-    pub reduce_us_per_byte: f64,
-    /// Bandwidth lost per extra concurrent peer in direct (all-to-all
-    /// style) patterns: their bandwidth term is multiplied by
-    /// `1 + direct_congestion·(peers-1)`.
-    pub direct_congestion: f64,
-}
-
-impl Default for CostModel {
-    /// Defaults for a host-memory cluster: memcpy at ~20 GB/s, shared memory
-    /// at ~10 GB/s with 1 µs latency, TCP over 10 GbE at ~1.2 GB/s with
-    /// 25 µs latency.
-    fn default() -> Self {
-        Self {
-            same_process: LinkCost {
-                alpha_us: 0.2,
-                beta_us_per_byte: 1.0 / 20_000.0,
-            },
-            same_node: LinkCost {
-                alpha_us: 1.0,
-                beta_us_per_byte: 1.0 / 10_000.0,
-            },
-            cross_node: LinkCost {
-                alpha_us: 25.0,
-                beta_us_per_byte: 1.0 / 1_200.0,
-            },
-            msg_overhead_us: 0.5,
-            reduce_us_per_byte: 1.0 / 8_000.0,
-            direct_congestion: 0.1,
-        }
-    }
-}
-
 impl CostModel {
-    /// The cost of a link class.
-    pub fn link(&self, class: LinkClass) -> LinkCost {
-        match class {
-            LinkClass::SameProcess => self.same_process,
-            LinkClass::SameNode => self.same_node,
-            LinkClass::CrossNode => self.cross_node,
-        }
-    }
-
     /// The class of the link between two ranks.
     pub fn class(topo: &Topology, a: u32, b: u32) -> LinkClass {
         if !topo.same_node(a, b) {

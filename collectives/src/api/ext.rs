@@ -15,7 +15,7 @@ use hetccl_abi::{ncclComm_t, ncclResult_t};
 
 use super::check;
 use super::guard::{guard, guard_value};
-use crate::algo::{selection_table, Collective, CostModel};
+use crate::algo::{selection_table, Collective};
 use crate::comm::handle;
 
 /// The largest message size the selection table covers (1 GiB).
@@ -55,13 +55,7 @@ pub unsafe extern "C" fn hetcclCommSelectionTable(
             .into_iter()
             .filter(|c| !matches!(c, Collective::Send | Collective::Recv))
             .collect();
-        let mut text = selection_table(
-            &colls,
-            &e.topo,
-            &CostModel::default(),
-            &filter,
-            TABLE_MAX_BYTES,
-        );
+        let mut text = selection_table(&colls, &e.topo, &e.costs, &filter, TABLE_MAX_BYTES);
         if let Some(d) = &e.direct {
             text.push_str(&d.describe());
         }

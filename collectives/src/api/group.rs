@@ -9,7 +9,7 @@ use hetccl_abi::{ncclResult_t, ncclSimInfo_t, NCCL_SIM_INFO_MAGIC};
 
 use super::check;
 use super::guard::guard;
-use crate::algo::{estimate_us, CostModel};
+use crate::algo::estimate_us;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::exec::Job;
@@ -24,7 +24,7 @@ fn estimate(comm: &Comm, job: &Job) -> f64 {
         job.plan.algorithm,
         bytes,
         &e.topo,
-        &CostModel::default(),
+        &e.costs,
     )
     .unwrap_or(0.0)
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use hetccl_abi::{NcclResult, RedOp};
 
 use super::coll_args::CollArgs;
-use crate::algo::{self, AlgoFilter, Chunking, Collective, CostModel};
+use crate::algo::{self, AlgoFilter, Chunking, Collective};
 use crate::comm::engine::Engine;
 use crate::comm::plan_cache::PlanKey;
 use crate::comm::redop_table::Scalar as OpScalar;
@@ -216,14 +216,8 @@ fn choose(engine: &Engine, coll: Collective, bytes: usize) -> Result<algo::Algor
     if matches!(coll, Collective::Send | Collective::Recv) {
         return Ok(algo::Algorithm::Direct);
     }
-    algo::select(
-        coll,
-        bytes,
-        &engine.topo,
-        &CostModel::default(),
-        &algo_filter()?,
-    )
-    .map_err(|e| Error::usage(e.to_string()))
+    algo::select(coll, bytes, &engine.topo, &engine.costs, &algo_filter()?)
+        .map_err(|e| Error::usage(e.to_string()))
 }
 
 /// The `NCCL_ALGO` restriction in force (everything when unset).

@@ -47,4 +47,7 @@ pub struct Engine {
     /// The direct (board and single-copy) paths, when every rank is on this
     /// node and joined by shm.
     pub direct: Option<crate::direct::Node>,
+    /// The cost model of this communicator's links (selection, simulation,
+    /// the selection table).
+    pub costs: crate::cost::CostModel,
 }

@@ -15,12 +15,13 @@ use crate::algo::Topology;
 use crate::api::config_read::CommConfig;
 use crate::bootstrap::id::UniqueId;
 use crate::bootstrap::Bootstrap;
+use crate::cost::{CostModel, TransportKind};
 use crate::error::{Error, Result};
 use crate::exec::watch::Watch;
 use crate::exec::{Links, NCHAN};
 use crate::topo;
 use crate::transport::arena::{self, Arena};
-use crate::transport::{self, net, shm, Conn, Reach};
+use crate::transport::{net, shm, Conn};
 
 /// The data bytes of one shm ring: NCCL_BUFFSIZE split over the channels,
 /// a power of two between 64 KiB and 64 MiB.
@@ -63,23 +64,18 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let local: Vec<usize> = (0..nranks)
         .filter(|&r| node_of[r] == node_of[rank])
         .collect();
-    // The channel factory: the cheapest registered transport that can reach
-    // each peer (`NCCL_SHM_DISABLE` takes shm out of the running).
-    let disabled: &[&str] = if cfg.shm_disable { &["shm"] } else { &[] };
-    let mut choice: Vec<&str> = Vec::with_capacity(nranks);
+    // The channel factory: per pair, the nearest-reaching enabled transport
+    // (`NCCL_SHM_DISABLE` takes shm out of the running).
+    let enabled = |t: TransportKind| !(cfg.shm_disable && t == TransportKind::Shm);
+    let mut choice: Vec<Option<TransportKind>> = Vec::with_capacity(nranks);
     for p in 0..nranks {
-        let reach = if node_of[p] != node_of[rank] {
-            Reach::CrossNode
-        } else if topology.same_process(rank as u32, p as u32) {
-            Reach::SameProcess
-        } else {
-            Reach::SameNode
-        };
-        let t = transport::choose(reach, cfg.buffsize, disabled)
+        let class = CostModel::class(&topology, rank as u32, p as u32);
+        let t = TransportKind::for_class(class, enabled)
             .ok_or_else(|| Error::usage(format!("no enabled transport can reach rank {p}")))?;
-        choice.push(if p == rank { "self" } else { t.name });
+        choice.push((p != rank).then_some(t));
     }
-    let use_shm = local.iter().any(|&p| choice[p] == "shm");
+    let costs = CostModel::default();
+    let use_shm = local.iter().any(|&p| choice[p] == Some(TransportKind::Shm));
     let arena = if use_shm {
         Some(Arc::new(setup_arena(
             &mut bs,
@@ -100,7 +96,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         .expect("rank is local to itself");
     if let Some(a) = &arena {
         for (li, &peer) in local.iter().enumerate() {
-            if choice[peer] == "shm" {
+            if choice[peer] == Some(TransportKind::Shm) {
                 peers[peer] = Some(
                     (0..NCHAN)
                         .map(|c| shm::connect(a, me_local, li, c))
@@ -109,7 +105,9 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
             }
         }
     }
-    let tcp_peers: Vec<usize> = (0..nranks).filter(|&p| choice[p] == "tcp").collect();
+    let tcp_peers: Vec<usize> = (0..nranks)
+        .filter(|&p| choice[p] == Some(TransportKind::Tcp))
+        .collect();
     for (p, conns) in net::setup(&mut bs, &tcp_peers, NCHAN)? {
         peers[p] = Some(conns);
     }
@@ -129,7 +127,8 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     // board is set up before the last barrier so peers see it afterwards.
     let direct = match &arena {
         Some(a)
-            if local.len() == nranks && (0..nranks).all(|p| p == rank || choice[p] == "shm") =>
+            if local.len() == nranks
+                && (0..nranks).all(|p| p == rank || choice[p] == Some(TransportKind::Shm)) =>
         {
             Some(crate::direct::Node::new(
                 a.clone(),
@@ -161,7 +160,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let kinds: Vec<&str> = links
         .peers
         .iter()
-        .map(|p| p.as_ref().map_or("self", |c| c[0].transport))
+        .map(|p| p.as_ref().map_or("self", |c| c[0].transport.name()))
         .collect();
     tracing::info!(target: "hetccl::INIT",
         "comm {comm_hash:016x} rank {rank}/{nranks}: nodes {:?}, links {:?}", node_of, kinds);
@@ -183,6 +182,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         scratch_pool: Mutex::new(Vec::new()),
         spin,
         direct,
+        costs,
     };
     comm.engine
         .set(engine)

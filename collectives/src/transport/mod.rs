@@ -10,8 +10,9 @@
 //! calls move what they can and return; the executor waits on the links'
 //! [`WaitSource`]s when nothing moves.
 //!
-//! Transports register their capabilities and an α-β cost in
-//! [`TRANSPORTS`]; [`choose`] picks the cheapest capable one for each pair.
+//! Which transport joins each pair of ranks is the communicator's choice
+//! at init, from the capabilities and costs in `crate::cost` (one
+//! [`TransportKind`] per link, typed, never a string).
 
 pub mod arena;
 pub mod doorbell;
@@ -19,91 +20,8 @@ pub mod net;
 pub mod ring;
 pub mod shm;
 
+pub use crate::cost::TransportKind;
 use crate::error::Result;
-
-/// How far apart two ranks are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Reach {
-    /// Threads of one process.
-    SameProcess,
-    /// Processes of one node.
-    SameNode,
-    /// Different nodes.
-    CrossNode,
-}
-
-/// The α-β cost of a transport: a message of `b` bytes takes `alpha_us + b * beta_us_per_byte`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Cost {
-    /// Per-message latency, microseconds.
-    pub alpha_us: f64,
-    /// Per-byte time, microseconds (1 / bandwidth).
-    pub beta_us_per_byte: f64,
-}
-
-impl Cost {
-    /// Time for one message of `bytes`.
-    pub fn time_us(&self, bytes: usize) -> f64 {
-        self.alpha_us + bytes as f64 * self.beta_us_per_byte
-    }
-}
-
-/// What a transport declares about itself.
-#[derive(Debug)]
-pub struct TransportInfo {
-    /// Name for logs and the selection table.
-    pub name: &'static str,
-    /// The farthest reach it can connect.
-    pub max_reach: Reach,
-    /// Whether it moves host memory.
-    pub host_memory: bool,
-    /// Whether it moves device memory.
-    pub device_memory: bool,
-    /// Its cost model (measured on the 2-vCPU reference machine; see docs).
-    pub cost: Cost,
-    /// The environment switch that disables it, if any.
-    pub disabled_by: Option<&'static str>,
-}
-
-/// Shared-memory rings (also used between threads of one process).
-pub static SHM: TransportInfo = TransportInfo {
-    name: "shm",
-    max_reach: Reach::SameNode,
-    host_memory: true,
-    device_memory: false,
-    cost: Cost {
-        alpha_us: 0.5,
-        beta_us_per_byte: 1.0 / 8000.0,
-    },
-    disabled_by: Some("NCCL_SHM_DISABLE"),
-};
-
-/// TCP sockets.
-pub static TCP: TransportInfo = TransportInfo {
-    name: "tcp",
-    max_reach: Reach::CrossNode,
-    host_memory: true,
-    device_memory: false,
-    cost: Cost {
-        alpha_us: 10.0,
-        beta_us_per_byte: 1.0 / 3000.0,
-    },
-    disabled_by: None,
-};
-
-/// Every transport, in registration order (ties go to the earlier one).
-pub static TRANSPORTS: &[&TransportInfo] = &[&SHM, &TCP];
-
-/// Picks the cheapest registered transport that can connect `reach` for a
-/// message of `bytes`, skipping those in `disabled`.
-pub fn choose(reach: Reach, bytes: usize, disabled: &[&str]) -> Option<&'static TransportInfo> {
-    TRANSPORTS
-        .iter()
-        .copied()
-        .filter(|t| t.host_memory && t.max_reach >= reach)
-        .filter(|t| !disabled.contains(&t.name))
-        .min_by(|a, b| a.cost.time_us(bytes).total_cmp(&b.cost.time_us(bytes)))
-}
 
 /// What a link's owner waits on when the link cannot move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,22 +85,5 @@ pub struct Conn {
     /// Bytes from the peer.
     pub rx: Box<dyn RecvLink>,
     /// Which transport made it.
-    pub transport: &'static str,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn choice_follows_reach_cost_and_switches() {
-        assert_eq!(choose(Reach::SameNode, 8, &[]).unwrap().name, "shm");
-        assert_eq!(
-            choose(Reach::SameProcess, 1 << 20, &[]).unwrap().name,
-            "shm"
-        );
-        assert_eq!(choose(Reach::CrossNode, 8, &[]).unwrap().name, "tcp");
-        assert_eq!(choose(Reach::SameNode, 8, &["shm"]).unwrap().name, "tcp");
-        assert!(choose(Reach::CrossNode, 8, &["tcp"]).is_none());
-    }
+    pub transport: TransportKind,
 }

@@ -243,7 +243,7 @@ pub fn connect(net: &Arc<TcpNet>, send: TcpSendComm, recv: TcpRecvComm, nchan: u
                 tag: c as i32,
                 st: Mutex::new(RecvState::default()),
             }),
-            transport: "tcp",
+            transport: super::TransportKind::Tcp,
         })
         .collect()
 }

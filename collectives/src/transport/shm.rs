@@ -81,6 +81,6 @@ pub fn connect(arena: &Arc<Arena>, me: usize, peer: usize, chan: usize) -> Conn 
             peer_bell: arena.bell(peer),
             _arena: arena.clone(),
         }),
-        transport: "shm",
+        transport: super::TransportKind::Shm,
     }
 }

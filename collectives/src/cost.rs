@@ -1,0 +1,188 @@
+//! The one cost model: how far apart two ranks are ([`LinkClass`]), which
+//! transport joins them ([`TransportKind`]), and what a message over it
+//! costs ([`CostModel`]).
+//!
+//! A communicator builds its model once at init and keeps it on its engine;
+//! algorithm selection, `ncclGroupSimulateEnd` and
+//! `hetcclCommSelectionTable` read it from there. The numbers are α-β
+//! estimates for a host-memory cluster; the autotuner replaces them with
+//! measured ones. Each transport declares its reach and capabilities
+//! through its [`TransportKind`]; a communicator joins each pair of ranks
+//! with the nearest-reaching enabled one ([`TransportKind::for_class`]).
+
+use std::fmt;
+
+/// How far apart two ranks are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LinkClass {
+    /// Threads of one process.
+    SameProcess,
+    /// Processes of one node.
+    SameNode,
+    /// Different nodes.
+    CrossNode,
+}
+
+impl LinkClass {
+    /// Every class, nearest first.
+    pub const ALL: [LinkClass; 3] = [Self::SameProcess, Self::SameNode, Self::CrossNode];
+}
+
+/// The transports hetccl can join two ranks with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// Shared-memory rings in the node's arena.
+    Shm,
+    /// TCP sockets through `hetccl-net`.
+    Tcp,
+}
+
+impl TransportKind {
+    /// Every transport, in preference order for equal costs.
+    pub const ALL: [TransportKind; 2] = [Self::Shm, Self::Tcp];
+
+    /// The name in logs and tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Shm => "shm",
+            Self::Tcp => "tcp",
+        }
+    }
+
+    /// The farthest class it can join.
+    pub const fn max_reach(self) -> LinkClass {
+        match self {
+            Self::Shm => LinkClass::SameNode,
+            Self::Tcp => LinkClass::CrossNode,
+        }
+    }
+
+    /// Whether it moves host memory.
+    pub const fn host_memory(self) -> bool {
+        true
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Latency and inverse bandwidth of one link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkCost {
+    /// Latency in microseconds.
+    pub alpha_us: f64,
+    /// Microseconds per byte (1 / bandwidth).
+    pub beta_us_per_byte: f64,
+}
+
+impl LinkCost {
+    /// Time for one message of `bytes`.
+    pub fn time_us(&self, bytes: usize) -> f64 {
+        self.alpha_us + bytes as f64 * self.beta_us_per_byte
+    }
+}
+
+/// The α-β model's parameters: latency and bandwidth per link class.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Ranks in one process.
+    pub same_process: LinkCost,
+    /// Ranks on one node.
+    pub same_node: LinkCost,
+    /// Ranks on different nodes.
+    pub cross_node: LinkCost,
+    /// Sender-side overhead per message, microseconds.
+    pub msg_overhead_us: f64,
+    /// Local reduction, microseconds per byte.
+    pub reduce_us_per_byte: f64,
+    /// Bandwidth lost per extra concurrent peer in direct (all-to-all
+    /// style) patterns: their bandwidth term is multiplied by
+    /// `1 + direct_congestion·(peers-1)`.
+    pub direct_congestion: f64,
+}
+
+impl Default for CostModel {
+    /// Defaults for a host-memory cluster: memcpy at ~20 GB/s, shared memory
+    /// at ~10 GB/s with 1 µs latency, TCP over 10 GbE at ~1.2 GB/s with
+    /// 25 µs latency.
+    fn default() -> Self {
+        Self {
+            same_process: LinkCost {
+                alpha_us: 0.2,
+                beta_us_per_byte: 1.0 / 20_000.0,
+            },
+            same_node: LinkCost {
+                alpha_us: 1.0,
+                beta_us_per_byte: 1.0 / 10_000.0,
+            },
+            cross_node: LinkCost {
+                alpha_us: 25.0,
+                beta_us_per_byte: 1.0 / 1_200.0,
+            },
+            msg_overhead_us: 0.5,
+            reduce_us_per_byte: 1.0 / 8_000.0,
+            direct_congestion: 0.1,
+        }
+    }
+}
+
+impl CostModel {
+    /// The cost of a link class.
+    pub fn link(&self, class: LinkClass) -> LinkCost {
+        match class {
+            LinkClass::SameProcess => self.same_process,
+            LinkClass::SameNode => self.same_node,
+            LinkClass::CrossNode => self.cross_node,
+        }
+    }
+}
+
+impl TransportKind {
+    /// The transport that joins ranks of `class`: the first in
+    /// [`TransportKind::ALL`] (nearest first) that reaches that far, moves
+    /// host memory and is `enabled`.
+    pub fn for_class(class: LinkClass, enabled: impl Fn(TransportKind) -> bool) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.host_memory() && t.max_reach() >= class && enabled(*t))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transport_choice_follows_reach_and_switches() {
+        let all = |_| true;
+        for (class, want) in [
+            (LinkClass::SameProcess, TransportKind::Shm),
+            (LinkClass::SameNode, TransportKind::Shm),
+            (LinkClass::CrossNode, TransportKind::Tcp),
+        ] {
+            assert_eq!(TransportKind::for_class(class, all), Some(want));
+        }
+        let no_shm = |t| t != TransportKind::Shm;
+        assert_eq!(
+            TransportKind::for_class(LinkClass::SameNode, no_shm),
+            Some(TransportKind::Tcp)
+        );
+        assert_eq!(
+            TransportKind::for_class(LinkClass::CrossNode, |t| t != TransportKind::Tcp),
+            None
+        );
+    }
+
+    #[test]
+    fn links_are_priced_by_class() {
+        let m = CostModel::default();
+        assert_eq!(m.link(LinkClass::SameNode), m.same_node);
+        assert_eq!(m.link(LinkClass::SameProcess), m.same_process);
+        assert_eq!(m.link(LinkClass::CrossNode), m.cross_node);
+        let a = m.link(LinkClass::CrossNode).time_us(1 << 20);
+        assert!(a > m.link(LinkClass::SameNode).time_us(1 << 20));
+    }
+}
