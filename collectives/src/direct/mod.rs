@@ -14,8 +14,12 @@
 //!
 //! Both run on the calling thread, outside groups, on blocking
 //! communicators, and count as the `Direct` algorithm for `NCCL_ALGO`.
-//! [`try_run`] decides, from values every rank has, so that all ranks take
-//! the same path.
+//! [`try_run`] decides from the call's size, so ranks that passed the same
+//! call take the same path. Every rank publishes its call's shape and
+//! buffer extents, and no rank touches a peer's memory before every rank
+//! has checked that all passed the same call: a mismatched call fails with
+//! `ncclInvalidUsage` on every rank, also when the ranks' sizes sent them
+//! to different direct paths.
 
 pub mod board;
 pub mod copy;
@@ -24,6 +28,7 @@ pub mod fastbox;
 mod ntcopy;
 mod peer_map;
 pub mod region;
+mod shape;
 mod wait;
 mod work;
 
@@ -36,7 +41,7 @@ use std::time::Duration;
 use self::board::{Board, PROBE_VALUE};
 use crate::algo::{AlgoFilter, Algorithm, Collective};
 use crate::api::coll_args::CollArgs;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::exec::Patience;
 use crate::reduce::ReduceOp;
 use crate::transport::arena::Arena;
@@ -265,9 +270,6 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
         node.copy_min,
     )?;
     let watch = &e.links.watch;
-    if path == Path::Copy && !node.copy_usable(watch, e.seq.load(Ordering::Relaxed)) {
-        return None;
-    }
     let op = if a.kind.reduces() {
         match op() {
             Ok(op) => op,
@@ -276,6 +278,14 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
     } else {
         ReduceOp::Sum
     };
+    if path == Path::Copy {
+        let shape = shape::Shape::of(a, op).encode();
+        match node.copy_usable(watch, e.seq.load(Ordering::Relaxed), shape) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(err) => return Some(Err(err)),
+        }
+    }
     let _lock = e.exec_lock.lock();
     let seq = e.seq.fetch_add(1, Ordering::Relaxed);
     watch.begin(seq);
@@ -284,9 +294,12 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
         Path::Copy => copy::run(node, a, op, seq, watch),
     };
     watch.end();
-    if r.is_err() {
+    if matches!(r, Err(ref err) if !matches!(err, Error::InvalidUsage(_))) {
         // Peers blocked on this rank fail at once instead of at their own
-        // stall limit (the communicator is unusable now anyway).
+        // stall limit (the communicator is unusable now anyway). A call
+        // the ranks disagree on fails on every rank by itself, and its
+        // links are left alone so that no peer still checking sees them
+        // closed and reports that instead.
         e.links.close_links();
     }
     Some(r)
