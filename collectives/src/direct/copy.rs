@@ -357,14 +357,15 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
             a.kind, node.comm_hash
         )
     };
-    let shape = Shape::of(a, op).encode();
+    let call = Shape::of(a);
+    let shape = call.encode();
     let ctl = node.boards[me].control();
     ctl.send.store(a.send as u64, Ordering::Relaxed);
     ctl.recv.store(a.recv as u64, Ordering::Relaxed);
     let ext = node.boards[me].extents();
     ext.send_len.store(a.send_bytes as u64, Ordering::Relaxed);
     ext.recv_len.store(a.recv_bytes as u64, Ordering::Relaxed);
-    Shape::of(a, op).store(&ext.shape);
+    call.store(&ext.shape);
     if let ReduceOp::PreMulSum(s) = op {
         let mut raw = [0u8; 8];
         raw[..a.dtype.size()].copy_from_slice(s.bytes(a.dtype));

@@ -89,7 +89,7 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
     let n = node.nranks();
     let me = node.me;
     let bytes = a.count * a.dtype.size();
-    let shape = Shape::of(a, op).encode();
+    let shape = Shape::of(a).encode();
     // Only the thread holding the communicator's exec lock counts: a load
     // and a store, no read-modify-write.
     let s = node.fast_seq.load(std::sync::atomic::Ordering::Relaxed) + 1;

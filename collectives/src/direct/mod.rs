@@ -28,7 +28,7 @@ pub mod fastbox;
 mod ntcopy;
 mod peer_map;
 pub mod region;
-mod shape;
+pub(crate) mod shape;
 mod wait;
 mod work;
 
@@ -41,7 +41,7 @@ use std::time::Duration;
 use self::board::{Board, PROBE_VALUE};
 use crate::algo::{AlgoFilter, Algorithm, Collective};
 use crate::api::coll_args::CollArgs;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::exec::Patience;
 use crate::reduce::ReduceOp;
 use crate::transport::arena::Arena;
@@ -270,6 +270,14 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
         node.copy_min,
     )?;
     let watch = &e.links.watch;
+    if path == Path::Copy {
+        let shape = shape::Shape::of(a).encode();
+        match node.copy_usable(watch, e.seq.load(Ordering::Relaxed), shape) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(err) => return Some(Err(err)),
+        }
+    }
     let op = if a.kind.reduces() {
         match op() {
             Ok(op) => op,
@@ -278,14 +286,6 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
     } else {
         ReduceOp::Sum
     };
-    if path == Path::Copy {
-        let shape = shape::Shape::of(a, op).encode();
-        match node.copy_usable(watch, e.seq.load(Ordering::Relaxed), shape) {
-            Ok(true) => {}
-            Ok(false) => return None,
-            Err(err) => return Some(Err(err)),
-        }
-    }
     let _lock = e.exec_lock.lock();
     let seq = e.seq.fetch_add(1, Ordering::Relaxed);
     watch.begin(seq);
@@ -294,12 +294,12 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
         Path::Copy => copy::run(node, a, op, seq, watch),
     };
     watch.end();
-    if matches!(r, Err(ref err) if !matches!(err, Error::InvalidUsage(_))) {
+    if r.is_err() {
         // Peers blocked on this rank fail at once instead of at their own
-        // stall limit (the communicator is unusable now anyway). A call
-        // the ranks disagree on fails on every rank by itself, and its
-        // links are left alone so that no peer still checking sees them
-        // closed and reports that instead.
+        // stall limit (the communicator is unusable now anyway). Peers
+        // that already have this rank's word for their wait still finish
+        // it (see `wait.rs`), so a call the ranks disagree on is reported
+        // as that on every rank.
         e.links.close_links();
     }
     Some(r)

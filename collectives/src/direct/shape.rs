@@ -7,12 +7,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hetccl_abi::DataType;
+use hetccl_abi::{DataType, RedOp};
 
 use crate::algo::Collective;
 use crate::api::coll_args::CollArgs;
 use crate::error::Error;
-use crate::reduce::ReduceOp;
 
 /// Marks a published shape (a zeroed board never reads as one).
 const VALID: u64 = 1;
@@ -52,25 +51,27 @@ const DTYPE_NAMES: [&str; 12] = [
     "float8e5m2",
 ];
 
-fn op_code(op: ReduceOp) -> u8 {
+fn op_code(op: RedOp) -> u8 {
     match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Prod => 1,
-        ReduceOp::Max => 2,
-        ReduceOp::Min => 3,
-        ReduceOp::Avg => 4,
-        ReduceOp::PreMulSum(_) => 5,
+        RedOp::Sum => 0,
+        RedOp::Prod => 1,
+        RedOp::Max => 2,
+        RedOp::Min => 3,
+        RedOp::Avg => 4,
+        // Ops from ncclRedOpCreatePreMulSum: their handles and scalars may
+        // differ per rank.
+        RedOp::Dynamic(_) => 5,
     }
 }
 
 impl Shape {
-    /// The shape of call `a` with its resolved op.
-    pub fn of(a: &CollArgs, op: ReduceOp) -> Self {
+    /// The shape of call `a`.
+    pub fn of(a: &CollArgs) -> Self {
         Self {
             kind: a.kind,
             count: a.count as u64,
             dtype: a.dtype,
-            op: if a.kind.reduces() { op_code(op) } else { 0 },
+            op: if a.kind.reduces() { op_code(a.op) } else { 0 },
             root: if a.kind.rooted() { a.root as u32 } else { 0 },
         }
     }
