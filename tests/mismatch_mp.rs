@@ -82,9 +82,10 @@ fn problems(label: &str, path: Route, outs: &[ranks::RankOutput]) -> Vec<String>
         if path == Route::Direct && get("async") != INVALID_USAGE {
             p.push(format!("{label}: rank {r}: async error {}", get("async")));
         }
-        if get("later_rc") == "0" || get("later_rc").is_empty() {
+        if get("later_rc") != REMOTE_ERROR {
             p.push(format!(
-                "{label}: rank {r}: a later AllReduce on the failed comm returned {:?}",
+                "{label}: rank {r}: a later AllReduce on the failed comm returned {:?}, want \
+                 {REMOTE_ERROR} (ncclRemoteError)",
                 get("later_rc")
             ));
         }

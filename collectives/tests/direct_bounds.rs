@@ -217,8 +217,32 @@ struct Seen {
 /// Runs one mismatched call per rank (`calls[r]`) on fresh communicators
 /// and returns what each rank saw; destroys the communicators.
 fn run(calls: &[Call]) -> Vec<Seen> {
+    run_after(calls, None)
+}
+
+/// [`run`], after a well-formed call `first` on every rank (which must
+/// succeed).
+fn run_after(calls: &[Call], first: Option<Call>) -> Vec<Seen> {
     let n = calls.len();
     let cs = comms(n);
+    if let Some(f) = first {
+        on_all(&cs, |_, c| {
+            let send = vec![1f32; f.count];
+            let mut recv = vec![0f32; f.count];
+            check(unsafe {
+                ncclAllReduce(
+                    send.as_ptr().cast(),
+                    recv.as_mut_ptr().cast(),
+                    f.count,
+                    FLOAT32,
+                    SUM,
+                    c.0,
+                    null_mut(),
+                )
+            });
+            assert!(recv.iter().all(|&v| v == n as f32));
+        });
+    }
     let seen = on_all(&cs, |r, c| {
         let k = calls[r];
         let (sb, rb) = extents(&k, n);
@@ -306,9 +330,9 @@ fn assert_rejected(case: &str, seen: &[Seen], names: &[&str]) {
             s.async_err, INVALID_USAGE,
             "{case}: rank {r}: ncclCommGetAsyncError after the rejected call"
         );
-        assert!(
-            s.later_rc != 0,
-            "{case}: rank {r}: a later AllReduce on the failed comm succeeded"
+        assert_eq!(
+            s.later_rc, 6,
+            "{case}: rank {r}: a later AllReduce on the failed comm (want ncclRemoteError)"
         );
     }
 }
@@ -422,20 +446,22 @@ fn single_copy_between_threads_rejects_mismatched_calls() {
 fn ranks_on_different_direct_paths_reject_the_call() {
     use Kind::*;
     // 400 B go through the board slots, 400 kB through single copy.
-    let calls = [
+    let (small, large) = (
         call(AllReduce, 100, FLOAT32),
         call(AllReduce, 100_000, FLOAT32),
-    ];
-    let t0 = std::time::Instant::now();
-    let seen = run(&calls);
-    assert_rejected(
-        "board slots against single copy",
-        &seen,
-        &["100000 float32"],
     );
-    assert!(
-        t0.elapsed() < std::time::Duration::from_secs(10),
-        "the ranks waited for each other: {:?}",
-        t0.elapsed()
-    );
+    // The first large call also probes the single-copy path; after one
+    // large call, ranks find each other through the operation counters.
+    for (case, calls, first) in [
+        ("first large call", vec![small, large], None),
+        ("after a large call", vec![large, small], Some(large)),
+        ("3 ranks, one large", vec![small, small, large], Some(large)),
+    ] {
+        let seen = run_after(&calls, first);
+        assert_rejected(
+            &format!("board slots against single copy, {case}"),
+            &seen,
+            &["100000 float32", "100 float32"],
+        );
+    }
 }
