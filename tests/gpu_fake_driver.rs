@@ -168,6 +168,35 @@ fn two_ranks_every_mode() {
     }
 }
 
+/// Calls whose shapes differ between ranks fail on every rank with
+/// `ncclInvalidUsage` once the stream is released, and write nothing: an
+/// AllGather whose count differs (caught by the CUDA IPC path's descriptor
+/// check), and a send/recv ring whose receives are of other sizes than the
+/// sends (refused through the mailboxes).
+#[test]
+fn mismatched_device_calls_fail_on_every_rank() {
+    let out = run(vec![
+        job("dev_mismatch", 2, "mismatch"),
+        job("dev_mismatch_p2p", 2, "mismatch_p2p"),
+    ]);
+    for (o, (m, word)) in out
+        .iter()
+        .zip([("mismatch", "(CUDA IPC)"), ("mismatch_p2p", "mismatched")])
+    {
+        for r in &o.outs {
+            assert_eq!(
+                r.get(&format!("{m}.async")).as_deref(),
+                Some("5"),
+                "{m}: rank {}: {}",
+                r.rank,
+                r.stdout
+            );
+            let msg = r.get("mismatch.last_error").unwrap_or_default();
+            assert!(msg.contains(word), "{m}: rank {}: {msg}", r.rank);
+        }
+    }
+}
+
 /// Several ranks on one device (no duplicate-GPU refusal), and the
 /// nonblocking communicators, through CUDA IPC.
 #[test]

@@ -71,6 +71,20 @@
  *                 fault.fail_mono_ms (CLOCK_MONOTONIC when it returned),
  *                 fault.async (ncclCommGetAsyncError), fault.later_rc (one
  *                 more AllReduce) and fault.abort_ms (ncclCommAbort).
+ *   mismatch      one AllReduce whose shape differs between ranks (tests/
+ *                 mismatch_mp.rs): rank 0 passes $COLL_CHECK_MM_COUNT
+ *                 (default 100000) float32, the others twice the count
+ *                 ($COLL_CHECK_MM_WHAT=count) or the count in float64
+ *                 (=dtype). Buffers end at a PROT_NONE page and start
+ *                 after one, with canary bytes in the slack; with
+ *                 $COLL_CHECK_MM_ALLOC=memalloc they are ncclMemAlloc
+ *                 memory (peers map it whole, so canary bytes fill the
+ *                 rest of the allocation instead). The call must fail and
+ *                 no canary may change; it prints mismatch.rc,
+ *                 mismatch.last_error, mismatch.out_untouched,
+ *                 mismatch.in_untouched, mismatch.async, mismatch.later_rc
+ *                 (a well-formed AllReduce afterwards) and
+ *                 mismatch.destroy_rc, then ends the comm (last mode)
  *   collectives   = allreduce,premulsum,broadcast,reduce,allgather,
  *                   reducescatter,alltoall,gather,scatter,sendrecv_ring,
  *                   sendrecv_allpairs,sendrecv_self,group,simulate
@@ -101,6 +115,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1427,6 +1442,103 @@ static void mode_peer_fault(ncclComm_t comm) {
   gfree(buf, count * 4, "peer_fault buffer");
 }
 
+/* ---------------------------------------------------------- mismatch */
+
+#define MM_CANARY 0x3C
+
+/* A buffer of `len` bytes: between two PROT_NONE pages (it ends where the
+ * second starts), or at the start of an ncclMemAlloc allocation; canary
+ * bytes fill the rest of its pages. */
+typedef struct {
+  unsigned char *map, *buf;
+  size_t map_len, len, page;
+  int memalloc;
+} mm_buf;
+
+static void mm_alloc(mm_buf* b, size_t len, int memalloc, ncclComm_t comm) {
+  b->page = (size_t)sysconf(_SC_PAGESIZE);
+  b->len = len;
+  b->memalloc = memalloc;
+  size_t body = (len + b->page - 1) / b->page * b->page;
+  if (body == 0) body = b->page;
+  if (memalloc) {
+    void* p = NULL;
+    b->map_len = body + b->page;
+    NC(comm, ncclMemAlloc(&p, b->map_len));
+    b->map = b->buf = p;
+    memset(b->buf + len, MM_CANARY, b->map_len - len);
+  } else {
+    b->map_len = body + 2 * b->page;
+    void* p = mmap(NULL, b->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) die("mmap");
+    b->map = p;
+    if (mprotect(b->map, b->page, PROT_NONE) != 0 ||
+        mprotect(b->map + b->page + body, b->page, PROT_NONE) != 0)
+      die("mprotect");
+    b->buf = b->map + b->page + body - len;
+    memset(b->map + b->page, MM_CANARY, body - len);
+  }
+  memset(b->buf, FRESH_BYTE, len);
+}
+
+/* Whether every canary byte next to the buffer is intact. */
+static int mm_canary_ok(const mm_buf* b) {
+  const unsigned char* lo = b->memalloc ? b->buf + b->len : b->map + b->page;
+  const unsigned char* hi = b->memalloc ? b->map + b->map_len : b->buf;
+  for (const unsigned char* p = lo; p < hi; p++)
+    if (*p != MM_CANARY) return 0;
+  return 1;
+}
+
+static void mm_free(mm_buf* b, ncclComm_t comm) {
+  if (b->memalloc) NC(comm, ncclMemFree(b->map));
+  else munmap(b->map, b->map_len);
+}
+
+static void mode_mismatch(ncclComm_t comm) {
+  const char* what = getenv("COLL_CHECK_MM_WHAT") ? getenv("COLL_CHECK_MM_WHAT") : "count";
+  const char* c = getenv("COLL_CHECK_MM_COUNT");
+  const char* alloc = getenv("COLL_CHECK_MM_ALLOC");
+  int memalloc = alloc && !strcmp(alloc, "memalloc");
+  size_t count = c ? (size_t)strtoull(c, NULL, 10) : 100000;
+  ncclDataType_t dt = ncclFloat32;
+  if (strcmp(what, "count") && strcmp(what, "dtype")) die("COLL_CHECK_MM_WHAT is count or dtype");
+  if (g_rank != 0 && !strcmp(what, "count")) count *= 2;
+  if (g_rank != 0 && !strcmp(what, "dtype")) dt = ncclFloat64;
+  size_t bytes = count * dt_size[dt];
+  mm_buf s, r;
+  mm_alloc(&s, bytes, memalloc, NULL);
+  mm_alloc(&r, bytes, memalloc, NULL);
+  pat_fill(s.buf, bytes, g_rank, 0, 7);
+  begin_check("a mismatched AllReduce (%zu %s, %s buffers) fails", count, dt_name[dt],
+              memalloc ? "ncclMemAlloc" : "guarded");
+  double t = now_ms();
+  ncclResult_t rc = ncclAllReduce(s.buf, r.buf, count, dt, ncclSum, comm, NULL);
+  printf("mismatch.rc %d\nmismatch.ms %.1f\n", (int)rc, now_ms() - t);
+  kv_str("mismatch.last_error", ncclGetLastError(comm));
+  if (rc == ncclSuccess) fail("the mismatched AllReduce returned ncclSuccess");
+  int untouched = 1;
+  for (size_t i = 0; i < bytes && untouched; i++) untouched = r.buf[i] == FRESH_BYTE;
+  int in_ok = 1;
+  for (size_t i = 0; i < bytes && in_ok; i++) in_ok = s.buf[i] == pat(g_rank, 0, i, 7);
+  printf("mismatch.out_untouched %d\nmismatch.in_untouched %d\n", untouched, in_ok);
+  begin_check("no byte next to the buffers changed");
+  if (!mm_canary_ok(&s)) fail("a canary byte next to the send buffer changed");
+  if (!mm_canary_ok(&r)) fail("a canary byte next to the receive buffer changed");
+  ncclResult_t ae = ncclSuccess;
+  ncclCommGetAsyncError(comm, &ae);
+  printf("mismatch.async %d\n", (int)ae);
+  float x[4] = {1, 1, 1, 1}, y[4];
+  t = now_ms();
+  ncclResult_t later = ncclAllReduce(x, y, 4, ncclFloat32, ncclSum, comm, NULL);
+  printf("mismatch.later_rc %d\nmismatch.later_ms %.1f\n", (int)later, now_ms() - t);
+  kv_str("mismatch.later_error", ncclGetLastError(comm));
+  printf("mismatch.destroy_rc %d\n", (int)ncclCommDestroy(comm));
+  mm_free(&s, NULL);
+  mm_free(&r, NULL);
+  fflush(stdout);
+}
+
 /* ---------------------------------------------------------- newcomms */
 
 static void exchange_id(const char* path, int creator, ncclUniqueId* id) {
@@ -1573,7 +1685,8 @@ static void print_origins(void) {
       NCCL_ORIGIN(ncclGather),          NCCL_ORIGIN(ncclScatter),          NCCL_ORIGIN(ncclSend),
       NCCL_ORIGIN(ncclRecv),            NCCL_ORIGIN(ncclGroupStart),       NCCL_ORIGIN(ncclGroupEnd),
       NCCL_ORIGIN(ncclGroupSimulateEnd), NCCL_ORIGIN(ncclRedOpCreatePreMulSum), NCCL_ORIGIN(ncclRedOpDestroy),
-      NCCL_ORIGIN(ncclGetLastError),    NCCL_ORIGIN(ncclGetErrorString),
+      NCCL_ORIGIN(ncclGetLastError),    NCCL_ORIGIN(ncclGetErrorString),  NCCL_ORIGIN(ncclMemAlloc),
+      NCCL_ORIGIN(ncclMemFree),
   };
   nccl_print_origins(fns, sizeof fns / sizeof fns[0], kv_str);
 }
@@ -1631,6 +1744,9 @@ static int run_mode(const char* m, ncclComm_t* comm) {
     *comm = NULL;
   } else if (!strcmp(m, "peer_fault")) {
     mode_peer_fault(*comm);
+    *comm = NULL;
+  } else if (!strcmp(m, "mismatch")) {
+    mode_mismatch(*comm);
     *comm = NULL;
   } else if (!strcmp(m, "init")) {
     /* nothing beyond the init checks */

@@ -63,6 +63,13 @@
  *              returns) and then report ncclRemoteError through both
  *              ncclCommGetAsyncError and the next call, within the timeout;
  *              then they abort the communicator (last mode)
+ *   mismatch   rank 0's AllGather passes half the count of the others'
+ *              (CUDA IPC path): once the stream is released every rank's
+ *              ncclCommGetAsyncError is ncclInvalidUsage, the output and
+ *              its tail are untouched, the next call fails naming the
+ *              disagreement; then the comm is aborted (last mode)
+ *   mismatch_p2p  the same for a send/recv ring whose sizes differ between
+ *              each sender and its receiver
  *   forward    with HETCCL_NCCL_FALLBACK naming tests/c/fake_nvidia_nccl.c:
  *              ncclCommWindowRegister on a device buffer gives a window,
  *              ncclWinGetUserPtr returns the buffer, ncclSignal to the next
@@ -337,6 +344,8 @@ int main(int argc, char** argv) {
     else if (!strcmp(m, "forward")) mode_forward(comm);
     else if (!strcmp(m, "idle")) mode_idle(comm);
     else if (!strcmp(m, "peerdeath")) aborted = mode_peerdeath(comm);
+    else if (!strcmp(m, "mismatch")) aborted = mode_mismatch(comm);
+    else if (!strcmp(m, "mismatch_p2p")) aborted = mode_mismatch_p2p(comm);
     else {
       fprintf(stderr, "unknown mode %s\n", m);
       exit(2);

@@ -93,5 +93,7 @@ void mode_mixed(ncclComm_t comm);
 void mode_idle(ncclComm_t comm);
 int mode_peerdeath(ncclComm_t comm);
 void mode_forward(ncclComm_t comm);
+int mode_mismatch(ncclComm_t comm);
+int mode_mismatch_p2p(ncclComm_t comm);
 
 #endif

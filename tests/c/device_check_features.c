@@ -1,6 +1,6 @@
 /* device_check's modes for the API around the collectives: capture,
- * memalloc, pinned, mixed, idle, peerdeath and forward (see device_check.c
- * for what each checks). */
+ * memalloc, pinned, mixed, idle, peerdeath, forward, mismatch and
+ * mismatch_p2p (see device_check.c for what each checks). */
 #define _GNU_SOURCE
 #include "device_check.h"
 
@@ -140,4 +140,62 @@ void mode_forward(ncclComm_t comm) {
   NC(comm, ncclCommWindowDeregister(comm, win));
   sync_stream(g_stream);
   dfree(&b);
+}
+
+/* After a call whose shapes differ between ranks (`rc` from enqueueing it):
+ * the stream is released, the failure is ncclInvalidUsage, `out` (of
+ * `out_bytes`) and its tail are untouched, the next call fails and its
+ * message contains `word`; then the comm is aborted. */
+static int mismatch_report(const char* m, ncclComm_t comm, ncclResult_t rc, dbuf* s, dbuf* out,
+                           size_t out_bytes, const char* word) {
+  CUresult q = cuStreamSynchronize(g_stream);
+  ncclResult_t st = ncclSuccess;
+  ncclResult_t arc = ncclCommGetAsyncError(comm, &st);
+  download(out, 0, out_bytes);
+  sync_stream(g_stream);
+  int untouched = 1;
+  for (size_t i = 0; i < out_bytes + TAIL && untouched; i++) untouched = out->h[i] == SENTINEL;
+  ncclResult_t again = ncclAllGather((void*)s->d, (void*)out->d, 1, ncclFloat32, comm, g_stream);
+  const char* msg = ncclGetLastError(comm);
+  printf("%s.call_rc %d\n%s.sync %d\n%s.async %d\n%s.again %d\n%s.untouched %d\n", m, (int)rc, m,
+         (int)q, m, (int)st, m, (int)again, m, untouched);
+  kv_str("mismatch.last_error", msg);
+  m_checks++;
+  g_checks++;
+  if (q != CUDA_SUCCESS) fail("cuStreamSynchronize after the mismatched call returned %d", (int)q);
+  if (arc != ncclSuccess) fail("ncclCommGetAsyncError returned %d", (int)arc);
+  /* The call itself only enqueues; once the stream is released the
+   * failure must be visible. */
+  if (rc != ncclSuccess && rc != ncclInvalidUsage) fail("the call returned %d", (int)rc);
+  if (st != ncclInvalidUsage) fail("ncclCommGetAsyncError after the stream: %d, want 5", (int)st);
+  if (again == ncclSuccess) fail("the next call on the failed comm succeeded");
+  if (msg == NULL || strstr(msg, word) == NULL)
+    fail("the next call's message does not contain \"%s\": %s", word, msg ? msg : "(null)");
+  if (!untouched) fail("the mismatched call wrote the output");
+  dfree(s);
+  dfree(out);
+  NC(NULL, ncclCommAbort(comm));
+  return 1;
+}
+
+int mode_mismatch(ncclComm_t comm) {
+  size_t n = g_rank == 0 ? 1000 : 2000;
+  dbuf s = dalloc(n * 4), r = dalloc(n * 4 * g_nranks);
+  fill_f(&s, n, g_rank, 0);
+  upload(&s, n * 4);
+  ncclResult_t rc = ncclAllGather((void*)s.d, (void*)r.d, n, ncclFloat32, comm, g_stream);
+  return mismatch_report("mismatch", comm, rc, &s, &r, n * 4 * g_nranks, "disagree");
+}
+
+int mode_mismatch_p2p(ncclComm_t comm) {
+  size_t n = g_rank == 0 ? 1000 : 2000;
+  int to = (g_rank + 1) % g_nranks, from = (g_rank + g_nranks - 1) % g_nranks;
+  dbuf s = dalloc(n * 4), r = dalloc(n * 4);
+  fill_f(&s, n, g_rank, 0);
+  upload(&s, n * 4);
+  NC(comm, ncclGroupStart());
+  NC(comm, ncclRecv((void*)r.d, n, ncclFloat32, from, comm, g_stream));
+  NC(comm, ncclSend((void*)s.d, n, ncclFloat32, to, comm, g_stream));
+  ncclResult_t rc = ncclGroupEnd();
+  return mismatch_report("mismatch_p2p", comm, rc, &s, &r, n * 4, "mismatched");
 }

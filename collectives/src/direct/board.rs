@@ -3,19 +3,23 @@
 //!
 //! ```text
 //! offset 0      control lines (128 B): single-copy handshake, owner writes
-//! offset 128    work line (64 B): single-copy work counters
-//! offset 192    done line (64 B): single-copy items finished, owner writes
-//! offset 256    small-message slot, parity 0: seq (8 B) + data
-//! offset 256+S  small-message slot, parity 1
-//! offset 256+2S device-collective slots (16 × 256 B, see `crate::gpu::peer`)
+//! offset 128    extent line (64 B): the single-copy operation's buffer
+//!               lengths and shape, owner writes
+//! offset 192    work line (64 B): single-copy work counters
+//! offset 256    done line (64 B): single-copy items finished, owner writes
+//! offset 320    small-message slot, parity 0: header (32 B) + data
+//! offset 320+S  small-message slot, parity 1
+//! offset 320+2S device-collective slots (16 × 256 B, see `crate::gpu::peer`)
 //! ```
 //!
 //! Every word is written by the board's owner only and read by the other
 //! local ranks, except the work line's claim counter, which every rank
-//! advances with compare-and-swap (see `direct::copy`). A slot's data is written before its `seq` is published with
-//! `Release`; a reader that sees `seq == s` with `Acquire` may read the data
-//! of operation `s`. The data starts in the same cache line as `seq`, so an
-//! 8-byte operation moves one line per rank.
+//! advances with compare-and-swap (see `direct::copy`). A slot's header
+//! (the call's shape and the bytes posted) and data are written before its
+//! `seq` is published with `Release`; a reader that sees `seq == s` with
+//! `Acquire` may read the header and data of operation `s`. The data starts
+//! in the same cache line as `seq`, so an 8-byte operation moves one line
+//! per rank.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,8 +29,12 @@ use crate::transport::arena::BOARD;
 pub const FAST_BYTES: usize = 16 << 10;
 /// Bytes from one slot's start to the next.
 const SLOT_STRIDE: usize = 64 + FAST_BYTES;
+/// A slot's header: `seq`, the shape (2 words), the bytes posted.
+const SLOT_HEADER: usize = 32;
+/// Where the extent line starts.
+const EXTENTS: usize = std::mem::size_of::<Control>();
 /// Where the work line starts.
-const WORK: usize = std::mem::size_of::<Control>();
+const WORK: usize = EXTENTS + std::mem::size_of::<Extents>();
 /// Where the done line starts.
 const DONE: usize = WORK + 64;
 /// Where the first slot starts.
@@ -37,7 +45,9 @@ pub const GPU_SLOTS: usize = 16;
 const GPU0: usize = SLOT0 + 2 * SLOT_STRIDE;
 const _: () = assert!(GPU0 + GPU_SLOTS * std::mem::size_of::<GpuSlot>() <= BOARD);
 const _: () = assert!(std::mem::size_of::<GpuSlot>() == 256);
-const _: () = assert!(WORK == 128);
+const _: () = assert!(std::mem::size_of::<Control>() == 128);
+const _: () = assert!(std::mem::size_of::<Extents>() == 64);
+const _: () = assert!(SLOT_HEADER + FAST_BYTES <= SLOT_STRIDE && SLOT0 % 64 == 0);
 
 /// The control line: what a rank tells the others about its current
 /// single-copy operation (see `direct::copy`).
@@ -96,6 +106,21 @@ impl Control {
     }
 }
 
+/// The extent line: the lengths of the buffers a rank exposes for its
+/// current single-copy operation (their addresses are on the control line)
+/// and the call's shape. Peers bound every access to this rank's memory by
+/// these extents, and refuse the operation when the shapes disagree.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Extents {
+    /// Bytes of the send buffer at [`Control::send`] this operation uses.
+    pub send_len: AtomicU64,
+    /// Bytes of the receive buffer at [`Control::recv`].
+    pub recv_len: AtomicU64,
+    /// The call's [`super::shape::Shape`] words.
+    pub shape: [AtomicU64; 2],
+}
+
 /// One device collective's slot: what its owner tells the other local
 /// ranks about it (see `crate::gpu::peer` for the protocol). Written by the
 /// owner only.
@@ -144,6 +169,13 @@ impl Board {
         unsafe { &*(self.base as *const Control) }
     }
 
+    /// The extent line.
+    pub fn extents(&self) -> &Extents {
+        // SAFETY: the extent line lies inside the board, 64-byte aligned;
+        // zero is a valid value for every field.
+        unsafe { &*(self.base.add(EXTENTS) as *const Extents) }
+    }
+
     /// The claim counter of this rank's home work items (advanced by any
     /// rank with compare-and-swap; monotonic over the communicator's life).
     pub fn claim(&self) -> &AtomicU64 {
@@ -178,13 +210,22 @@ impl Board {
         unsafe { &*(self.slot(seq) as *const AtomicU64) }
     }
 
-    /// The data area of the slot operation `seq` uses.
-    pub fn slot_data(&self, seq: u64) -> *mut u8 {
-        // SAFETY: the data follows the sequence word inside the slot.
-        unsafe { self.slot(seq).add(8) }
+    /// The header words of the slot operation `seq` uses: shape (2 words)
+    /// and the bytes posted.
+    fn slot_header(&self, seq: u64) -> &[AtomicU64; 3] {
+        // SAFETY: three 8-byte aligned words after the sequence word, inside
+        // the slot; zero is a valid value.
+        unsafe { &*(self.slot(seq).add(8) as *const [AtomicU64; 3]) }
     }
 
-    /// Publishes `data` as this rank's input to small operation `seq`.
+    /// The data area of the slot operation `seq` uses.
+    pub fn slot_data(&self, seq: u64) -> *mut u8 {
+        // SAFETY: the data follows the header inside the slot.
+        unsafe { self.slot(seq).add(SLOT_HEADER) }
+    }
+
+    /// Publishes `data` as this rank's input to small operation `seq` of
+    /// shape `shape` (the words of [`super::shape::Shape::encode`]).
     ///
     /// The sequence word is stored with `Release` only, not `SeqCst`: a
     /// full fence would stall on the cache line the peers just read. A
@@ -196,12 +237,17 @@ impl Board {
     /// Only the board's owner may post, and only once every rank has posted
     /// operation `seq - 1` (so nobody still reads operation `seq - 2`, which
     /// used the same slot). `data` must be at most [`FAST_BYTES`].
-    pub unsafe fn post(&self, seq: u64, data: &[u8]) {
-        debug_assert!(data.len() <= FAST_BYTES);
-        // SAFETY: per the contract, nobody reads this slot now.
+    pub unsafe fn post(&self, seq: u64, shape: [u64; 2], data: &[u8]) {
+        assert!(data.len() <= FAST_BYTES, "a slot holds {FAST_BYTES} B");
+        // SAFETY: per the contract, nobody reads this slot now; the length
+        // was checked above.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.slot_data(seq), data.len());
         }
+        let h = self.slot_header(seq);
+        h[0].store(shape[0], Ordering::Relaxed);
+        h[1].store(shape[1], Ordering::Relaxed);
+        h[2].store(data.len() as u64, Ordering::Relaxed);
         self.slot_seq(seq).store(seq, Ordering::Release);
     }
 
@@ -210,17 +256,33 @@ impl Board {
         self.slot_seq(seq).load(Ordering::Acquire) == seq
     }
 
+    /// The shape words and byte count the owner posted with small
+    /// operation `seq` (after [`Board::posted`] returned true for `seq`, and
+    /// before this rank posts `seq + 1`).
+    pub fn posted_shape(&self, seq: u64) -> ([u64; 2], usize) {
+        let h = self.slot_header(seq);
+        (
+            [h[0].load(Ordering::Relaxed), h[1].load(Ordering::Relaxed)],
+            usize::try_from(h[2].load(Ordering::Relaxed)).unwrap_or(usize::MAX),
+        )
+    }
+
     /// The first `len` data bytes of small operation `seq` (after
-    /// [`Board::posted`] returned true for `seq`).
+    /// [`Board::posted`] returned true for `seq`), or `None` when the owner
+    /// posted fewer than `len` bytes.
     ///
     /// # Safety
     /// The owner must have posted `seq` and the caller must not have posted
-    /// `seq + 1` yet; `len` at most [`FAST_BYTES`].
-    pub unsafe fn data(&self, seq: u64, len: usize) -> &[u8] {
-        debug_assert!(len <= FAST_BYTES);
+    /// `seq + 1` yet.
+    pub unsafe fn data(&self, seq: u64, len: usize) -> Option<&[u8]> {
+        let (_, posted) = self.posted_shape(seq);
+        if len > posted.min(FAST_BYTES) {
+            return None;
+        }
         // SAFETY: per the contract, the owner does not rewrite the slot
-        // before this rank posts `seq + 1`.
-        unsafe { std::slice::from_raw_parts(self.slot_data(seq), len) }
+        // before this rank posts `seq + 1`; `len` is within what it posted,
+        // inside the slot.
+        Some(unsafe { std::slice::from_raw_parts(self.slot_data(seq), len) })
     }
 }
 
@@ -238,21 +300,36 @@ mod tests {
         let b = unsafe { Board::at(mem) };
         assert!(!b.posted(1));
         // SAFETY: single-threaded test.
-        unsafe { b.post(1, b"abc") };
+        unsafe { b.post(1, [3, 5], b"abc") };
         assert!(b.posted(1));
         assert!(!b.posted(2));
+        assert_eq!(b.posted_shape(1), ([3, 5], 3));
         // SAFETY: posted above.
-        assert_eq!(unsafe { b.data(1, 3) }, b"abc");
+        assert_eq!(unsafe { b.data(1, 3) }, Some(&b"abc"[..]));
+        // SAFETY: posted above.
+        assert_eq!(unsafe { b.data(1, 4) }, None, "more than was posted");
         // SAFETY: single-threaded test.
-        unsafe { b.post(2, &[7u8; FAST_BYTES]) };
+        unsafe { b.post(2, [9, 9], &[7u8; FAST_BYTES]) };
         // SAFETY: posted above.
-        assert_eq!(unsafe { b.data(1, 3) }, b"abc", "op 2 uses the other slot");
+        assert_eq!(
+            unsafe { b.data(1, 3) },
+            Some(&b"abc"[..]),
+            "op 2 uses the other slot"
+        );
+        // SAFETY: posted above.
+        assert_eq!(
+            unsafe { b.data(2, FAST_BYTES) }.map(<[u8]>::len),
+            Some(FAST_BYTES)
+        );
         assert_ne!(b.slot_data(1), b.slot_data(2));
         assert_eq!(b.slot_data(1), b.slot_data(3));
         assert_eq!(b.control().stage.load(Ordering::Relaxed), 0);
         assert_eq!(b.claim().load(Ordering::Relaxed), 0);
         b.done().store(5, Ordering::Relaxed);
         assert_eq!(b.claim().load(Ordering::Relaxed), 0, "separate lines");
+        b.extents().send_len.store(11, Ordering::Relaxed);
+        assert_eq!(b.control().cpu.load(Ordering::Relaxed), 0);
+        assert_eq!(b.claim().load(Ordering::Relaxed), 0);
         assert!(b.slot_seq(1).load(Ordering::Relaxed) == 1 && !b.posted(4));
         // SAFETY: allocated above with this layout.
         unsafe { std::alloc::dealloc(mem, layout) };

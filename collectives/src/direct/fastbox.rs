@@ -5,10 +5,20 @@
 //! receivers and a reduce's non-roots: that full exchange is what makes the
 //! two alternating slots safe (see [`super::board`]). Every rank folds the
 //! inputs in rank order, so all ranks compute bit-identical results.
+//!
+//! Each post carries the call's shape and the bytes posted. Once every rank
+//! has posted, every rank compares all shapes before it reads a slot, so a
+//! mismatched call fails with `ncclInvalidUsage` on every rank, and no slot
+//! is read beyond what its owner posted. A peer that took the single-copy
+//! path for the same operation (a larger call) never posts; the wait sees
+//! it in a single-copy operation this rank has not started and fails the
+//! same way (see [`Node::peer_in_copy`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::Ordering;
 
 use super::board::FAST_BYTES;
+use super::shape::{self, Shape};
 use super::wait::Op;
 use super::Node;
 use crate::algo::Collective;
@@ -79,6 +89,7 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
     let n = node.nranks();
     let me = node.me;
     let bytes = a.count * a.dtype.size();
+    let shape = Shape::of(a).encode();
     // Only the thread holding the communicator's exec lock counts: a load
     // and a store, no read-modify-write.
     let s = node.fast_seq.load(std::sync::atomic::Ordering::Relaxed) + 1;
@@ -102,14 +113,14 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
             t.resize(input.len(), 0);
             reduce::pre_op(&mut t, input, a.dtype, op, n as u32).map_err(kernel)?;
             // SAFETY: as below.
-            unsafe { node.boards[me].post(s, &t) };
+            unsafe { node.boards[me].post(s, shape, &t) };
             Ok::<_, Error>(())
         })?;
     } else {
         // SAFETY: this rank owns its board, and every rank finished
         // operation s - 1 before this one (its own wait below in the
         // previous call).
-        unsafe { node.boards[me].post(s, input) };
+        unsafe { node.boards[me].post(s, shape, input) };
     }
     node.wake_peers();
     let what = || {
@@ -123,9 +134,35 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
         watch,
         seq: trace,
     };
+    let other_path = Cell::new(None);
     node.wait(&wop, || {
-        (0..n).find(|&k| k != me && !node.boards[k].posted(s))
+        for k in (0..n).filter(|&k| k != me) {
+            if node.boards[k].posted(s) {
+                continue;
+            }
+            // Checked in this order: a peer posts `s` before it can enter
+            // a later single-copy operation.
+            if node.peer_in_copy(k) && !node.boards[k].posted(s) {
+                other_path.set(Some(k));
+                return None;
+            }
+            return Some(k);
+        }
+        None
     })?;
+    if let Some(k) = other_path.get() {
+        let theirs = Shape::load(&node.boards[k].extents().shape);
+        return Err(shape::disagree(
+            "board slots against single copy",
+            k,
+            theirs,
+            me,
+            shape,
+        ));
+    }
+    if let Some(e) = shape::check_all("board slots", n, |k| node.boards[k].posted_shape(s).0) {
+        return Err(e);
+    }
     let out_len = match a.kind {
         Collective::AllGather => bytes * n,
         Collective::Reduce if a.root != me => 0,
@@ -137,17 +174,38 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
     // SAFETY: validated: `recv` holds `recv_bytes` >= `out_len` writable
     // bytes; the slots hold copies, so `recv` may alias `send`.
     let out = unsafe { std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), out_len) };
+    // Every slot read below stays within what its owner posted (equal
+    // shapes post equal lengths; checked again here).
+    let read = match a.kind {
+        Collective::Broadcast => 0..0,
+        Collective::ReduceScatter => me * bytes..(me + 1) * bytes,
+        _ => 0..bytes,
+    };
+    let (readers, need) = match a.kind {
+        Collective::Broadcast => (a.root..a.root + 1, bytes),
+        _ => (0..n, read.end),
+    };
+    for k in readers {
+        let (_, posted) = node.boards[k].posted_shape(s);
+        if posted < need {
+            return Err(Error::Internal(format!(
+                "{}: rank {k} posted {posted} B, fewer than the {need} B read",
+                what()
+            )));
+        }
+    }
     // SAFETY (every `data` below): all ranks posted `s`, and this rank has
-    // not posted `s + 1`.
-    let slot = |k: usize, len: usize| unsafe { node.boards[k].data(s, len) };
+    // not posted `s + 1`; the lengths were checked above.
+    let slot = |k: usize, len: usize| unsafe { node.boards[k].data(s, len) }.unwrap_or(&[]);
     match a.kind {
         Collective::AllReduce | Collective::Reduce => {
             with_inputs(n, |k| slot(k, bytes), |inputs| fold(out, inputs, a, op))
         }
-        Collective::ReduceScatter => {
-            let (lo, hi) = (me * bytes, (me + 1) * bytes);
-            with_inputs(n, |k| &slot(k, hi)[lo..], |inputs| fold(out, inputs, a, op))
-        }
+        Collective::ReduceScatter => with_inputs(
+            n,
+            |k| &slot(k, read.end)[read.start..],
+            |inputs| fold(out, inputs, a, op),
+        ),
         Collective::AllGather => {
             for (k, chunk) in out.chunks_exact_mut(bytes).enumerate() {
                 chunk.copy_from_slice(slot(k, bytes));
@@ -162,6 +220,24 @@ pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -
             Ok(())
         }
         other => Err(Error::Internal(format!("fastbox cannot run {other}"))),
+    }
+}
+
+impl Node {
+    /// Whether local rank `k` has entered a single-copy operation this rank
+    /// has not started: its control line is past this rank's single-copy
+    /// operations, or it has probed the single-copy path, which this rank
+    /// has not. A rank in small operation `s` that sees this of a peer that
+    /// has not posted `s` (checked after this) knows the peer took the
+    /// single-copy path for the same operation: a peer enters a later one
+    /// only after posting `s`.
+    pub(super) fn peer_in_copy(&self, k: usize) -> bool {
+        let c = self.copy_seq.load(Ordering::Relaxed);
+        let ctl = self.boards[k].control();
+        ctl.stage.load(Ordering::Acquire) >= (c + 1) << 8
+            || (c == 0
+                && self.copy_state.load(Ordering::Relaxed) == 0
+                && ctl.probe_ok.load(Ordering::Acquire) != 0)
     }
 }
 

@@ -14,8 +14,12 @@
 //!
 //! Both run on the calling thread, outside groups, on blocking
 //! communicators, and count as the `Direct` algorithm for `NCCL_ALGO`.
-//! [`try_run`] decides, from values every rank has, so that all ranks take
-//! the same path.
+//! [`try_run`] decides from the call's size, so ranks that passed the same
+//! call take the same path. Every rank publishes its call's shape and
+//! buffer extents, and no rank touches a peer's memory before every rank
+//! has checked that all passed the same call: a mismatched call fails with
+//! `ncclInvalidUsage` on every rank, also when the ranks' sizes sent them
+//! to different direct paths.
 
 pub mod board;
 pub mod copy;
@@ -24,6 +28,7 @@ pub mod fastbox;
 mod ntcopy;
 mod peer_map;
 pub mod region;
+pub(crate) mod shape;
 mod wait;
 mod work;
 
@@ -266,11 +271,17 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
     )?;
     let watch = &e.links.watch;
     if path == Path::Copy {
-        match node.copy_usable(watch, e.seq.load(Ordering::Relaxed)) {
+        let shape = shape::Shape::of(a).encode();
+        match node.copy_usable(watch, e.seq.load(Ordering::Relaxed), shape) {
             Ok(true) => {}
             Ok(false) => return None,
             Err(err) => {
-                e.links.close_links();
+                // A stalled peer: peers blocked on this rank fail at once.
+                // A mismatch: every rank detects it itself, so the links stay
+                // up and each reports ncclInvalidUsage.
+                if !matches!(err, crate::error::Error::InvalidUsage(_)) {
+                    e.links.close_links();
+                }
                 return Some(Err(err));
             }
         }
@@ -293,7 +304,10 @@ pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Re
     watch.end();
     if r.is_err() {
         // Peers blocked on this rank fail at once instead of at their own
-        // stall limit (the communicator is unusable now anyway).
+        // stall limit (the communicator is unusable now anyway). Peers
+        // that already have this rank's word for their wait still finish
+        // it (see `wait.rs`), so a call the ranks disagree on is reported
+        // as that on every rank.
         e.links.close_links();
     }
     Some(r)

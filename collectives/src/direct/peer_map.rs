@@ -10,7 +10,9 @@ use std::sync::atomic::Ordering;
 use parking_lot::Mutex;
 
 use super::board::Control;
+use super::copy::Side;
 use super::Node;
+use crate::error::Result;
 
 /// The most peer allocations one rank keeps mapped.
 const MAX_MAPS: usize = 32;
@@ -91,8 +93,22 @@ impl Node {
     /// A pointer through which this rank can access `len` bytes at `addr` in
     /// local rank `k`'s address space directly, if it can: `k` is in this
     /// process, or the bytes lie in an allocation `k` published for its
-    /// current single-copy operation and this rank could map it.
-    pub(crate) fn peer_view(&self, k: usize, addr: u64, len: usize) -> Option<*mut u8> {
+    /// current single-copy operation and this rank could map it. `Err`
+    /// (before anything is accessed) unless the bytes lie inside the `side`
+    /// buffer `k` published for the operation ([`Node::within`]).
+    pub(super) fn peer_view(
+        &self,
+        k: usize,
+        side: Side,
+        addr: u64,
+        len: usize,
+    ) -> Result<Option<*mut u8>> {
+        self.within(k, side, addr, len)?;
+        Ok(self.view(k, addr, len))
+    }
+
+    /// [`Node::peer_view`] without the extent check.
+    fn view(&self, k: usize, addr: u64, len: usize) -> Option<*mut u8> {
         let ctl = self.boards[k].control();
         let pid = ctl.pid.load(Ordering::Relaxed) as u32;
         if pid == self.pid {

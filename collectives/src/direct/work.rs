@@ -26,6 +26,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
+use super::copy::Side;
 use super::ntcopy;
 use super::Node;
 use crate::algo::Collective;
@@ -110,6 +111,15 @@ impl Plan {
         let (b, j) = (t / self.per_block, t % self.per_block);
         let lo = j * self.chunk;
         (b, lo, (lo + self.chunk).min(self.bytes))
+    }
+
+    /// Bytes rank `k`'s buffers must hold `(send, recv)` (a Broadcast
+    /// reads only the root's send buffer).
+    fn needs(&self, k: usize, root: usize) -> (usize, usize) {
+        match self.buffer_bytes() {
+            (_, r) if self.kind == Collective::Broadcast && k != root => (0, r),
+            b => b,
+        }
     }
 
     /// Bytes of rank buffers `(send, recv)`.
@@ -213,6 +223,27 @@ impl<'a> Job<'a> {
         self.nt && !self.in_place(k)
     }
 
+    /// The error when a rank's published buffers cannot hold what this
+    /// operation reads or writes there (`None` when all can). Equal shapes
+    /// give equal extents, so this only fails on a broken invariant.
+    pub fn check_extents(&self) -> Option<Error> {
+        (0..self.plan.n).find_map(|k| {
+            let (need_s, need_r) = self.plan.needs(k, self.a.root);
+            let x = self.node.boards[k].extents();
+            let (s, r) = (
+                x.send_len.load(Ordering::Acquire),
+                x.recv_len.load(Ordering::Acquire),
+            );
+            (s < need_s as u64 || r < need_r as u64).then(|| {
+                Error::Internal(format!(
+                    "single copy: rank {k} published buffers of {s} B (send) and {r} B \
+                     (receive); this {} needs {need_s} B and {need_r} B",
+                    self.a.kind
+                ))
+            })
+        })
+    }
+
     /// The sum of the done counters once every item of this operation (and
     /// of all before it) is finished.
     pub fn target(&self) -> u64 {
@@ -298,8 +329,9 @@ impl<'a> Job<'a> {
         len: usize,
         tmp: &'t mut Vec<u8>,
     ) -> Result<&'t [u8]> {
-        if let Some(p) = self.node.peer_view(k, addr, len) {
-            // SAFETY: rank k's buffer, which nobody writes while this item
+        if let Some(p) = self.node.peer_view(k, Side::Send, addr, len)? {
+            // SAFETY: rank k's buffer (inside its published send buffer,
+            // checked by `peer_view`), which nobody writes while this item
             // runs (only this item's claimer writes this range, and inputs
             // are only rewritten in place by the item that read them).
             return Ok(unsafe { std::slice::from_raw_parts(p.cast_const(), len) });
@@ -311,10 +343,11 @@ impl<'a> Job<'a> {
 
     /// Writes `data` to `addr` in rank `k`'s address space.
     fn put(&self, k: usize, addr: u64, data: &[u8]) -> Result<()> {
-        match self.node.peer_view(k, addr, data.len()) {
+        match self.node.peer_view(k, Side::Recv, addr, data.len())? {
             Some(d) if d.cast_const() == data.as_ptr() => Ok(()),
-            // SAFETY: rank k's output range of this item, which only this
-            // rank writes now; `data` is a separate buffer.
+            // SAFETY: rank k's output range of this item (inside its
+            // published receive buffer, checked by `peer_view`), which only
+            // this rank writes now; `data` is a separate buffer.
             Some(d) => unsafe {
                 put_bytes(d, data, self.nt_for(k));
                 Ok(())
@@ -334,8 +367,8 @@ impl<'a> Job<'a> {
         len: usize,
         tmp: &mut Vec<u8>,
     ) -> Result<()> {
-        if let Some(d) = self.node.peer_view(dst_k, dst, len) {
-            return match self.node.peer_view(src_k, src, len) {
+        if let Some(d) = self.node.peer_view(dst_k, Side::Recv, dst, len)? {
+            return match self.node.peer_view(src_k, Side::Send, src, len)? {
                 // SAFETY: rank dst_k's output range of this item, which only
                 // this rank writes now, and a distinct source range (the
                 // caller skips in-place copies).
@@ -393,6 +426,7 @@ impl<'a> Job<'a> {
             acc.resize(len, 0);
             acc
         } else {
+            node.within(me, Side::Recv, own_out, len)?;
             // SAFETY: this rank's output range of the item, which only this
             // rank writes now. Out of place no input overlaps it; in place
             // it is this rank's own input of the item, read only through

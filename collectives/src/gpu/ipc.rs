@@ -150,12 +150,7 @@ pub fn export(p: *const c_void) -> Result<Export> {
 }
 
 fn export_uncached(p: *const c_void) -> Result<Export> {
-    let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
-    // SAFETY: writable slots; the driver checks the address.
-    driver::check(
-        unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, p as cu::CUdeviceptr) },
-        "cuMemGetAddressRange",
-    )?;
+    let (base, size) = address_range(p as u64)?;
     let mut h = cu::CUipcMemHandle {
         reserved: [0; HANDLE_BYTES],
     };
@@ -171,7 +166,7 @@ fn export_uncached(p: *const c_void) -> Result<Export> {
     Ok(Export {
         handle,
         offset: p as u64 - base,
-        size: size as u64,
+        size,
         ptr: p as u64,
     })
 }
@@ -237,22 +232,59 @@ pub fn check_peer_access(mine: &[u8; 16], peer: &[u8; 16]) -> Result<()> {
     }
 }
 
-/// Peer allocations opened in this process, for one communicator.
+/// Peer allocations opened in this process, for one communicator: the
+/// local base and the size of each mapping.
 #[derive(Debug, Default)]
 pub struct Imports {
-    open: HashMap<(u32, [u8; HANDLE_BYTES]), u64>,
+    open: HashMap<(u32, [u8; HANDLE_BYTES]), (u64, u64)>,
     order: VecDeque<(u32, [u8; HANDLE_BYTES])>,
 }
 
+/// The allocation that holds device pointer `p` in this process: (base,
+/// size), from the driver.
+fn address_range(p: u64) -> Result<(u64, u64)> {
+    let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: writable slots; the driver checks the address.
+    driver::check(
+        unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, p as cu::CUdeviceptr) },
+        "cuMemGetAddressRange",
+    )?;
+    Ok((base, size as u64))
+}
+
+/// Fails unless `len` bytes from `off` fit in `size` bytes.
+fn fits(what: &str, off: u64, len: u64, size: u64) -> Result<()> {
+    match off.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::usage(format!(
+            "{what}: {len} B at offset {off} do not fit in the {size} B allocation; refused \
+             before any access"
+        ))),
+    }
+}
+
 impl Imports {
-    /// The address in this process of the buffer `e` that process `pid`
-    /// exported (`pid` is this process: `e.ptr` itself).
-    pub fn resolve(&mut self, pid: u32, e: &Export) -> Result<u64> {
+    /// The address in this process of the `len`-byte buffer `e` that
+    /// process `pid` exported (`pid` is this process: `e.ptr` itself).
+    /// The buffer must lie inside the allocation the peer exported, and,
+    /// once mapped here, inside the mapping the driver made, or nothing is
+    /// opened or returned.
+    pub fn resolve(&mut self, pid: u32, e: &Export, len: u64) -> Result<u64> {
+        let what = format!("process {pid}'s buffer");
+        fits(&what, e.offset, len, e.size)?;
         if pid == std::process::id() {
+            let (base, size) = address_range(e.ptr)?;
+            fits(
+                &what,
+                e.ptr.checked_sub(base).unwrap_or(u64::MAX),
+                len,
+                size,
+            )?;
             return Ok(e.ptr);
         }
         let key = (pid, e.handle);
-        if let Some(&base) = self.open.get(&key) {
+        if let Some(&(base, size)) = self.open.get(&key) {
+            fits(&what, e.offset, len, size)?;
             return Ok(base + e.offset);
         }
         let mut h = cu::CUipcMemHandle {
@@ -270,27 +302,49 @@ impl Imports {
             "cuIpcOpenMemHandle",
         )
         .map_err(|err| Error::System(format!("opening process {pid}'s buffer: {err}")))?;
+        // What the driver mapped, whatever the peer said.
+        let size = match address_range(base) {
+            Ok((b, size)) if b == base => size,
+            _ => 0,
+        };
         if self.order.len() >= MAX_IMPORTS {
             if let Some(old) = self.order.pop_front() {
-                if let Some(b) = self.open.remove(&old) {
+                if let Some((b, _)) = self.open.remove(&old) {
                     // SAFETY: opened here; no operation uses it any more
                     // (operations end with their stream synchronised).
                     unsafe { cu::cuIpcCloseMemHandle(b) };
                 }
             }
         }
-        self.open.insert(key, base);
+        self.open.insert(key, (base, size));
         self.order.push_back(key);
+        fits(&what, e.offset, len, size)?;
         Ok(base + e.offset)
     }
 }
 
 impl Drop for Imports {
     fn drop(&mut self) {
-        for (_, b) in self.open.drain() {
+        for (_, (b, _)) in self.open.drain() {
             // SAFETY: opened by resolve; the proxy owning this cache has no
             // work in flight when it ends.
             unsafe { cu::cuIpcCloseMemHandle(b) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_must_fit_its_allocation() {
+        assert!(fits("b", 0, 4096, 4096).is_ok());
+        assert!(fits("b", 4000, 96, 4096).is_ok());
+        assert!(fits("b", 0, 0, 0).is_ok());
+        let e = fits("rank 1's buffer", 4000, 97, 4096).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+        assert!(e.to_string().contains("do not fit"), "{e}");
+        assert!(fits("b", u64::MAX, 2, u64::MAX).is_err(), "overflow");
     }
 }

@@ -13,8 +13,11 @@
 //!    handle, offset, bytes, pid, GPU UUID, whether it can take the path)
 //!    and publishes the message number;
 //! 2. decide: for each receive, the receiver waits for the post, decides
-//!    (both able, same size, peer access, the sender's buffer opened) and
-//!    acknowledges with the decision;
+//!    (both able, peer access, the sender's buffer opened inside the
+//!    allocation it exported) and acknowledges with the decision; a post
+//!    whose size differs from the receive's is refused (mismatched calls:
+//!    both sides fail with `ncclInvalidUsage` once the rest of the batch
+//!    is done, and the message moves neither way);
 //! 3. the senders read the decisions of their last messages;
 //! 4. the receivers copy their IPC messages on the proxy's stream,
 //!    synchronise it and publish each message as done; the calls that stage
@@ -37,7 +40,7 @@ use super::stage;
 use crate::algo::Collective;
 use crate::api::coll_args::CollArgs;
 use crate::direct::{Node, WaitOp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transport::arena::MAILBOX;
 
 /// One ordered pair's mailbox (in the node arena; zero at creation).
@@ -47,7 +50,8 @@ struct Mailbox {
     post: AtomicU64,
     /// The last message the receiver acknowledged.
     ack: AtomicU64,
-    /// The receiver's decision for message `ack`: 1 CUDA IPC, 2 staged.
+    /// The receiver's decision for message `ack`: 1 CUDA IPC, 2 staged, 3
+    /// refused, with the receive's byte count above the low 8 bits.
     go: AtomicU64,
     /// The last message the receiver finished copying (CUDA IPC ones).
     done: AtomicU64,
@@ -107,6 +111,10 @@ fn local_able(a: &CollArgs) -> bool {
     matches!(a.placement, Placement::Device(_)) && !hetccl_core::config::get().p2p_disable
 }
 
+/// The receiver's decisions ([`Mailbox::go`], low 8 bits).
+const GO_IPC: u64 = 1;
+const GO_REFUSED: u64 = 3;
+
 /// One send or receive of the batch and what became of it.
 struct Msg<'a> {
     a: &'a CollArgs,
@@ -120,6 +128,8 @@ struct Msg<'a> {
     done_step: bool,
     /// For an IPC receive: the sender's buffer in this process.
     src: u64,
+    /// Refused for a size mismatch: the error this rank returns.
+    refused: Option<String>,
 }
 
 /// The direct-path node of `a`'s communicator (all its ranks on this node).
@@ -163,6 +173,7 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
             decided: false,
             done_step: false,
             src: 0,
+            refused: None,
         });
     }
     // 1-2. Post every send and acknowledge every receive, each as soon as
@@ -216,12 +227,13 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
         }
         let (m, k) = (pair_box(msg), msg.k);
         wait_for(msg, "device mailbox", || m.ack.load(Ordering::Acquire) < k)?;
-        msg.ipc = m.go.load(Ordering::Relaxed) == 1;
-        msg.decided = true;
+        decide_send(msg, m.go.load(Ordering::Relaxed));
     }
     for msg in &msgs {
         let path = if msg.ipc {
             "CUDA IPC"
+        } else if msg.refused.is_some() {
+            "refused (sizes differ)"
         } else {
             "staged through host memory"
         };
@@ -247,7 +259,11 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
     let staged: Vec<&CollArgs> = calls
         .iter()
         .copied()
-        .filter(|a| !msgs.iter().any(|m| m.ipc && std::ptr::eq(m.a, *a)))
+        .filter(|a| {
+            !msgs
+                .iter()
+                .any(|m| (m.ipc || m.refused.is_some()) && std::ptr::eq(m.a, *a))
+        })
         .collect();
     if !staged.is_empty() {
         stage::run(&staged, stream)?;
@@ -262,7 +278,26 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
             m.done.load(Ordering::Acquire) < k
         })?;
     }
-    Ok(())
+    match msgs.iter().find_map(|m| m.refused.clone()) {
+        Some(why) => Err(Error::usage(why)),
+        None => Ok(()),
+    }
+}
+
+/// Records the receiver's decision `go` for send `msg`.
+fn decide_send(msg: &mut Msg<'_>, go: u64) {
+    msg.ipc = (go & 0xff) == GO_IPC;
+    if (go & 0xff) == GO_REFUSED {
+        msg.refused = Some(format!(
+            "send {} of {} B to rank {}: the receive there is of {} B; the ranks' calls are \
+             mismatched (a send and its receive must have the same count and datatype)",
+            msg.k,
+            msg.a.send_bytes,
+            msg.a.root,
+            go >> 8
+        ));
+    }
+    msg.decided = true;
 }
 
 /// Waits while `blocked` holds, with the node's bounded wait (abort, stall
@@ -315,8 +350,7 @@ fn try_post(msgs: &mut [Msg<'_>], i: usize) -> bool {
             && std::sync::Arc::ptr_eq(&x.a.comm, &a.comm)
             && x.k == k - 1
     }) {
-        prev.ipc = m.go.load(Ordering::Relaxed) == 1;
-        prev.decided = true;
+        decide_send(prev, m.go.load(Ordering::Relaxed));
     }
     let export = if a.send_bytes == 0 {
         None
@@ -351,11 +385,19 @@ fn try_ack(msg: &mut Msg<'_>, st: &mut PeerState, mine: Option<[u8; 16]>) -> boo
         return false;
     }
     let p = Post::read(m);
-    let ipc = p.able
+    let want = a.recv_bytes as u64;
+    if p.bytes != want {
+        msg.refused = Some(format!(
+            "receive {k} of {want} B from rank {}: the send there is of {} B; the ranks' calls \
+             are mismatched (a send and its receive must have the same count and datatype)",
+            a.root, p.bytes
+        ));
+    }
+    let ipc = msg.refused.is_none()
+        && p.able
         && local_able(a)
-        && p.bytes == a.recv_bytes as u64
         && mine.is_some_and(|u| ipc::check_peer_access(&u, &p.uuid).is_ok())
-        && match st.imports.resolve(p.pid, &p.export) {
+        && match st.imports.resolve(p.pid, &p.export, p.bytes) {
             Ok(s) => {
                 msg.src = s;
                 true
@@ -365,7 +407,12 @@ fn try_ack(msg: &mut Msg<'_>, st: &mut PeerState, mine: Option<[u8; 16]>) -> boo
                 false
             }
         };
-    m.go.store(if ipc { 1 } else { 2 }, Ordering::Relaxed);
+    let go = match (ipc, msg.refused.is_some()) {
+        (true, _) => GO_IPC,
+        (false, true) => GO_REFUSED | want << 8,
+        (false, false) => 2,
+    };
+    m.go.store(go, Ordering::Relaxed);
     m.ack.store(k, Ordering::Release);
     msg.node.wake_peers();
     msg.ipc = ipc;

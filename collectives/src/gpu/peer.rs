@@ -44,8 +44,6 @@
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use hetccl_abi::RedOp;
-
 use super::driver::{self, cu};
 use super::ipc::{self, Export, Imports};
 use super::kernels::{self, DeviceKernels};
@@ -55,8 +53,9 @@ use crate::api::coll_args::CollArgs;
 use crate::api::launch;
 use crate::comm::Comm;
 use crate::direct::board::GpuSlot;
+use crate::direct::shape::{self, Shape};
 use crate::direct::{Node, WaitOp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::exec::watch::Watch;
 use crate::reduce::Scalar;
 
@@ -91,68 +90,88 @@ struct Desc {
     able: bool,
     pid: u32,
     uuid: [u8; 16],
-    /// A digest of kind, count, datatype, op and root (all ranks agree).
-    shape: u64,
+    /// The call's shape (`crate::direct::shape::Shape` words; zeros when
+    /// unknown): all ranks must agree.
+    shape: [u64; 2],
     send: Option<Export>,
     recv: Option<Export>,
+    /// Bytes of the send buffer the call reads (peers never read more).
+    send_len: u64,
+    /// Bytes of the receive buffer the call writes.
+    recv_len: u64,
     /// The rank's pre-multiplier (PreMulSum, float Avg), little-endian.
     scalar: [u8; 8],
     /// Phase-1 result: whether the rank opened every buffer it reads.
     opened: bool,
 }
 
-const W_FLAGS: usize = 0;
-const W_PID: usize = 1;
+/// Flags in the low 32 bits (bit 3: the phase-1 result, set later), the pid
+/// in the high ones.
+const W_FLAGS_PID: usize = 0;
+const W_SEND_LEN: usize = 1;
 const W_UUID: usize = 2;
 const W_SHAPE: usize = 4;
 const W_SEND: usize = 5;
 const W_RECV: usize = 16;
-const W_OPENED: usize = 27;
+const W_SHAPE2: usize = 27;
 const W_SCALAR: usize = 28;
-const _: () = assert!(W_RECV + Export::WORDS <= W_OPENED && W_SCALAR < 30);
+const W_RECV_LEN: usize = 29;
+const _: () = assert!(W_RECV + Export::WORDS <= W_SHAPE2 && W_RECV_LEN < 30);
+/// The flag of the phase-1 result in [`W_FLAGS_PID`].
+const OPENED: u64 = 1 << 3;
 
 impl Desc {
     fn write(&self, s: &GpuSlot) {
         let flags = u64::from(self.able)
             | u64::from(self.send.is_some()) << 1
             | u64::from(self.recv.is_some()) << 2;
-        s.desc[W_FLAGS].store(flags, Ordering::Relaxed);
-        s.desc[W_PID].store(u64::from(self.pid), Ordering::Relaxed);
+        s.desc[W_FLAGS_PID].store(flags | u64::from(self.pid) << 32, Ordering::Relaxed);
+        s.desc[W_SEND_LEN].store(self.send_len, Ordering::Relaxed);
+        s.desc[W_RECV_LEN].store(self.recv_len, Ordering::Relaxed);
         ipc::store_uuid(&s.desc[W_UUID..W_UUID + 2], &self.uuid);
-        s.desc[W_SHAPE].store(self.shape, Ordering::Relaxed);
+        s.desc[W_SHAPE].store(self.shape[0], Ordering::Relaxed);
+        s.desc[W_SHAPE2].store(self.shape[1], Ordering::Relaxed);
         if let Some(e) = &self.send {
             e.store(&s.desc[W_SEND..]);
         }
         if let Some(e) = &self.recv {
             e.store(&s.desc[W_RECV..]);
         }
-        s.desc[W_OPENED].store(0, Ordering::Relaxed);
         s.desc[W_SCALAR].store(u64::from_le_bytes(self.scalar), Ordering::Relaxed);
     }
 
     fn read(s: &GpuSlot) -> Desc {
-        let flags = s.desc[W_FLAGS].load(Ordering::Relaxed);
+        let flags = s.desc[W_FLAGS_PID].load(Ordering::Relaxed);
         let uuid = ipc::load_uuid(&s.desc[W_UUID..W_UUID + 2]);
         Desc {
             able: flags & 1 != 0,
-            pid: s.desc[W_PID].load(Ordering::Relaxed) as u32,
+            pid: (flags >> 32) as u32,
+            send_len: s.desc[W_SEND_LEN].load(Ordering::Relaxed),
+            recv_len: s.desc[W_RECV_LEN].load(Ordering::Relaxed),
             uuid,
-            shape: s.desc[W_SHAPE].load(Ordering::Relaxed),
+            shape: [
+                s.desc[W_SHAPE].load(Ordering::Relaxed),
+                s.desc[W_SHAPE2].load(Ordering::Relaxed),
+            ],
             send: (flags & 2 != 0).then(|| Export::load(&s.desc[W_SEND..])),
             recv: (flags & 4 != 0).then(|| Export::load(&s.desc[W_RECV..])),
-            opened: s.desc[W_OPENED].load(Ordering::Relaxed) != 0,
+            opened: flags & OPENED != 0,
             scalar: s.desc[W_SCALAR].load(Ordering::Relaxed).to_le_bytes(),
         }
     }
 
-    fn no() -> Desc {
+    /// "Cannot take the path" for a call of `shape` (zeros: unknown, a
+    /// batch with sends or receives).
+    fn no(shape: [u64; 2]) -> Desc {
         Desc {
             able: false,
             pid: std::process::id(),
             uuid: [0; 16],
-            shape: 0,
+            shape,
             send: None,
             recv: None,
+            send_len: 0,
+            recv_len: 0,
             opened: false,
             scalar: [0; 8],
         }
@@ -174,26 +193,9 @@ fn serves(a: &CollArgs) -> bool {
     }
 }
 
-fn shape_of(a: &CollArgs) -> u64 {
-    let op = match a.op {
-        RedOp::Sum => 0,
-        RedOp::Prod => 1,
-        RedOp::Max => 2,
-        RedOp::Min => 3,
-        RedOp::Avg => 4,
-        RedOp::Dynamic(d) => 5 + d as u64,
-    };
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for v in [
-        a.kind as u64,
-        a.count as u64,
-        a.dtype as u64,
-        op,
-        a.root as u64,
-    ] {
-        h = (h ^ v).wrapping_mul(0x1000_0000_01b3);
-    }
-    h
+/// The shape words of `a` (what every rank must pass alike).
+fn shape_of(a: &CollArgs) -> [u64; 2] {
+    Shape::of(a).encode()
 }
 
 /// How a reduction folds its inputs on the GPU.
@@ -246,20 +248,22 @@ type Reducer = (std::sync::Arc<DeviceKernels>, Fold);
 
 /// This rank's descriptor for `a`, and for a reduction its kernels and fold.
 fn describe(a: &CollArgs) -> (Desc, Option<Reducer>) {
+    let shape = shape_of(a);
+    let no = || (Desc::no(shape), None);
     let device = match a.placement {
         Placement::Device(d) => d,
-        _ => return (Desc::no(), None),
+        _ => return no(),
     };
     if hetccl_core::config::get().p2p_disable || !serves(a) {
-        return (Desc::no(), None);
+        return no();
     }
     let mut scalar = [0u8; 8];
     let reducer = if a.kind.reduces() {
         let Ok(k) = kernels::for_device(device) else {
-            return (Desc::no(), None);
+            return no();
         };
         let Some((fold, s)) = fold_of(a, &k) else {
-            return (Desc::no(), None);
+            return no();
         };
         scalar = s;
         Some((k, fold))
@@ -278,15 +282,17 @@ fn describe(a: &CollArgs) -> (Desc, Option<Reducer>) {
         exp(a.recv as *const c_void, a.recv_bytes),
         ipc::current_uuid(),
     ) else {
-        return (Desc::no(), None);
+        return no();
     };
     let d = Desc {
         able: true,
         pid: std::process::id(),
         uuid,
-        shape: shape_of(a),
+        shape,
         send,
         recv,
+        send_len: a.send_bytes as u64,
+        recv_len: a.recv_bytes as u64,
         opened: false,
         scalar,
     };
@@ -296,7 +302,7 @@ fn describe(a: &CollArgs) -> (Desc, Option<Reducer>) {
 /// Posts "no" for a device collective of a batch with sends or receives
 /// (it stages as one host group), keeping the slot sequence in step.
 pub fn post_no(node: &Node, comm: &Comm) {
-    post(node, next_seq(comm), &Desc::no());
+    post(node, next_seq(comm), &Desc::no([0; 2]));
 }
 
 /// Reads peer `k`'s descriptor of `seq` (None: it has moved past `seq`).
@@ -345,17 +351,28 @@ pub fn try_run(
             read_peer(node, k, seq)
         };
         match d {
-            Some(d) if d.able && d.shape == mine.shape => descs.push(d),
+            // Every rank that can take the path reads every descriptor, so
+            // each of them finds the disagreement and fails; a peer that
+            // cannot (it posted its shape with "no") stages, and this
+            // rank's failure closes the links it then waits on.
+            Some(d) if d.shape != [0; 2] && d.shape != mine.shape => {
+                return Err(shape::disagree("CUDA IPC", k, d.shape, me, mine.shape));
+            }
+            Some(d) if d.able => descs.push(d),
             _ => return Ok(false),
         }
     }
     // Phase 1: open what this rank reads.
     let ptrs = open_all(st, me, &descs);
-    slot.desc[W_OPENED].store(u64::from(ptrs.is_ok()), Ordering::Relaxed);
+    if ptrs.is_ok() {
+        slot.desc[W_FLAGS_PID].fetch_or(OPENED, Ordering::Relaxed);
+    }
     barrier(node, &wop, seq, 1)?;
     let all_opened = (0..n).all(|k| {
         k == me && ptrs.is_ok()
-            || k != me && node.board(k).gpu_slot(seq).desc[W_OPENED].load(Ordering::Relaxed) != 0
+            || k != me
+                && node.board(k).gpu_slot(seq).desc[W_FLAGS_PID].load(Ordering::Relaxed) & OPENED
+                    != 0
     });
     let ptrs = match ptrs {
         Ok(p) if all_opened => p,
@@ -387,24 +404,36 @@ pub fn try_run(
     Ok(true)
 }
 
-/// Every rank's (send, recv) address in this process (0 when absent).
-type Ptrs = Vec<(u64, u64)>;
+/// One rank's buffer in this process: address and the bytes its owner
+/// published (0, 0 when absent).
+#[derive(Debug, Clone, Copy, Default)]
+struct Buf {
+    addr: u64,
+    len: u64,
+}
 
+/// Every rank's (send, recv) buffers in this process.
+type Ptrs = Vec<(Buf, Buf)>;
+
+/// Opens every rank's buffers, each checked against the allocation its
+/// owner exported and the mapping made here (see [`Imports::resolve`]).
 fn open_all(st: &mut PeerState, me: usize, descs: &[Desc]) -> Result<Ptrs> {
     let mut v = Vec::with_capacity(descs.len());
     for (k, d) in descs.iter().enumerate() {
         if k != me {
             ipc::check_peer_access(&descs[me].uuid, &d.uuid)?;
         }
-        let mut one = |e: &Option<Export>| -> Result<u64> {
+        let mut one = |e: &Option<Export>, len: u64| -> Result<Buf> {
             match e {
-                None => Ok(0),
-                Some(e) if k == me => Ok(e.ptr),
-                Some(e) => st.imports.resolve(d.pid, e),
+                None => Ok(Buf::default()),
+                Some(e) => Ok(Buf {
+                    addr: st.imports.resolve(d.pid, e, len)?,
+                    len,
+                }),
             }
         };
-        let s = one(&d.send)?;
-        let r = one(&d.recv)?;
+        let s = one(&d.send, d.send_len)?;
+        let r = one(&d.recv, d.recv_len)?;
         v.push((s, r));
     }
     Ok(v)
@@ -501,12 +530,28 @@ impl Plan<'_> {
         Ok(())
     }
 
-    /// The inputs of byte offset `off` for a fold: this rank's first (in
-    /// place, its output may be its input), then the others.
-    fn inputs_at(&self, off: u64) -> Vec<(u64, usize)> {
+    /// Rank `k`'s receive (`recv`) or send buffer at byte `off`, for
+    /// `bytes` bytes: the address here, or an error (before anything of
+    /// the range is enqueued) when the range leaves what `k` published.
+    fn at(&self, k: usize, recv: bool, off: u64, bytes: usize) -> Result<u64> {
+        let b = if recv { self.ptrs[k].1 } else { self.ptrs[k].0 };
+        match off.checked_add(bytes as u64) {
+            Some(end) if end <= b.len => Ok(b.addr + off),
+            _ => Err(Error::Internal(format!(
+                "CUDA IPC: {bytes} B at offset {off} lie outside rank {k}'s {} buffer of {} B",
+                if recv { "receive" } else { "send" },
+                b.len
+            ))),
+        }
+    }
+
+    /// The inputs of byte offset `off` (`bytes` of each) for a fold: this
+    /// rank's first (in place, its output may be its input), then the
+    /// others.
+    fn inputs_at(&self, off: u64, bytes: usize) -> Result<Vec<(u64, usize)>> {
         std::iter::once(self.me)
             .chain((0..self.n).filter(|&k| k != self.me))
-            .map(|k| (self.ptrs[k].0 + off, k))
+            .map(|k| Ok((self.at(k, false, off, bytes)?, k)))
             .collect()
     }
 
@@ -519,50 +564,64 @@ impl Plan<'_> {
     fn phase(&self, p: usize) -> Result<()> {
         let a = self.a;
         let es = a.dtype.size();
-        let blk = (a.count * es) as u64;
+        let bytes = a.count * es;
+        let blk = bytes as u64;
         let (me, n) = (self.me, self.n);
-        let recv = self.ptrs[me].1;
+        let out = |off: u64, len: usize| self.at(me, true, off, len);
         match a.kind {
             Collective::AllReduce if p == 0 => {
                 let (lo, hi) = self.slice(me);
-                let off = (lo * es) as u64;
-                self.fold(recv + off, &self.inputs_at(off), hi - lo)
+                let (off, len) = ((lo * es) as u64, (hi - lo) * es);
+                self.fold(out(off, len)?, &self.inputs_at(off, len)?, hi - lo)
             }
             Collective::AllReduce => {
                 for r in (0..n).filter(|&r| r != me) {
                     let (lo, hi) = self.slice(r);
-                    let off = (lo * es) as u64;
-                    self.copy(recv + off, self.ptrs[r].1 + off, (hi - lo) * es)?;
+                    let (off, len) = ((lo * es) as u64, (hi - lo) * es);
+                    self.copy(out(off, len)?, self.at(r, true, off, len)?, len)?;
                 }
                 Ok(())
             }
             Collective::ReduceScatter => {
-                let off = me as u64 * blk;
-                self.fold(recv, &self.inputs_at(off), a.count)
+                let inputs = self.inputs_at(me as u64 * blk, bytes)?;
+                self.fold(out(0, bytes)?, &inputs, a.count)
             }
-            Collective::Reduce if a.root == me => self.fold(recv, &self.inputs_at(0), a.count),
+            Collective::Reduce if a.root == me => {
+                self.fold(out(0, bytes)?, &self.inputs_at(0, bytes)?, a.count)
+            }
             Collective::Reduce => Ok(()),
             Collective::AllGather => {
                 for r in 0..n {
-                    self.copy(recv + r as u64 * blk, self.ptrs[r].0, blk as usize)?;
+                    self.copy(
+                        out(r as u64 * blk, bytes)?,
+                        self.at(r, false, 0, bytes)?,
+                        bytes,
+                    )?;
                 }
                 Ok(())
             }
-            Collective::Broadcast => self.copy(recv, self.ptrs[a.root].0, blk as usize),
+            Collective::Broadcast => {
+                self.copy(out(0, bytes)?, self.at(a.root, false, 0, bytes)?, bytes)
+            }
             Collective::Gather if a.root == me => {
                 for r in 0..n {
-                    self.copy(recv + r as u64 * blk, self.ptrs[r].0, blk as usize)?;
+                    self.copy(
+                        out(r as u64 * blk, bytes)?,
+                        self.at(r, false, 0, bytes)?,
+                        bytes,
+                    )?;
                 }
                 Ok(())
             }
             Collective::Gather => Ok(()),
             Collective::Scatter => {
-                self.copy(recv, self.ptrs[a.root].0 + me as u64 * blk, blk as usize)
+                let src = self.at(a.root, false, me as u64 * blk, bytes)?;
+                self.copy(out(0, bytes)?, src, bytes)
             }
             Collective::AlltoAll => {
                 for r in 0..n {
-                    let src = self.ptrs[r].0 + me as u64 * blk;
-                    self.copy(recv + r as u64 * blk, src, blk as usize)?;
+                    let src = self.at(r, false, me as u64 * blk, bytes)?;
+                    self.copy(out(r as u64 * blk, bytes)?, src, bytes)?;
                 }
                 Ok(())
             }

@@ -23,9 +23,25 @@ fn closed() -> Error {
     Error::Remote("tcp link closed (abort)".into())
 }
 
+/// What the transport's size-mismatch errors say (`tcp/recv.rs`: a message
+/// larger than the posted receive; `tcp/send.rs`: a message the receiver
+/// rejected for that reason). Both are `NetError::InvalidUsage`.
+const TOO_LARGE: &str = "is larger than the";
+
+/// A message whose size differs from the one the plan expects: the ranks
+/// called different operations (`ncclInvalidUsage`). Plans are symmetric,
+/// so ranks that pass the same call exchange messages of the same sizes.
+fn mismatched(what: String) -> Error {
+    Error::usage(format!(
+        "{what}: the ranks' calls are mismatched (every rank must pass the same kind, count, \
+         datatype, op and root)"
+    ))
+}
+
 fn net_err(e: NetError) -> Error {
     match e {
         NetError::Timeout(m) => Error::Timeout(format!("tcp: {m}")),
+        NetError::InvalidUsage(m) if m.contains(TOO_LARGE) => mismatched(format!("tcp: {m}")),
         NetError::InvalidArgument(m) | NetError::InvalidUsage(m) | NetError::Internal(m) => {
             Error::Internal(format!("tcp: {m}"))
         }
@@ -112,7 +128,7 @@ impl NetRecv {
         st.req = None;
         let n = sizes.first().copied().unwrap_or(0);
         if n != want || n % elem != 0 {
-            return Err(Error::Remote(format!(
+            return Err(mismatched(format!(
                 "tcp: received a message of {n} bytes where {want} were expected"
             )));
         }
@@ -375,4 +391,59 @@ pub fn loopback_pair(nchan: usize) -> Result<(Vec<Conn>, Vec<Conn>)> {
         connect(&net, sa.expect("set"), ra.expect("set"), nchan),
         connect(&net, sb.expect("set"), rb.expect("set"), nchan),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// Drives a send of `send` bytes from `a` and a receive of `want` bytes
+    /// at `b` until both ended; the receive's and the send's results.
+    fn exchange(a: &Conn, b: &Conn, send: usize, want: usize) -> (Result<()>, Result<()>) {
+        let msg = vec![7u8; send];
+        let mut dst = vec![0u8; want];
+        let (mut sent, mut got) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sent.is_none() || got.is_none() {
+            if sent.is_none() {
+                match a.tx.try_send(&msg) {
+                    Ok(n) if n == send => sent = Some(Ok(())),
+                    Ok(_) => {}
+                    Err(e) => sent = Some(Err(e)),
+                }
+            }
+            if got.is_none() {
+                match b.rx.try_recv_into(&mut dst) {
+                    Ok(n) if n == want => got = Some(Ok(())),
+                    Ok(_) => {}
+                    Err(e) => got = Some(Err(e)),
+                }
+            }
+            assert!(Instant::now() < deadline, "the exchange hung");
+        }
+        (got.expect("set"), sent.expect("set"))
+    }
+
+    #[test]
+    fn size_mismatches_are_invalid_usage_naming_mismatched_calls() {
+        let usage = |r: &Result<()>| matches!(r, Err(Error::InvalidUsage(m)) if m.contains("calls are mismatched"));
+        // A short message inline, a long one through the CTS handshake
+        // (rejected, so the sender learns it too).
+        for (send, want) in [(100, 50), (4 << 20, 1 << 20)] {
+            let (mut a, mut b) = loopback_pair(1).unwrap();
+            let (a, b) = (a.remove(0), b.remove(0));
+            let (recv, sent) = exchange(&a, &b, send, want);
+            assert!(usage(&recv), "{send} B into {want} B: receive {recv:?}");
+            if send > 1 << 20 {
+                assert!(usage(&sent), "{send} B into {want} B: send {sent:?}");
+            }
+        }
+        // A message shorter than the receive.
+        let (mut a, mut b) = loopback_pair(1).unwrap();
+        let (a, b) = (a.remove(0), b.remove(0));
+        let (recv, sent) = exchange(&a, &b, 50, 100);
+        assert!(usage(&recv), "50 B into 100 B: receive {recv:?}");
+        assert!(sent.is_ok(), "{sent:?}");
+    }
 }
