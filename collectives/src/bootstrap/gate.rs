@@ -4,7 +4,8 @@
 //! Every accepted connection becomes a pending entry driven without
 //! blocking: the challenge goes out, the answer frame comes in (its length
 //! bounded by [`auth::MAX_ANSWER`] before anything is allocated), and then
-//! the answer is checked. Each entry has its own deadline
+//! the answer is checked; one that fails gets a denial ([`reply::deny`]).
+//! Each entry has its own deadline
 //! ([`AUTH_TIMEOUT`], or the caller's deadline if sooner), so a silent or
 //! slow connection costs nothing but a slot, and real peers are admitted
 //! while it waits. At most [`PENDING_CAP`] entries wait at once; a new
@@ -17,6 +18,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::auth::{self, Challenge};
+use super::reply;
 use crate::error::{Error, Result};
 
 /// How long one connection may take to authenticate before it is dropped.
@@ -157,7 +159,10 @@ impl Gate {
                             p.s.set_nonblocking(false)?;
                             return Ok((p.s, hello));
                         }
-                        Err(e) => e,
+                        Err(e) => {
+                            reply::deny(&mut p.s);
+                            e
+                        }
                     },
                 };
                 let p = self.pending.remove(i).expect("index in range");

@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use super::retry::Backoff;
 use crate::error::{Error, Result};
 
 /// The address ranks listen on: the first interface NCCL_SOCKET_IFNAME
@@ -55,10 +56,20 @@ pub fn accept(l: &TcpListener, deadline: Instant) -> Result<TcpStream> {
     }
 }
 
-/// Connects to `addr`, retrying refused connections (the peer may not
-/// listen yet) until `deadline`.
+/// The first wait for one connect's handshake; it doubles on each attempt
+/// up to [`CONNECT_WAIT_MAX`]. A listener whose accept queue is full drops
+/// the SYN, and the kernel would resend it only after a second: a new
+/// attempt sooner gets through sooner.
+pub const CONNECT_WAIT_FIRST: Duration = Duration::from_millis(250);
+/// The longest wait for one connect's handshake.
+pub const CONNECT_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// Connects to `addr`, retrying failed connects (the peer may not listen
+/// yet, or its accept queue may be full) with a jittered backoff of 1 to
+/// 100 ms, until `deadline`.
 pub fn connect(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
-    let mut backoff = Duration::from_millis(1);
+    let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(100));
+    let mut wait = CONNECT_WAIT_FIRST;
     loop {
         let now = Instant::now();
         if now >= deadline {
@@ -66,15 +77,17 @@ pub fn connect(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
                 "bootstrap: could not connect to {addr}"
             )));
         }
-        match TcpStream::connect_timeout(&addr, (deadline - now).min(Duration::from_secs(5))) {
+        match TcpStream::connect_timeout(&addr, (deadline - now).min(wait)) {
             Ok(s) => {
                 s.set_nodelay(true)?;
                 return Ok(s);
             }
             Err(e) => {
                 tracing::trace!(target: "hetccl::BOOTSTRAP", "connect {addr}: {e}; retrying");
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_millis(100));
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    wait = (wait * 2).min(CONNECT_WAIT_MAX);
+                }
+                backoff.sleep(deadline);
             }
         }
     }
