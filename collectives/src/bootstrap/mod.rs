@@ -17,6 +17,7 @@ pub mod reply;
 pub mod retry;
 pub mod root;
 pub mod sock;
+pub mod tally;
 
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};

@@ -27,6 +27,7 @@ use super::card::{decode_table, encode_table, Card, CARD_BYTES};
 use super::frame;
 use super::gate::Gate;
 use super::reply;
+use super::sock;
 use crate::error::{Error, Result};
 
 /// The hello a rank sends the root: `ROOT` then its card.
@@ -109,6 +110,7 @@ impl Joined {
 /// Serves one communicator's rendezvous on `listener`, until every rank has
 /// its table or `deadline` passes.
 pub fn serve(listener: TcpListener, secret: [u8; 32], deadline: Instant) -> Result<()> {
+    sock::widen_backlog(&listener);
     let mut joined = Joined::default();
     let mut gate = Gate::new();
     loop {

@@ -18,12 +18,58 @@ pub fn local_ip() -> IpAddr {
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
-/// Binds a listener on `ip`, any port.
+/// The accept backlog of bootstrap listeners (the kernel caps it at
+/// `net.core.somaxconn`): room for a burst of connections to wait their
+/// turn at the gate rather than have their SYNs dropped.
+pub const BACKLOG: i32 = 1024;
+
+/// Binds a listener on `ip`, any port, with a [`BACKLOG`] of connections.
 pub fn listen(ip: IpAddr) -> Result<TcpListener> {
     let l = TcpListener::bind(SocketAddr::new(ip, 0))
         .map_err(|e| Error::System(format!("bind {ip}: {e}")))?;
     l.set_nonblocking(true)?;
+    widen_backlog(&l);
     Ok(l)
+}
+
+/// Raises the accept backlog of a listening socket to [`BACKLOG`] (`listen`
+/// again on a listening socket only changes its backlog); best effort.
+pub fn widen_backlog(l: &TcpListener) {
+    // SAFETY: `l` is a valid listening socket for the duration of the call.
+    let rc = unsafe { libc::listen(l.as_raw_fd(), BACKLOG) };
+    if rc != 0 {
+        tracing::debug!(target: "hetccl::BOOTSTRAP",
+            "listen backlog {BACKLOG}: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// A listening socket's accept queue: (connections waiting, capacity), from
+/// `TCP_INFO`; `None` where the kernel does not say.
+pub fn accept_queue(l: &TcpListener) -> Option<(u32, u32)> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: an all-zero `tcp_info` is a valid value of the type.
+        let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: `ti` is writable for `len` bytes, `len` is a valid
+        // in-out length, and `l` is an open socket.
+        let rc = unsafe {
+            libc::getsockopt(
+                l.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut ti as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        // On a listener, the kernel reports the queue in these two fields.
+        (rc == 0 && ti.tcpi_sacked > 0).then_some((ti.tcpi_unacked, ti.tcpi_sacked))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = l;
+        None
+    }
 }
 
 /// Accepts one connection before `deadline`.
