@@ -36,6 +36,10 @@ const KINDS: [(Why, &str); 6] = [
     (Why::AcceptFailed, "failed accepts"),
 ];
 
+fn show(a: Option<SocketAddr>) -> String {
+    a.map_or_else(|| "?".into(), |a| a.to_string())
+}
+
 /// The counts since the last summary.
 #[derive(Debug)]
 pub struct Tally {
@@ -66,13 +70,13 @@ impl Tally {
 
     fn note_at(&mut self, now: Instant, why: Why, peer: Option<SocketAddr>, detail: &dyn Display) {
         tracing::debug!(target: "hetccl::BOOTSTRAP",
-            "listener {:?}: dropped a connection from {peer:?} ({why:?}): {detail}", self.at);
+            "listener {}: dropped a connection from {} ({why:?}): {detail}", show(self.at), show(peer));
         let i = KINDS
             .iter()
             .position(|(w, _)| *w == why)
             .expect("every kind listed");
         self.counts[i] += 1;
-        self.last = format!("{peer:?}: {detail}");
+        self.last = format!("{}: {detail}", show(peer));
         self.flush(now, false);
     }
 
@@ -94,7 +98,7 @@ impl Tally {
         });
         tracing::warn!(target: "hetccl::BOOTSTRAP",
             "listener {:?}: dropped {total} connection(s) that did not authenticate{since}: {} \
-             (last: {})", self.at, parts.join(", "), self.last);
+             (last: {})", show(self.at), parts.join(", "), self.last);
         self.counts = [0; KINDS.len()];
         self.logged = Some(now);
     }
