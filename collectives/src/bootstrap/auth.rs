@@ -35,13 +35,30 @@ fn tag(secret: &[u8], challenge: &[u8], hello: &[u8]) -> HmacSha256 {
 
 /// Connecting side: answers the challenge and sends `hello`.
 pub fn prove(s: &mut TcpStream, secret: &[u8], hello: &[u8], deadline: Instant) -> Result<()> {
+    prove_by(s, secret, hello, deadline, deadline)
+}
+
+/// [`prove`], waiting for the challenge only until `challenge_by` (at most
+/// `deadline`), and sending the answer by `deadline`.
+pub fn prove_by(
+    s: &mut TcpStream,
+    secret: &[u8],
+    hello: &[u8],
+    challenge_by: Instant,
+    deadline: Instant,
+) -> Result<()> {
     let mut challenge = [0u8; CHALLENGE];
-    frame::read_exact(s, &mut challenge, deadline)?;
-    let t = tag(secret, &challenge, hello).finalize().into_bytes();
+    frame::read_exact(s, &mut challenge, challenge_by.min(deadline))?;
+    frame::send(s, &answer(secret, &challenge, hello), deadline)
+}
+
+/// The answer (the payload of the answer frame) to `challenge` with `hello`.
+pub fn answer(secret: &[u8], challenge: &[u8], hello: &[u8]) -> Vec<u8> {
+    let t = tag(secret, challenge, hello).finalize().into_bytes();
     let mut msg = Vec::with_capacity(TAG + hello.len());
     msg.extend_from_slice(&t);
     msg.extend_from_slice(hello);
-    frame::send(s, &msg, deadline)
+    msg
 }
 
 /// The largest answer frame (tag and hello) the accepting side reads.

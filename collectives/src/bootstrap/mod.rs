@@ -4,21 +4,27 @@
 //! Every connection (to the root, between ranks, and the transports' data
 //! connections) is authenticated with the id's secret ([`auth`]); every wait
 //! ends at a deadline derived from `HETCCL_TIMEOUT_S`; every length read from
-//! the network is bounded ([`frame`]).
+//! the network is bounded ([`frame`]). The connecting side waits for the
+//! acceptor's [`reply`] (the root's table, or an admission) and retries a
+//! connection lost before it, with backoff, until its deadline ([`retry`]).
 
 pub mod auth;
 pub mod card;
 pub mod frame;
 pub mod gate;
 pub mod id;
+pub mod reply;
+pub mod retry;
 pub mod root;
 pub mod sock;
+pub mod tally;
 
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use self::card::{decode_table, Card, CARD_BYTES};
 use self::id::UniqueId;
+use self::retry::Fail;
 use crate::error::{Error, Result};
 
 /// The default deadline for one bootstrap phase.
@@ -115,17 +121,19 @@ impl Bootstrap {
             proc_nonce: proc_nonce(),
             addr: listener.local_addr()?,
         };
-        let mut root = sock::connect(id.root, dl)?;
         let mut h = root::ROOT_TAG.to_vec();
         h.extend_from_slice(&me.encode());
-        auth::prove(&mut root, &id.secret, &h, dl)?;
-        let table = frame::recv(&mut root, nranks * CARD_BYTES, dl)?;
-        let cards = decode_table(&table, nranks)?;
-        if cards[rank] != me {
-            return Err(Error::Remote(
-                "the root's table does not hold this rank's card".into(),
-            ));
-        }
+        let what = format!("rank {rank}/{nranks}: join at {}", id.root);
+        let (_, cards) = retry::dial(id.root, &id.secret, &h, dl, &what, |s| {
+            let table = reply::recv(s, nranks * CARD_BYTES, dl)?;
+            let cards = decode_table(&table, nranks).map_err(Fail::Fatal)?;
+            if cards[rank] != me {
+                return Err(Fail::Fatal(Error::Remote(
+                    "the root's table does not hold this rank's card".into(),
+                )));
+            }
+            Ok(cards)
+        })?;
         let mut b = Self {
             rank,
             cards,
@@ -164,15 +172,26 @@ impl Bootstrap {
         Ok(())
     }
 
-    /// Opens an authenticated connection to `addr` for `purpose`.
+    /// Opens an authenticated connection to `addr` for `purpose`, and
+    /// returns it once the peer has admitted it; a connection lost before
+    /// that is retried until `dl`.
     pub fn connect_to(
         &self,
         addr: std::net::SocketAddr,
         purpose: Purpose,
         dl: Instant,
     ) -> Result<TcpStream> {
-        let mut s = sock::connect(addr, dl)?;
-        auth::prove(&mut s, &self.secret, &hello(purpose, self.rank), dl)?;
+        let what = format!("rank {}: {purpose:?} connection to {addr}", self.rank);
+        let h = hello(purpose, self.rank);
+        let (s, ()) = retry::dial(addr, &self.secret, &h, dl, &what, |s| {
+            match reply::recv(s, reply::ADMITTED.len(), dl)? {
+                p if p == reply::ADMITTED => Ok(()),
+                p => Err(Fail::Fatal(Error::Remote(format!(
+                    "{what}: unexpected reply of {} bytes",
+                    p.len()
+                )))),
+            }
+        })?;
         Ok(s)
     }
 
@@ -183,7 +202,7 @@ impl Bootstrap {
     }
 
     /// Accepts the next authenticated connection whose (purpose, rank)
-    /// satisfies `want`.
+    /// satisfies `want`, and admits it; others are refused.
     pub fn accept_any(
         &self,
         dl: Instant,
@@ -191,14 +210,26 @@ impl Bootstrap {
     ) -> Result<(TcpStream, Purpose, usize)> {
         let mut gate = self.gate.lock();
         loop {
-            let (s, h) = gate.next(&self.listener, &self.secret, dl)?;
-            match parse_hello(&h) {
-                Ok((p, r)) if r < self.nranks() && want(p, r) => return Ok((s, p, r)),
-                Ok((p, r)) => tracing::warn!(target: "hetccl::BOOTSTRAP",
-                    "rank {}: unexpected connection {p:?} from rank {r}; dropped", self.rank),
-                Err(e) => tracing::warn!(target: "hetccl::BOOTSTRAP",
-                    "rank {}: refused a connection from {:?}: {e}", self.rank, s.peer_addr().ok()),
-            }
+            let (mut s, h) = gate.next(&self.listener, &self.secret, dl)?;
+            let why = match parse_hello(&h) {
+                Ok((p, r)) if r < self.nranks() && want(p, r) => {
+                    match frame::send(&mut s, reply::ADMITTED, dl) {
+                        Ok(()) => return Ok((s, p, r)),
+                        // Its peer retries with a new connection.
+                        Err(e) => {
+                            tracing::debug!(target: "hetccl::BOOTSTRAP",
+                                "rank {}: {p:?} connection from rank {r} lost before \
+                                 admission: {e}", self.rank);
+                            continue;
+                        }
+                    }
+                }
+                Ok((p, r)) => format!("unexpected connection {p:?} from rank {r}"),
+                Err(e) => e.to_string(),
+            };
+            tracing::warn!(target: "hetccl::BOOTSTRAP",
+                "rank {}: refused a connection from {:?}: {why}", self.rank, s.peer_addr().ok());
+            reply::refuse(&mut s, &why, dl);
         }
     }
 
@@ -262,6 +293,75 @@ mod tests {
         // The stranger never got a table (its connection was refused); it
         // fails rather than joining.
         assert!(stranger.join().unwrap().is_err());
+    }
+
+    fn lo() -> TcpListener {
+        sock::listen("127.0.0.1".parse().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn join_retries_connections_lost_before_the_table() {
+        let l = lo();
+        let id = UniqueId::generate(l.local_addr().unwrap()).unwrap();
+        let secret = id.secret;
+        // A root that drops the first connection at once, the second after
+        // authenticating it, and answers the third.
+        let root = std::thread::spawn(move || {
+            let dl = Instant::now() + Duration::from_secs(30);
+            drop(sock::accept(&l, dl).unwrap());
+            let mut s = sock::accept(&l, dl).unwrap();
+            let h1 = auth::verify(&mut s, &secret, dl).unwrap();
+            drop(s);
+            let mut s = sock::accept(&l, dl).unwrap();
+            let h2 = auth::verify(&mut s, &secret, dl).unwrap();
+            assert_eq!(h1, h2, "the card changed between attempts");
+            let card = root::parse_root_hello(&h2).unwrap();
+            frame::send(&mut s, &card::encode_table(&[card]), dl).unwrap();
+        });
+        let b = Bootstrap::join(&id, 0, 1, 7).unwrap();
+        assert_eq!(b.cards.len(), 1);
+        root.join().unwrap();
+    }
+
+    #[test]
+    fn connect_to_retries_until_admitted_and_stops_at_a_refusal() {
+        let secret = [3u8; 32];
+        let me = Bootstrap {
+            rank: 0,
+            cards: Vec::new(),
+            secret,
+            listener: lo(),
+            gate: Default::default(),
+            next: None,
+            prev: None,
+        };
+        let l = lo();
+        let addr = l.local_addr().unwrap();
+        // A peer that drops the first connection after authenticating it,
+        // admits the second, and refuses the third.
+        let peer = std::thread::spawn(move || {
+            let dl = Instant::now() + Duration::from_secs(30);
+            let mut s = sock::accept(&l, dl).unwrap();
+            auth::verify(&mut s, &secret, dl).unwrap();
+            drop(s);
+            let mut s = sock::accept(&l, dl).unwrap();
+            auth::verify(&mut s, &secret, dl).unwrap();
+            frame::send(&mut s, reply::ADMITTED, dl).unwrap();
+            let got = frame::recv(&mut s, 16, dl).unwrap();
+            let mut s = sock::accept(&l, dl).unwrap();
+            auth::verify(&mut s, &secret, dl).unwrap();
+            reply::refuse(&mut s, "not now", dl);
+            got
+        });
+        let dl = Instant::now() + Duration::from_secs(60);
+        let mut s = me.connect_to(addr, Purpose::Handoff, dl).unwrap();
+        frame::send(&mut s, b"hi", dl).unwrap();
+        let t = Instant::now();
+        let e = me.connect_to(addr, Purpose::Handoff, dl).unwrap_err();
+        assert!(e.to_string().contains("not now"), "{e}");
+        // A refusal ends the attempts; it does not wait for the deadline.
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+        assert_eq!(peer.join().unwrap(), b"hi");
     }
 
     #[test]
