@@ -14,6 +14,7 @@ pub mod direct;
 pub mod error;
 pub mod exec;
 pub mod gpu;
+pub mod launch;
 pub mod reduce;
 pub mod topo;
 pub mod transport;

@@ -8,7 +8,7 @@ use algo_support::{check, ops, Case};
 use hetccl_abi::DataType;
 use hetccl_collectives::algo::sim::{self, RankBuffers, SimOptions};
 use hetccl_collectives::algo::{
-    generate, supported, Algorithm, Chunking, CollArgs, Collective, PlanError, Topology,
+    generate, supported, Algorithm, Chunking, Collective, PlanArgs, PlanError, Topology,
 };
 
 const COLLS: [Collective; 7] = [
@@ -136,7 +136,7 @@ fn send_recv_pairs() {
                 } else {
                     Collective::Recv
                 };
-                let mut a = CollArgs::new(coll, count, DataType::Uint8);
+                let mut a = PlanArgs::new(coll, count, DataType::Uint8);
                 a.root = r ^ 1;
                 generate(&a, Algorithm::Direct, r, &topo, &ch).unwrap()
             })
@@ -162,7 +162,7 @@ fn send_recv_pairs() {
 fn argument_errors() {
     let topo = Topology::flat(4);
     let ch = Chunking::default();
-    let a = CollArgs::new(Collective::AllGather, 8, DataType::Int8);
+    let a = PlanArgs::new(Collective::AllGather, 8, DataType::Int8);
     assert_eq!(
         generate(&a, Algorithm::Tree, 0, &topo, &ch),
         Err(PlanError::Unsupported {
@@ -174,25 +174,25 @@ fn argument_errors() {
         generate(&a, Algorithm::Ring, 4, &topo, &ch),
         Err(PlanError::BadRank { rank: 4, nranks: 4 })
     );
-    let mut b = CollArgs::new(Collective::Broadcast, 8, DataType::Int8);
+    let mut b = PlanArgs::new(Collective::Broadcast, 8, DataType::Int8);
     b.root = 9;
     assert_eq!(
         generate(&b, Algorithm::Ring, 0, &topo, &ch),
         Err(PlanError::BadRoot(9))
     );
-    let mut c = CollArgs::new(Collective::AlltoAll, 8, DataType::Int8);
+    let mut c = PlanArgs::new(Collective::AlltoAll, 8, DataType::Int8);
     c.in_place = true;
     assert_eq!(
         generate(&c, Algorithm::Pairwise, 0, &topo, &ch),
         Err(PlanError::NoInPlace(Collective::AlltoAll))
     );
-    let mut d = CollArgs::new(Collective::Send, 8, DataType::Int8);
+    let mut d = PlanArgs::new(Collective::Send, 8, DataType::Int8);
     d.root = 2;
     assert_eq!(
         generate(&d, Algorithm::Direct, 2, &topo, &ch),
         Err(PlanError::BadRoot(2))
     );
-    let e = CollArgs::new(Collective::AllGather, usize::MAX / 2, DataType::Int64);
+    let e = PlanArgs::new(Collective::AllGather, usize::MAX / 2, DataType::Int64);
     assert_eq!(
         generate(&e, Algorithm::Ring, 0, &topo, &ch),
         Err(PlanError::Overflow)
@@ -204,7 +204,7 @@ fn plans_are_deterministic_and_valid() {
     let topo = Topology::from_nodes(vec![0, 0, 1, 1, 1]);
     for coll in COLLS {
         for &algo in supported(coll) {
-            let mut a = CollArgs::new(coll, 100, DataType::Float32);
+            let mut a = PlanArgs::new(coll, 100, DataType::Float32);
             a.root = 2;
             for r in 0..5 {
                 let p1 = generate(&a, algo, r, &topo, &Chunking { chunk_bytes: 64 }).unwrap();
@@ -225,7 +225,7 @@ fn plans_are_deterministic_and_valid() {
 #[test]
 fn plans_print() {
     let topo = Topology::flat(3);
-    let a = CollArgs::new(Collective::AllReduce, 6, DataType::Float32);
+    let a = PlanArgs::new(Collective::AllReduce, 6, DataType::Float32);
     let p = generate(&a, Algorithm::Ring, 1, &topo, &Chunking { chunk_bytes: 8 }).unwrap();
     let text = p.to_string();
     println!("{text}");
@@ -242,11 +242,11 @@ fn scratch_stays_small() {
     // Partials rotate through a few slots instead of mirroring the input.
     let topo = Topology::flat(17);
     let ch = Chunking { chunk_bytes: 4096 };
-    let rs = CollArgs::new(Collective::ReduceScatter, 1 << 16, DataType::Float32);
+    let rs = PlanArgs::new(Collective::ReduceScatter, 1 << 16, DataType::Float32);
     let p = generate(&rs, Algorithm::Ring, 5, &topo, &ch).unwrap();
     assert!(p.scratch_bytes <= 2 * (1 << 18), "{}", p.scratch_bytes);
     for algo in [Algorithm::Ring, Algorithm::Tree] {
-        let mut red = CollArgs::new(Collective::Reduce, 1 << 20, DataType::Float32);
+        let mut red = PlanArgs::new(Collective::Reduce, 1 << 20, DataType::Float32);
         red.root = 3;
         for r in 0..17 {
             let p = generate(&red, algo, r, &topo, &ch).unwrap();
@@ -264,7 +264,7 @@ fn pre_op_scales_into_the_output_when_it_can() {
     use hetccl_collectives::reduce::ReduceOp;
     let topo = Topology::flat(4);
     let ch = Chunking::default();
-    let mut a = CollArgs::new(Collective::AllReduce, 1000, DataType::Float32);
+    let mut a = PlanArgs::new(Collective::AllReduce, 1000, DataType::Float32);
     a.op = ReduceOp::Avg;
     let p = generate(&a, Algorithm::Ring, 1, &topo, &ch).unwrap();
     assert_eq!(p.scratch_bytes, 0);

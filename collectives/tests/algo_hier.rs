@@ -5,7 +5,7 @@ mod algo_support;
 use algo_support::{check, ops, Case};
 use hetccl_abi::DataType;
 use hetccl_collectives::algo::{
-    generate, Algorithm, Chunking, CollArgs, Collective, StepKind, Topology,
+    generate, Algorithm, Chunking, Collective, PlanArgs, StepKind, Topology,
 };
 
 fn layouts() -> Vec<Vec<u32>> {
@@ -75,7 +75,7 @@ fn cross_node_traffic_is_one_shard_per_rank() {
     // data across nodes (its shard, reduce-scatter then all-gather halves).
     let topo = Topology::from_nodes(vec![0, 0, 0, 0, 1, 1, 1, 1]);
     let bytes = 4096 * 4;
-    let a = CollArgs::new(Collective::AllReduce, 4096, DataType::Float32);
+    let a = PlanArgs::new(Collective::AllReduce, 4096, DataType::Float32);
     for r in 0..8 {
         let p = generate(&a, Algorithm::Hierarchical, r, &topo, &Chunking::default()).unwrap();
         let cross: usize = p

@@ -330,7 +330,7 @@ fn premul_matches_reference() {
 #[test]
 #[ignore]
 fn throughput() {
-    use hetccl_collectives::algo::{generate, Algorithm, Chunking, CollArgs, Collective, Topology};
+    use hetccl_collectives::algo::{generate, Algorithm, Chunking, Collective, PlanArgs, Topology};
     use std::time::Instant;
     let n = 16 << 20;
     for dt in DataType::ALL {
@@ -352,7 +352,7 @@ fn throughput() {
         }
     }
     let topo = Topology::flat(17);
-    let args = CollArgs::new(Collective::AllReduce, 1 << 28, DataType::Float32);
+    let args = PlanArgs::new(Collective::AllReduce, 1 << 28, DataType::Float32);
     for algo in [Algorithm::Ring, Algorithm::Tree, Algorithm::HalvingDoubling] {
         let t = Instant::now();
         let p = generate(&args, algo, 5, &topo, &Chunking::default()).unwrap();

@@ -4,8 +4,8 @@
 use hetccl_abi::DataType;
 use hetccl_collectives::algo::timing::{makespan, Uniform};
 use hetccl_collectives::algo::{
-    estimate_us, generate, supported, Algorithm, Chunking, CollArgs, Collective, CostModel,
-    LinkClass, Plan, Topology,
+    estimate_us, generate, supported, Algorithm, Chunking, Collective, CostModel, LinkClass, Plan,
+    PlanArgs, Topology,
 };
 
 fn plans(
@@ -15,7 +15,7 @@ fn plans(
     count: usize,
     chunk: usize,
 ) -> Vec<Plan> {
-    let a = CollArgs::new(coll, count, DataType::Uint8);
+    let a = PlanArgs::new(coll, count, DataType::Uint8);
     (0..topo.nranks())
         .map(|r| generate(&a, algo, r, topo, &Chunking { chunk_bytes: chunk }).unwrap())
         .collect()

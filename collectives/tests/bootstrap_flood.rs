@@ -255,8 +255,8 @@ fn one_init(id: &bootstrap::id::UniqueId) -> Result<(), String> {
         .map(|r| {
             let id = id.clone();
             std::thread::spawn(move || {
-                let mut b =
-                    Bootstrap::join(&id, r, RANKS, 7).map_err(|e| format!("rank {r}: {e}"))?;
+                let mut b = Bootstrap::join(&id, r, RANKS, 7, bootstrap::Params::default())
+                    .map_err(|e| format!("rank {r}: {e}"))?;
                 let all = b
                     .allgather(&[r as u8; 5], 16)
                     .map_err(|e| format!("rank {r} allgather: {e}"))?;
@@ -289,7 +289,7 @@ fn root_flood() {
     let t0 = Instant::now();
     let mut failed = Vec::new();
     for i in 0..INITS {
-        let id = bootstrap::new_root().expect("root");
+        let id = bootstrap::new_root(bootstrap::Params::default()).expect("root");
         flood.aim(Some(id.root));
         // Let the flood reach the new root before the ranks do.
         std::thread::sleep(Duration::from_millis(20));
@@ -338,10 +338,10 @@ fn root_flood() {
 #[test]
 fn rank_listener_flood() {
     let _serial = setup();
-    let id = bootstrap::new_root().expect("root");
+    let id = bootstrap::new_root(bootstrap::Params::default()).expect("root");
     let (b0, b1) = std::thread::scope(|s| {
-        let h0 = s.spawn(|| Bootstrap::join(&id, 0, 2, 7).unwrap());
-        let h1 = s.spawn(|| Bootstrap::join(&id, 1, 2, 7).unwrap());
+        let h0 = s.spawn(|| Bootstrap::join(&id, 0, 2, 7, bootstrap::Params::default()).unwrap());
+        let h1 = s.spawn(|| Bootstrap::join(&id, 1, 2, 7, bootstrap::Params::default()).unwrap());
         (h0.join().unwrap(), h1.join().unwrap())
     });
     let (_, _, r0) = logged();
@@ -351,7 +351,7 @@ fn rank_listener_flood() {
     std::thread::sleep(Duration::from_millis(50));
     let mut failed = Vec::new();
     for i in 0..INITS as u8 {
-        let dl = bootstrap::deadline();
+        let dl = bootstrap::Params::default().deadline();
         let got = std::thread::scope(|s| {
             let send = s.spawn(|| {
                 let mut c = b0.connect_to(b0.cards[1].addr, Purpose::Handoff, dl)?;

@@ -147,10 +147,10 @@ fn select(raw: Vec<RawIface>, filter: Option<&IfaceFilter>) -> Vec<RawIface> {
 }
 
 /// Discovers the devices of this host that pass the filter `spec` (NCCL
-/// syntax), with `NCCL_SOCKET_FAMILY` from the configuration.
-pub fn discover(spec: Option<&str>) -> Vec<NetDevice> {
+/// syntax) and `family`.
+pub fn discover(spec: Option<&str>, family: Option<AddrFamily>) -> Vec<NetDevice> {
     let filter = spec.map(IfaceFilter::parse);
-    discover_with(filter.as_ref(), hetccl_core::config::get().socket_family)
+    discover_with(filter.as_ref(), family)
 }
 
 /// Discovers the devices of this host that pass `filter` and `family`.
@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn discovers_loopback() {
-        let d = discover(Some("=lo"));
+        let d = discover(Some("=lo"), None);
         assert_eq!(d.len(), 1);
         assert!(d[0].loopback && d[0].pci_path.is_none() && d[0].speed_mbps > 0);
     }

@@ -12,7 +12,7 @@ use crate::reduce::ReduceOp;
 /// pure functions of these, the algorithm, the rank, the topology and the
 /// chunking, all hashable, so an executor can cache them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct CollArgs {
+pub struct PlanArgs {
     /// The collective.
     pub collective: Collective,
     /// NCCL's `count`: elements per rank buffer for AllReduce, Broadcast,
@@ -35,7 +35,7 @@ pub struct CollArgs {
     pub in_place: bool,
 }
 
-impl CollArgs {
+impl PlanArgs {
     /// Out-of-place arguments with op `Sum` and root 0.
     pub fn new(collective: Collective, count: usize, dtype: DataType) -> Self {
         Self {
@@ -226,7 +226,7 @@ pub(crate) struct Regions {
     pub recv_bytes: usize,
 }
 
-fn regions(a: &CollArgs, rank: Rank, n: usize) -> Result<Regions, PlanError> {
+fn regions(a: &PlanArgs, rank: Rank, n: usize) -> Result<Regions, PlanError> {
     use Collective::*;
     let b = a.dtype.bytes(a.count).ok_or(PlanError::Overflow)?;
     let nb = b.checked_mul(n).ok_or(PlanError::Overflow)?;
@@ -275,7 +275,7 @@ fn regions(a: &CollArgs, rank: Rank, n: usize) -> Result<Regions, PlanError> {
 /// plan, and the plans of all ranks match each other (see
 /// `docs/algorithms.md`).
 pub fn generate(
-    args: &CollArgs,
+    args: &PlanArgs,
     algorithm: Algorithm,
     rank: Rank,
     topo: &Topology,

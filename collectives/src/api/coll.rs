@@ -1,6 +1,6 @@
 //! The collective entry points and their `*Config` variants.
 //!
-//! Each validates its arguments into `CollArgs` and hands them to
+//! Each validates its arguments into `Call` and hands them to
 //! [`submit`]. In-place layouts follow NCCL: allgather in-place sends from
 //! `recvbuff + rank*sendcount`, reducescatter and scatter in-place receive at
 //! `sendbuff + rank*recvcount`.
@@ -14,9 +14,9 @@ use hetccl_abi::{
 use super::coll_args::validate;
 use super::config_read::read_coll_config;
 use super::guard::guard;
-use super::launch::{claim_for_call, submit};
 use crate::algo::Collective;
 use crate::export;
+use crate::launch::{claim_for_call, submit};
 
 /// Validates and submits; shared by every entry point in this file.
 #[allow(clippy::too_many_arguments)]

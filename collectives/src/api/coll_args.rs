@@ -1,16 +1,16 @@
 //! Validation of collective and point-to-point arguments into a typed
-//! [`CollArgs`], shared by every collective entry point.
+//! [`Call`], shared by every collective entry point.
 
 use std::ffi::c_void;
-use std::sync::Arc;
 
-use hetccl_abi::{ncclComm_t, DataType, RedOp};
+use hetccl_abi::{ncclComm_t, RedOp};
 
 use super::check;
 use crate::algo::Collective;
-use crate::comm::{handle, Comm};
+use crate::comm::handle;
 use crate::error::{Error, Result};
-use crate::gpu::memory::{self, Placement};
+use crate::gpu::memory;
+use crate::launch::Call;
 
 /// What each rank's buffers must hold for `coll`, in elements: (send,
 /// recv), at the root for rooted kinds.
@@ -30,36 +30,6 @@ fn extents(coll: Collective, count: usize, nranks: usize, is_root: bool) -> Opti
     })
 }
 
-/// A validated call.
-#[derive(Debug, Clone)]
-pub struct CollArgs {
-    /// The operation.
-    pub kind: Collective,
-    /// The communicator.
-    pub comm: Arc<Comm>,
-    /// Send buffer (may be NULL where nothing is sent).
-    pub send: *const c_void,
-    /// Receive buffer (may be NULL where nothing is received).
-    pub recv: *mut c_void,
-    /// The count as passed (per rank / per peer, as NCCL defines it per kind).
-    pub count: usize,
-    /// Element type.
-    pub dtype: DataType,
-    /// Reduction op (Sum for non-reducing kinds).
-    pub op: RedOp,
-    /// Root for rooted kinds, peer for Send/Recv; 0 otherwise.
-    pub root: usize,
-    /// Bytes this rank reads from `send`.
-    pub send_bytes: usize,
-    /// Bytes this rank writes to `recv`.
-    pub recv_bytes: usize,
-    /// The stream (NULL for host calls).
-    pub stream: *mut c_void,
-    /// Where the buffers live; CUDA memory takes the stream path
-    /// ([`crate::gpu::submit`]).
-    pub placement: Placement,
-}
-
 /// Validates the raw arguments of any collective or point-to-point call.
 #[allow(clippy::too_many_arguments)]
 pub fn validate(
@@ -72,7 +42,7 @@ pub fn validate(
     root: i32,
     comm: ncclComm_t,
     stream: *mut c_void,
-) -> Result<CollArgs> {
+) -> Result<Call> {
     let comm = handle::lookup(comm)?;
     comm.check_usable()?;
     let dtype = check::datatype(dtype)?;
@@ -106,7 +76,7 @@ pub fn validate(
     check::buffer(send, send_bytes, "sendbuff")?;
     check::buffer(recv, recv_bytes, "recvbuff")?;
     let placement = memory::classify_call(send, send_bytes, recv, recv_bytes)?;
-    Ok(CollArgs {
+    Ok(Call {
         kind,
         comm,
         send,

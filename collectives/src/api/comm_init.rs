@@ -21,12 +21,12 @@ use super::check;
 use super::config_read::{read_comm_config, CommConfig};
 use super::engine_gate::unavailable;
 use super::guard::guard;
-use super::launch;
 use crate::bootstrap::id::UniqueId;
 use crate::bootstrap::{self, root};
 use crate::comm::{handle, init, split, Comm};
 use crate::error::{Error, Result};
 use crate::export;
+use crate::launch;
 
 /// The id for `NCCL_COMM_ID=host:port`: every rank derives the same id from
 /// the variable, so its secret is only as secret as the variable (set
@@ -57,7 +57,25 @@ fn start_fixed_root(id: &UniqueId, rank: usize) -> Result<()> {
     let l = std::net::TcpListener::bind(id.root)
         .map_err(|e| Error::System(format!("NCCL_COMM_ID: bind {}: {e}", id.root)))?;
     l.set_nonblocking(true)?;
-    root::spawn(l, id.secret, bootstrap::deadline())
+    root::spawn(l, id.secret, process_params().deadline())
+}
+
+/// The bootstrap settings of ids made outside a communicator (from the
+/// process configuration).
+fn process_params() -> bootstrap::Params {
+    let cfg = hetccl_core::config::get();
+    let timeout = if cfg.timeout_s.is_finite() && cfg.timeout_s > 0.0 {
+        std::time::Duration::from_secs_f64(cfg.timeout_s)
+    } else {
+        std::time::Duration::from_secs(300)
+    };
+    let filter = cfg.socket_iface_filter();
+    let ip = hetccl_net::iface::discover_with(filter.as_ref(), cfg.socket_family)
+        .first()
+        .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |d| {
+            d.addr
+        });
+    bootstrap::Params { ip, timeout }
 }
 
 fn decode_id(raw: &ncclUniqueId) -> Result<UniqueId> {
@@ -135,7 +153,7 @@ export! {
             check::non_null(unique_id, "uniqueId")?;
             let id = match &hetccl_core::config::get().comm_id {
                 Some(spec) => fixed_id(spec)?,
-                None => bootstrap::new_root()?,
+                None => bootstrap::new_root(process_params())?,
             };
             // SAFETY: checked non-NULL.
             unsafe { *unique_id = id.encode() };
@@ -194,7 +212,7 @@ export! {
             }
             let _ = devlist; // host ranks: the device list only names them
             let n = ndev as usize;
-            let id = bootstrap::new_root()?;
+            let id = bootstrap::new_root(process_params())?;
             let made: Vec<Result<Arc<Comm>>> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..n)
                     .map(|r| {

@@ -11,6 +11,7 @@ use std::mem::{offset_of, size_of};
 
 use hetccl_abi::{ncclCollConfig_t, ncclConfig_t, NCCL_API_MAGIC, NCCL_CONFIG_UNDEF_INT};
 
+pub use crate::comm::config::{CollConfig, CommConfig};
 use crate::error::{Error, Result};
 
 /// Header fields (`size`, `magic`, `version`) occupy the first 16 bytes.
@@ -21,36 +22,6 @@ const MAX_SIZE: usize = 64 * 1024;
 const MIN_VERSION: u32 = 21400;
 /// The longest string field read (netName, commName).
 const MAX_STR: usize = 4096;
-
-/// The communicator settings hetccl takes from `ncclConfig_t`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommConfig {
-    /// Calls return when done (true, the default) or may return `ncclInProgress`.
-    pub blocking: bool,
-    /// `netName`: the net plugin to use, if set.
-    pub net_name: Option<String>,
-    /// `commName`, for logs.
-    pub comm_name: Option<String>,
-    /// `splitShare`.
-    pub split_share: bool,
-    /// `trafficClass`, if set.
-    pub traffic_class: Option<i32>,
-    /// The header version of the caller's `nccl.h`, 0 when no config was given.
-    pub header_version: u32,
-}
-
-impl Default for CommConfig {
-    fn default() -> Self {
-        Self {
-            blocking: true,
-            net_name: None,
-            comm_name: None,
-            split_share: false,
-            traffic_class: None,
-            header_version: 0,
-        }
-    }
-}
 
 /// Checks the header of a size-headed struct whose full current size is `full`.
 ///
@@ -156,15 +127,6 @@ pub unsafe fn read_comm_config(p: *const ncclConfig_t) -> Result<CommConfig> {
     c.traffic_class = unsafe { int_field(b, size, offset_of!(ncclConfig_t, trafficClass)) }
         .filter(|&v| v != NCCL_CONFIG_UNDEF_INT);
     Ok(c)
-}
-
-/// The per-call settings hetccl takes from `ncclCollConfig_t`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CollConfig {
-    /// `algSelection`: an NCCL_ALGO-style string restricting the algorithm.
-    pub alg_selection: Option<String>,
-    /// `userProfilerTag`.
-    pub profiler_tag: u64,
 }
 
 /// Reads an `ncclCollConfig_t`; NULL means defaults.

@@ -50,12 +50,12 @@ pub unsafe extern "C" fn hetcclCommSelectionTable(
             check::non_null(buf, "buf")?;
         }
         let e = c.engine()?;
-        let filter = super::launch::algo_filter()?;
+        let filter = &e.settings.algo_filter;
         let colls: Vec<Collective> = Collective::ALL
             .into_iter()
             .filter(|c| !matches!(c, Collective::Send | Collective::Recv))
             .collect();
-        let mut text = selection_table(&colls, &e.topo, &e.costs, &filter, TABLE_MAX_BYTES);
+        let mut text = selection_table(&colls, &e.topo, &e.costs, filter, TABLE_MAX_BYTES);
         if let Some(d) = &e.direct {
             text.push_str(&d.describe());
         }

@@ -120,7 +120,7 @@ pub unsafe fn mirror(comm: ncclComm_t) -> Result<ncclComm_t> {
     if let Some(&m) = MIRRORS.lock().get(&(comm as usize)) {
         return Ok(m as ncclComm_t);
     }
-    if super::group::depth() > 0 {
+    if crate::launch::group::depth() > 0 {
         return Err(Error::usage(
             "the first forwarded device-side call on a communicator creates NVIDIA's \
              mirror communicator collectively and cannot run inside ncclGroupStart/End",

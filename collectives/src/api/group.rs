@@ -1,9 +1,7 @@
 //! `ncclGroupStart` / `ncclGroupEnd` / `ncclGroupSimulateEnd`.
 //!
-//! Groups nest per thread, as in NCCL. Operations issued inside a group are
-//! queued and launched together by the outermost `ncclGroupEnd`.
-
-use std::cell::Cell;
+//! The C boundary of `crate::launch::group`: groups nest per thread, as in
+//! NCCL, and the outermost `ncclGroupEnd` launches what was queued.
 
 use hetccl_abi::{ncclResult_t, ncclSimInfo_t, NCCL_SIM_INFO_MAGIC};
 
@@ -11,9 +9,10 @@ use super::check;
 use super::guard::guard;
 use crate::algo::estimate_us;
 use crate::comm::Comm;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::exec::Job;
 use crate::export;
+use crate::launch::group;
 
 /// The cost model's time for one queued job, in microseconds.
 fn estimate(comm: &Comm, job: &Job) -> f64 {
@@ -29,61 +28,18 @@ fn estimate(comm: &Comm, job: &Job) -> f64 {
     .unwrap_or(0.0)
 }
 
-/// The deepest nesting accepted: deeper is surely a missing `ncclGroupEnd`.
-const MAX_DEPTH: u32 = 1 << 16;
-
-thread_local! {
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-}
-
-/// The current group nesting depth of this thread.
-pub fn depth() -> u32 {
-    DEPTH.with(Cell::get)
-}
-
-fn start() -> Result<()> {
-    DEPTH.with(|d| {
-        if d.get() >= MAX_DEPTH {
-            return Err(Error::usage(format!(
-                "groups nested deeper than {MAX_DEPTH}"
-            )));
-        }
-        d.set(d.get() + 1);
-        Ok(())
-    })
-}
-
-/// Leaves one level; returns true when the outermost group closed.
-fn end() -> Result<bool> {
-    DEPTH.with(|d| match d.get() {
-        0 => Err(Error::usage(
-            "ncclGroupEnd without a matching ncclGroupStart",
-        )),
-        n => {
-            d.set(n - 1);
-            Ok(n == 1)
-        }
-    })
-}
-
 export! {
     /// Opens a group: later calls on this thread are queued until the
     /// matching [`ncclGroupEnd`].
     fn ncclGroupStart / pncclGroupStart() -> ncclResult_t {
-        guard("ncclGroupStart", start)
+        guard("ncclGroupStart", group::start)
     }
 }
 
 export! {
     /// Closes a group; the outermost close launches what was queued.
     fn ncclGroupEnd / pncclGroupEnd() -> ncclResult_t {
-        guard("ncclGroupEnd", || {
-            if end()? {
-                super::launch::group_end()
-            } else {
-                Ok(())
-            }
-        })
+        guard("ncclGroupEnd", group::end)
     }
 }
 
@@ -104,13 +60,10 @@ export! {
             if size < std::mem::size_of::<ncclSimInfo_t>() || size > 4096 {
                 return Err(Error::arg(format!("simInfo has implausible size {size}")));
             }
-            let outermost = end()?;
-            let est = super::launch::with_queued(|ops| {
+            let est = group::with_queued(|ops| {
                 ops.iter().map(|(c, j)| estimate(c, j)).sum::<f64>()
             });
-            if outermost {
-                super::launch::group_discard();
-            }
+            group::end_discarding()?;
             // SAFETY: checked non-NULL and size.
             unsafe { (*sim_info).estimatedTime = est as f32 };
             Ok(())
@@ -127,7 +80,7 @@ mod tests {
         assert_eq!(unsafe { ncclGroupEnd() }, 5, "end without start");
         assert_eq!(unsafe { ncclGroupStart() }, 0);
         assert_eq!(unsafe { ncclGroupStart() }, 0);
-        assert_eq!(depth(), 2);
+        assert_eq!(group::depth(), 2);
         assert_eq!(unsafe { ncclGroupEnd() }, 0);
         let mut si = ncclSimInfo_t {
             size: 24,
@@ -137,7 +90,7 @@ mod tests {
         };
         assert_eq!(unsafe { ncclGroupSimulateEnd(&mut si) }, 0);
         assert_eq!(si.estimatedTime, 0.0, "an empty group costs nothing");
-        assert_eq!(depth(), 0);
+        assert_eq!(group::depth(), 0);
         si.magic = 0;
         assert_eq!(unsafe { ncclGroupSimulateEnd(&mut si) }, 4);
         assert_eq!(unsafe { ncclGroupSimulateEnd(std::ptr::null_mut()) }, 4);

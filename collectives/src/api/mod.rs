@@ -25,7 +25,6 @@ pub mod ext;
 pub mod fallback;
 pub mod group;
 pub mod guard;
-pub mod launch;
 pub mod mem;
 pub mod redop;
 pub mod register;

@@ -19,7 +19,7 @@ pub mod root;
 pub mod sock;
 pub mod tally;
 
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use self::card::{decode_table, Card, CARD_BYTES};
@@ -27,17 +27,38 @@ use self::id::UniqueId;
 use self::retry::Fail;
 use crate::error::{Error, Result};
 
-/// The default deadline for one bootstrap phase.
-pub fn deadline() -> Instant {
-    let s = hetccl_core::config::get().timeout_s;
-    Instant::now() + Duration::from_secs_f64(if s.is_finite() && s > 0.0 { s } else { 300.0 })
+/// Where a rank's bootstrap listens and how long each of its phases may
+/// take (from the communicator's settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// The address to listen on.
+    pub ip: IpAddr,
+    /// The bound of one bootstrap phase (`HETCCL_TIMEOUT_S`).
+    pub timeout: Duration,
+}
+
+impl Default for Params {
+    /// Loopback and 300 s (tests).
+    fn default() -> Self {
+        Self {
+            ip: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Params {
+    /// The end of a phase that starts now.
+    pub fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
 }
 
 /// Creates a unique id and starts its root on this process.
-pub fn new_root() -> Result<UniqueId> {
-    let l = sock::listen(sock::local_ip())?;
+pub fn new_root(p: Params) -> Result<UniqueId> {
+    let l = sock::listen(p.ip)?;
     let id = UniqueId::generate(l.local_addr()?)?;
-    root::spawn(l, id.secret, deadline())?;
+    root::spawn(l, id.secret, p.deadline())?;
     tracing::info!(target: "hetccl::BOOTSTRAP", "root listening on {}", id.root);
     Ok(id)
 }
@@ -96,6 +117,7 @@ pub struct Bootstrap {
     gate: parking_lot::Mutex<gate::Gate>,
     next: Option<TcpStream>,
     prev: Option<TcpStream>,
+    params: Params,
 }
 
 /// A process-wide random value telling address spaces apart.
@@ -110,9 +132,15 @@ pub fn proc_nonce() -> u64 {
 
 impl Bootstrap {
     /// Joins the communicator named by `id` as `rank` of `nranks`.
-    pub fn join(id: &UniqueId, rank: usize, nranks: usize, host_hash: u64) -> Result<Self> {
-        let dl = deadline();
-        let listener = sock::listen(sock::local_ip())?;
+    pub fn join(
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        host_hash: u64,
+        params: Params,
+    ) -> Result<Self> {
+        let dl = params.deadline();
+        let listener = sock::listen(params.ip)?;
         let me = Card {
             rank: rank as u32,
             nranks: nranks as u32,
@@ -142,12 +170,18 @@ impl Bootstrap {
             gate: Default::default(),
             next: None,
             prev: None,
+            params,
         };
         if nranks > 1 {
             b.connect_ring(dl)?;
         }
         tracing::info!(target: "hetccl::BOOTSTRAP", "rank {rank}/{nranks} joined");
         Ok(b)
+    }
+
+    /// Where and how long this rank's bootstrap waits.
+    pub fn params(&self) -> Params {
+        self.params
     }
 
     /// The number of ranks.
@@ -241,7 +275,7 @@ impl Bootstrap {
         if n == 1 {
             return Ok(out);
         }
-        let dl = deadline();
+        let dl = self.params.deadline();
         let (next, prev) = match (self.next.as_mut(), self.prev.as_mut()) {
             (Some(a), Some(b)) => (a, b),
             _ => return Err(Error::Internal("bootstrap ring is not connected".into())),
@@ -267,17 +301,18 @@ mod tests {
 
     #[test]
     fn four_ranks_join_allgather_and_refuse_strangers() {
-        let id = new_root().unwrap();
+        let id = new_root(Params::default()).unwrap();
         // A stranger with a wrong secret knocks first; the root must ignore it.
         let mut bad = id.clone();
         bad.secret[0] ^= 1;
-        let stranger = std::thread::spawn(move || Bootstrap::join(&bad, 0, 4, 1));
+        let stranger =
+            std::thread::spawn(move || Bootstrap::join(&bad, 0, 4, 1, Params::default()));
         std::thread::sleep(Duration::from_millis(50));
         let hs: Vec<_> = (0..4)
             .map(|r| {
                 let id = id.clone();
                 std::thread::spawn(move || {
-                    let mut b = Bootstrap::join(&id, r, 4, 7)?;
+                    let mut b = Bootstrap::join(&id, r, 4, 7, Params::default())?;
                     let all = b.allgather(&[r as u8; 3], 16)?;
                     b.barrier()?;
                     Ok::<_, Error>(all)
@@ -318,7 +353,7 @@ mod tests {
             let card = root::parse_root_hello(&h2).unwrap();
             frame::send(&mut s, &card::encode_table(&[card]), dl).unwrap();
         });
-        let b = Bootstrap::join(&id, 0, 1, 7).unwrap();
+        let b = Bootstrap::join(&id, 0, 1, 7, Params::default()).unwrap();
         assert_eq!(b.cards.len(), 1);
         root.join().unwrap();
     }
@@ -334,6 +369,7 @@ mod tests {
             gate: Default::default(),
             next: None,
             prev: None,
+            params: Params::default(),
         };
         let l = lo();
         let addr = l.local_addr().unwrap();

@@ -1,22 +1,12 @@
 //! Socket helpers for the bootstrap: choosing the interface, listening,
 //! accepting and connecting with deadlines.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::retry::Backoff;
 use crate::error::{Error, Result};
-
-/// The address ranks listen on: the first interface NCCL_SOCKET_IFNAME
-/// semantics select (HETCCL_SOCKET_IFNAME first), else loopback.
-pub fn local_ip() -> IpAddr {
-    let cfg = hetccl_core::config::get();
-    hetccl_net::iface::discover(cfg.socket_ifname.as_deref())
-        .first()
-        .map(|d| d.addr)
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
-}
 
 /// The accept backlog of bootstrap listeners (the kernel caps it at
 /// `net.core.somaxconn`): room for a burst of connections to wait their

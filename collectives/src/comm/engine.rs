@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::config::CommConfig;
 use crate::algo::Topology;
-use crate::api::config_read::CommConfig;
 use crate::bootstrap::id::UniqueId;
 use crate::bootstrap::Bootstrap;
 use crate::exec::Links;
@@ -36,9 +36,6 @@ pub struct Engine {
     pub aborted: Arc<AtomicBool>,
     /// Number of operations run so far (the sequence part of trace ids).
     pub seq: std::sync::atomic::AtomicU64,
-    /// How long a waiting rank spins before it sleeps (0 when the node is
-    /// oversubscribed).
-    pub spin: std::time::Duration,
     /// Scratch buffers kept between operations (plans never read scratch
     /// they did not write, so the buffers are reused as they are).
     pub scratch_pool: Mutex<Vec<Vec<u8>>>,
@@ -50,4 +47,6 @@ pub struct Engine {
     /// The cost model of this communicator's links (selection, simulation,
     /// the selection table).
     pub costs: crate::cost::CostModel,
+    /// What it took from the configuration at init (passed down from here).
+    pub settings: super::settings::Settings,
 }

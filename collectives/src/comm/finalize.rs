@@ -27,7 +27,7 @@ pub fn finalize(c: &Comm) -> Result<()> {
     let Some(e) = c.engine.get() else {
         return Ok(());
     };
-    let deadline = crate::bootstrap::deadline();
+    let deadline = e.settings.deadline();
     // Operations other threads run on this communicator (a nonblocking
     // communicator's helper, the GPU proxy) hold the lock until they end.
     let Some(_running) = e.exec_lock.try_lock_until(deadline) else {

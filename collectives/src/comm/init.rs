@@ -9,12 +9,13 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::config::CommConfig;
 use super::engine::Engine;
+use super::settings::Settings;
 use super::Comm;
 use crate::algo::Topology;
-use crate::api::config_read::CommConfig;
 use crate::bootstrap::id::UniqueId;
-use crate::bootstrap::Bootstrap;
+use crate::bootstrap::{Bootstrap, Params};
 use crate::cost::{CostModel, TransportKind};
 use crate::error::{Error, Result};
 use crate::exec::watch::Watch;
@@ -25,9 +26,17 @@ use crate::transport::{net, shm, Conn};
 
 /// The data bytes of one shm ring: NCCL_BUFFSIZE split over the channels,
 /// a power of two between 64 KiB and 64 MiB.
-fn ring_capacity() -> usize {
-    let per = hetccl_core::config::get().buffsize / NCHAN;
+fn ring_capacity(buffsize: usize) -> usize {
+    let per = buffsize / NCHAN;
     per.clamp(64 << 10, 64 << 20).next_power_of_two()
+}
+
+/// The bootstrap's part of a communicator's settings.
+pub fn bootstrap_params(s: &Settings) -> Params {
+    Params {
+        ip: s.bootstrap_ip(),
+        timeout: s.timeout,
+    }
 }
 
 /// Creates this rank's communicator.
@@ -47,8 +56,14 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let (nranks, rank) = (comm.nranks, comm.rank);
     hetccl_core::obs::print_version_once();
     hetccl_core::config::log_once();
-    let cfg = hetccl_core::config::get();
-    let mut bs = Bootstrap::join(id, rank, nranks, topo::host_hash())?;
+    let mut settings = Settings::new(hetccl_core::config::get(), &config)?;
+    let mut bs = Bootstrap::join(
+        id,
+        rank,
+        nranks,
+        topo::host_hash(settings.host_id.as_deref()),
+        bootstrap_params(&settings),
+    )?;
     let hashes: Vec<u64> = bs.cards.iter().map(|c| c.host_hash).collect();
     let node_of = topo::node_of_ranks(&hashes);
     let procs: Vec<u32> = {
@@ -66,7 +81,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         .collect();
     // The channel factory: per pair, the nearest-reaching enabled transport
     // (`NCCL_SHM_DISABLE` takes shm out of the running).
-    let enabled = |t: TransportKind| !(cfg.shm_disable && t == TransportKind::Shm);
+    let enabled = |t: TransportKind| !(settings.shm_disable && t == TransportKind::Shm);
     let mut choice: Vec<Option<TransportKind>> = Vec::with_capacity(nranks);
     for p in 0..nranks {
         let class = CostModel::class(&topology, rank as u32, p as u32);
@@ -79,6 +94,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let arena = if use_shm {
         Some(Arc::new(setup_arena(
             &mut bs,
+            ring_capacity(settings.buffsize),
             comm_hash,
             &local,
             node_of[rank],
@@ -108,17 +124,21 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let tcp_peers: Vec<usize> = (0..nranks)
         .filter(|&p| choice[p] == Some(TransportKind::Tcp))
         .collect();
-    for (p, conns) in net::setup(&mut bs, &tcp_peers, NCHAN)? {
+    let net_params = net::NetParams {
+        ifname: settings.socket_ifname.clone(),
+        family: settings.socket_family,
+        tcp: settings.tcp.clone(),
+    };
+    for (p, conns) in net::setup(&mut bs, &tcp_peers, NCHAN, &net_params)? {
         peers[p] = Some(conns);
     }
     let aborted = Arc::new(AtomicBool::new(false));
     let hw = topo::host::host_info();
-    let mut spin = std::time::Duration::from_micros(u64::from(cfg.spin_us));
     if local.len() > hw.pus {
-        spin = std::time::Duration::ZERO;
+        settings.patience.spin = std::time::Duration::ZERO;
     }
     // Single-copy workers: one per processing unit unless configured.
-    let workers = match usize::try_from(cfg.copy_workers).unwrap_or(0) {
+    let workers = match settings.copy_workers {
         0 => hw.pus,
         w => w,
     }
@@ -134,10 +154,13 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
                 a.clone(),
                 me_local,
                 aborted.clone(),
-                spin,
-                workers,
-                &crate::api::launch::algo_filter()?,
-                comm_hash,
+                crate::direct::Options {
+                    patience: settings.patience,
+                    copy_min: settings.copy_min_bytes,
+                    workers,
+                    filter: &settings.algo_filter,
+                    comm_hash,
+                },
             ))
         }
         _ => None,
@@ -166,7 +189,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         "comm {comm_hash:016x} rank {rank}/{nranks}: nodes {:?}, links {:?}", node_of, kinds);
     tracing::info!(target: "hetccl::INIT",
         "rank {rank}: {} local ranks on {} PUs / {} cores / {} NUMA nodes ({}); spin {:?}",
-        local.len(), hw.pus, hw.cores, hw.numa_nodes, hw.source, spin);
+        local.len(), hw.pus, hw.cores, hw.numa_nodes, hw.source, settings.patience.spin);
     let engine = Engine {
         id: id.clone(),
         comm_hash,
@@ -180,9 +203,9 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         seq: AtomicU64::new(0),
         plans: Mutex::new(Default::default()),
         scratch_pool: Mutex::new(Vec::new()),
-        spin,
         direct,
         costs,
+        settings,
     };
     comm.engine
         .set(engine)
@@ -191,10 +214,15 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
 
 /// The node leader creates the arena; everyone maps it; the leader unlinks
 /// it once all have. Two barriers, as on ranks without an arena.
-fn setup_arena(bs: &mut Bootstrap, comm_hash: u64, local: &[usize], node: usize) -> Result<Arena> {
+fn setup_arena(
+    bs: &mut Bootstrap,
+    cap: usize,
+    comm_hash: u64,
+    local: &[usize],
+    node: usize,
+) -> Result<Arena> {
     let leader = local[0];
     let path = arena::name(comm_hash, node, bs.cards[leader].pid);
-    let cap = ring_capacity();
     let mine = if bs.rank == leader {
         Some(Arena::create(&path, local.len(), NCHAN, cap))
     } else {

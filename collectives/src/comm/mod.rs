@@ -5,6 +5,7 @@
 //! C API only ever reaches a comm through [`handle::lookup`], which rejects
 //! NULL, never-created and destroyed handles alike.
 
+pub mod config;
 pub mod engine;
 pub mod finalize;
 pub mod handle;
@@ -12,6 +13,7 @@ pub mod init;
 pub mod owner;
 pub mod plan_cache;
 pub mod redop_table;
+pub mod settings;
 pub mod split;
 
 use std::collections::HashMap;

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use hetccl_abi::NCCL_SPLIT_NOCOLOR;
 
+use super::config::CommConfig;
 use super::{init, Comm};
-use crate::api::config_read::CommConfig;
 use crate::bootstrap::id::UniqueId;
 use crate::bootstrap::{self, frame, Purpose};
 use crate::error::{Error, Result};
@@ -54,7 +54,7 @@ pub fn split(parent: &Comm, color: i32, key: i32, cfg: CommConfig) -> Result<Opt
     };
     let leader = group.first() == Some(&parent.rank);
     let id_bytes = if leader {
-        bootstrap::new_root()?.encode().internal.to_vec()
+        bootstrap::new_root(bs.params())?.encode().internal.to_vec()
     } else {
         Vec::new()
     };
@@ -89,8 +89,12 @@ pub fn shrink(
         e.aborted.store(true, Ordering::Release);
         parent.revoked.store(true, Ordering::Release);
     }
-    // Wait for any operation still running on another thread.
-    drop(e.exec_lock.lock());
+    // Wait for any operation still running on another thread (it ends
+    // within its own stall limit).
+    let wait = e.settings.timeout + std::time::Duration::from_secs(1);
+    drop(e.exec_lock.try_lock_for(wait).ok_or_else(|| {
+        Error::Timeout("shrink: an operation on another thread did not end".into())
+    })?);
     let survivors: Vec<usize> = (0..parent.nranks)
         .filter(|r| !excluded.contains(r))
         .collect();
@@ -99,9 +103,9 @@ pub fn shrink(
         .position(|&r| r == parent.rank)
         .ok_or_else(|| Error::usage("this rank is in the exclude list of its own shrink"))?;
     let bs = e.bootstrap.lock();
-    let dl = bootstrap::deadline();
+    let dl = e.settings.deadline();
     let id = if me == 0 {
-        let id = bootstrap::new_root()?;
+        let id = bootstrap::new_root(bs.params())?;
         let raw = id.encode();
         for &r in &survivors[1..] {
             let mut s = bs.connect_to(bs.cards[r].addr, Purpose::Handoff, dl)?;

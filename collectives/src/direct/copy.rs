@@ -33,9 +33,9 @@ use super::wait::Op;
 use super::work::Job;
 use super::Node;
 use crate::algo::Collective;
-use crate::api::coll_args::CollArgs;
 use crate::error::{Error, Result};
 use crate::exec::watch::Watch;
+use crate::launch::Call;
 use crate::reduce::ReduceOp;
 
 /// Whether the single-copy path implements `kind`.
@@ -348,7 +348,7 @@ fn cma(pid: u32, addr: u64, mut io: Io<'_>) -> std::result::Result<(), String> {
 }
 
 /// Runs one large collective (`serves` and `copy_usable` returned true).
-pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -> Result<()> {
+pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Result<()> {
     let n = node.nranks();
     let me = node.me;
     let elem = a.dtype.size();

@@ -22,9 +22,9 @@ use super::shape::{self, Shape};
 use super::wait::Op;
 use super::Node;
 use crate::algo::Collective;
-use crate::api::coll_args::CollArgs;
 use crate::error::{Error, Result};
 use crate::exec::watch::Watch;
+use crate::launch::Call;
 use crate::reduce::{self, ReduceError, ReduceOp};
 
 /// Whether a `kind` call of `bytes` per rank (NCCL's count times the element
@@ -53,7 +53,7 @@ fn kernel(e: ReduceError) -> Error {
 /// `out = op(inputs...)` folded in rank order, then the op's post-operation
 /// (the pre-operation, whose scalar may differ per rank, was applied by each
 /// input's owner before it posted).
-fn fold(out: &mut [u8], inputs: &[&[u8]], a: &CollArgs, op: ReduceOp) -> Result<()> {
+fn fold(out: &mut [u8], inputs: &[&[u8]], a: &Call, op: ReduceOp) -> Result<()> {
     let (dt, n) = (a.dtype, inputs.len() as u32);
     if inputs.len() >= 2 {
         reduce::reduce3(out, inputs[0], inputs[1], dt, op).map_err(kernel)?;
@@ -85,7 +85,7 @@ fn with_inputs<'a, R>(
 }
 
 /// Runs one small collective (`fits` returned true).
-pub fn run(node: &Node, a: &CollArgs, op: ReduceOp, trace: u64, watch: &Watch) -> Result<()> {
+pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Result<()> {
     let n = node.nranks();
     let me = node.me;
     let bytes = a.count * a.dtype.size();

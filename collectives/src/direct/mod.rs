@@ -40,9 +40,9 @@ use std::time::Duration;
 
 use self::board::{Board, PROBE_VALUE};
 use crate::algo::{AlgoFilter, Algorithm, Collective};
-use crate::api::coll_args::CollArgs;
 use crate::error::Result;
 use crate::exec::Patience;
+use crate::launch::Call;
 use crate::reduce::ReduceOp;
 use crate::transport::arena::Arena;
 use crate::transport::doorbell::Doorbell;
@@ -106,19 +106,34 @@ fn kind_index(k: Collective) -> Option<usize> {
     KINDS.iter().position(|&x| x == k)
 }
 
+/// What the direct paths take from the communicator's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Options<'a> {
+    /// Spin, hang report and stall limit of the board waits.
+    pub patience: Patience,
+    /// Where the single-copy path starts (bytes of the largest buffer; 0:
+    /// off).
+    pub copy_min: usize,
+    /// Ranks that run single-copy work items.
+    pub workers: usize,
+    /// `NCCL_ALGO`: which kinds may take the direct paths.
+    pub filter: &'a AlgoFilter,
+    /// The communicator's hash (logs).
+    pub comm_hash: u64,
+}
+
 impl Node {
     /// Sets up this rank's board. Every rank of the communicator must be a
     /// local rank of `arena`, in rank order. Call before the last init
     /// barrier, so that peers see the control line once init completes.
-    pub fn new(
-        arena: Arc<Arena>,
-        me: usize,
-        aborted: Arc<AtomicBool>,
-        spin: Duration,
-        workers: usize,
-        filter: &AlgoFilter,
-        comm_hash: u64,
-    ) -> Self {
+    pub fn new(arena: Arc<Arena>, me: usize, aborted: Arc<AtomicBool>, o: Options<'_>) -> Self {
+        let Options {
+            patience,
+            copy_min,
+            workers,
+            filter,
+            comm_hash,
+        } = o;
         let n = arena.nlocal();
         // SAFETY: boards of a live arena, kept alive by the Arc we hold.
         let boards: Vec<Board> = (0..n)
@@ -131,7 +146,6 @@ impl Node {
         ctl.probe_addr
             .store(PROBE.as_ptr() as u64, Ordering::Relaxed);
         ctl.stage.store(0, Ordering::SeqCst);
-        let patience = Patience::from_config();
         let mut allowed = [false; 5];
         for (i, &k) in KINDS.iter().enumerate() {
             allowed[i] = filter.allows(k, Algorithm::Direct);
@@ -143,12 +157,11 @@ impl Node {
             boards,
             bells,
             aborted,
-            spin,
+            spin: patience.spin,
             hang_report: patience.hang_report,
             stall_timeout: patience.stall_timeout,
             fast_seq: AtomicU64::new(0),
-            copy_min: usize::try_from(hetccl_core::config::get().copy_min_bytes)
-                .unwrap_or(usize::MAX),
+            copy_min,
             copy_seq: AtomicU64::new(0),
             claim_base: (0..n).map(|_| AtomicU64::new(0)).collect(),
             done_base: AtomicU64::new(0),
@@ -256,7 +269,7 @@ fn path_for(
 /// Runs `a` on a direct path if one applies (blocking communicator, host
 /// memory, all ranks on this node, outside a group, allowed by
 /// `NCCL_ALGO`); `None` when the pipelined executor must run it.
-pub fn try_run(a: &CollArgs, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result<()>> {
+pub fn try_run(a: &Call, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result<()>> {
     let e = a.comm.engine.get()?;
     let node = e.direct.as_ref()?;
     if !e.config.blocking || !node.allowed[kind_index(a.kind)?] {

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hetccl_abi::{DataType, RedOp};
 
 use crate::algo::Collective;
-use crate::api::coll_args::CollArgs;
 use crate::error::Error;
+use crate::launch::Call;
 
 /// Marks a published shape (a zeroed board never reads as one).
 const VALID: u64 = 1;
@@ -66,7 +66,7 @@ fn op_code(op: RedOp) -> u8 {
 
 impl Shape {
     /// The shape of call `a`.
-    pub fn of(a: &CollArgs) -> Self {
+    pub fn of(a: &Call) -> Self {
         Self {
             kind: a.kind,
             count: a.count as u64,

@@ -30,8 +30,8 @@ use super::copy::Side;
 use super::ntcopy;
 use super::Node;
 use crate::algo::Collective;
-use crate::api::coll_args::CollArgs;
 use crate::error::{Error, Result};
+use crate::launch::Call;
 use crate::reduce::{self, Combine, ReduceError, ReduceOp, Scalar};
 
 /// The largest item: its reduction runs from L2.
@@ -171,7 +171,7 @@ fn peer_op(node: &Node, k: usize, op: ReduceOp, dt: hetccl_abi::DataType) -> Red
 /// One operation as this rank sees it: the plan and every rank's buffers.
 pub(super) struct Job<'a> {
     node: &'a Node,
-    a: &'a CollArgs,
+    a: &'a Call,
     op: ReduceOp,
     plan: Plan,
     /// Whether outputs go out with non-temporal stores (large operations).
@@ -180,7 +180,7 @@ pub(super) struct Job<'a> {
 
 impl<'a> Job<'a> {
     /// The job of `a` on `node` (every rank has published its buffers).
-    pub fn new(node: &'a Node, a: &'a CollArgs, op: ReduceOp) -> Self {
+    pub fn new(node: &'a Node, a: &'a Call, op: ReduceOp) -> Self {
         let plan = Plan::new(a.kind, node.nranks(), a.count * a.dtype.size());
         let (s, r) = plan.buffer_bytes();
         let volume = s.max(r);

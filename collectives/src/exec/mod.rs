@@ -324,19 +324,6 @@ impl Links {
     }
 }
 
-impl Patience {
-    /// From `HETCCL_SPIN_US`, `HETCCL_HANG_REPORT_S` and `HETCCL_TIMEOUT_S`.
-    pub fn from_config() -> Self {
-        let cfg = hetccl_core::config::get();
-        let secs = |s: f64| (s.is_finite() && s > 0.0).then(|| Duration::from_secs_f64(s));
-        Self {
-            spin: Duration::from_micros(u64::from(cfg.spin_us)),
-            hang_report: secs(cfg.hang_report_s),
-            stall_timeout: secs(cfg.timeout_s).unwrap_or(Duration::from_secs(300)),
-        }
-    }
-}
-
 /// One blocked message step of a batch.
 #[derive(Debug, Clone)]
 pub struct Blocked {

@@ -152,14 +152,15 @@ fn arch_of(device: i32) -> Result<String> {
 }
 
 /// The kernels of `device`, compiling and loading them (in the calling
-/// thread's current context) on first use.
-pub fn for_device(device: i32) -> Result<Arc<DeviceKernels>> {
+/// thread's current context) on first use, with the NVRTC at `nvrtc`
+/// (`HETCCL_NVRTC_LIB`) or the usual sonames.
+pub fn for_device(device: i32, nvrtc: Option<&std::path::Path>) -> Result<Arc<DeviceKernels>> {
     driver::require("GPU reductions")?;
     let mut cache = CACHE.lock();
     if let Some(k) = cache.get(&device) {
         return k.clone().map_err(Error::Internal);
     }
-    let k = load(device);
+    let k = load(device, nvrtc);
     if let Err(e) = &k {
         tracing::info!(target: "hetccl::INIT", "GPU reduction kernels unavailable on device {device}, device reductions stage through host memory: {e}");
     }
@@ -168,10 +169,10 @@ pub fn for_device(device: i32) -> Result<Arc<DeviceKernels>> {
     k.map_err(Error::Internal)
 }
 
-fn load(device: i32) -> Result<Arc<DeviceKernels>> {
+fn load(device: i32, nvrtc: Option<&std::path::Path>) -> Result<Arc<DeviceKernels>> {
     driver::ensure_context()?;
     let arch = arch_of(device)?;
-    let nvrtc = Nvrtc::open(None)?;
+    let nvrtc = Nvrtc::open(nvrtc)?;
     let ptx = compile_ptx(&nvrtc, &arch)
         .map_err(|e| Error::Internal(format!("compiling the reduction kernels: {e}")))?;
     let cptx = CString::new(ptx).map_err(|_| Error::Internal("PTX holds a NUL".into()))?;

@@ -29,10 +29,15 @@ pub mod stream;
 
 pub use memory::{classify, Placement};
 
-use crate::api::coll_args::CollArgs;
 use crate::error::Result;
+use crate::launch::Call;
 
 /// Runs a validated call whose buffers are CUDA memory (see [`stream`]).
-pub fn submit(a: CollArgs) -> Result<()> {
+pub fn submit(a: Call) -> Result<()> {
     stream::submit(a)
+}
+
+/// Runs the device calls an outermost group end collected, as one batch.
+pub fn enqueue(calls: Vec<Call>) -> Result<()> {
+    stream::enqueue(calls)
 }

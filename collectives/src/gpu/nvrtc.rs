@@ -72,14 +72,10 @@ impl Drop for ProgramGuard<'_> {
 }
 
 impl Nvrtc {
-    /// Opens NVRTC: `path` if given, else `HETCCL_NVRTC_LIB`, else
-    /// [`SONAMES`] in order.
+    /// Opens NVRTC: `path` if given (`HETCCL_NVRTC_LIB`), else [`SONAMES`]
+    /// in order.
     pub fn open(path: Option<&Path>) -> Result<Nvrtc> {
-        let configured = hetccl_core::config::get()
-            .nvrtc_lib
-            .clone()
-            .map(PathBuf::from);
-        let candidates: Vec<PathBuf> = match path.map(Path::to_path_buf).or(configured) {
+        let candidates: Vec<PathBuf> = match path.map(Path::to_path_buf) {
             Some(p) => vec![p],
             None => SONAMES.iter().map(PathBuf::from).collect(),
         };

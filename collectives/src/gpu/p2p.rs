@@ -38,9 +38,9 @@ use super::memory::Placement;
 use super::peer::PeerState;
 use super::stage;
 use crate::algo::Collective;
-use crate::api::coll_args::CollArgs;
 use crate::direct::{Node, WaitOp};
 use crate::error::{Error, Result};
+use crate::launch::Call;
 use crate::transport::arena::MAILBOX;
 
 /// One ordered pair's mailbox (in the node arena; zero at creation).
@@ -107,8 +107,9 @@ impl Post {
 }
 
 /// Whether this rank's side of `a` can take the CUDA IPC path.
-fn local_able(a: &CollArgs) -> bool {
-    matches!(a.placement, Placement::Device(_)) && !hetccl_core::config::get().p2p_disable
+fn local_able(a: &Call) -> bool {
+    matches!(a.placement, Placement::Device(_))
+        && !a.comm.engine().is_ok_and(|e| e.settings.p2p_disable)
 }
 
 /// The receiver's decisions ([`Mailbox::go`], low 8 bits).
@@ -117,7 +118,7 @@ const GO_REFUSED: u64 = 3;
 
 /// One send or receive of the batch and what became of it.
 struct Msg<'a> {
-    a: &'a CollArgs,
+    a: &'a Call,
     node: &'a Node,
     k: u64,
     /// Decided to go through CUDA IPC.
@@ -133,21 +134,21 @@ struct Msg<'a> {
 }
 
 /// The direct-path node of `a`'s communicator (all its ranks on this node).
-fn node_of(a: &CollArgs) -> Option<(&Node, &crate::exec::watch::Watch)> {
+fn node_of(a: &Call) -> Option<(&Node, &crate::exec::watch::Watch)> {
     let e = a.comm.engine.get()?;
     e.direct.as_ref().map(|n| (n, &e.links.watch))
 }
 
 /// Whether `a` is a send or receive on a communicator with a node mailbox
 /// (such calls must go through [`run`]).
-pub fn uses_mailbox(a: &CollArgs) -> bool {
+pub fn uses_mailbox(a: &Call) -> bool {
     matches!(a.kind, Collective::Send | Collective::Recv) && node_of(a).is_some()
 }
 
 /// Runs a batch holding sends or receives on single-node communicators
 /// (every call of `calls` as passed to the proxy): the mailbox protocol for
 /// those, then one host group for everything that stages.
-pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Result<()> {
+pub fn run(calls: &[&Call], st: &mut PeerState, stream: cu::CUstream) -> Result<()> {
     // Number every message of the batch in issue order, per pair.
     let mut msgs: Vec<Msg<'_>> = Vec::new();
     for a in calls.iter().copied().filter(|a| uses_mailbox(a)) {
@@ -256,7 +257,7 @@ pub fn run(calls: &[&CollArgs], st: &mut PeerState, stream: cu::CUstream) -> Res
         m.done.store(msg.k, Ordering::Release);
         msg.node.wake_peers();
     }
-    let staged: Vec<&CollArgs> = calls
+    let staged: Vec<&Call> = calls
         .iter()
         .copied()
         .filter(|a| {

@@ -49,14 +49,14 @@ use super::ipc::{self, Export, Imports};
 use super::kernels::{self, DeviceKernels};
 use super::memory::Placement;
 use crate::algo::Collective;
-use crate::api::coll_args::CollArgs;
-use crate::api::launch;
 use crate::comm::Comm;
 use crate::direct::board::GpuSlot;
 use crate::direct::shape::{self, Shape};
 use crate::direct::{Node, WaitOp};
 use crate::error::{Error, Result};
 use crate::exec::watch::Watch;
+use crate::launch;
+use crate::launch::Call;
 use crate::reduce::Scalar;
 
 /// The proxy thread's state for the CUDA IPC path: the peer allocations it
@@ -179,7 +179,7 @@ impl Desc {
 }
 
 /// The collectives this path serves.
-fn serves(a: &CollArgs) -> bool {
+fn serves(a: &Call) -> bool {
     let in_place = std::ptr::eq(a.send, a.recv);
     match a.kind {
         Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => true,
@@ -194,7 +194,7 @@ fn serves(a: &CollArgs) -> bool {
 }
 
 /// The shape words of `a` (what every rank must pass alike).
-fn shape_of(a: &CollArgs) -> [u64; 2] {
+fn shape_of(a: &Call) -> [u64; 2] {
     Shape::of(a).encode()
 }
 
@@ -210,7 +210,7 @@ struct Fold {
 
 /// The fold of `a`, this rank's scalar, and the kernels it launches
 /// (None: the op cannot run on the GPU here).
-fn fold_of(a: &CollArgs, k: &DeviceKernels) -> Option<(Fold, [u8; 8])> {
+fn fold_of(a: &Call, k: &DeviceKernels) -> Option<(Fold, [u8; 8])> {
     let op = launch::reduce_op(a).ok()?;
     let (dt, n) = (a.dtype, a.comm.nranks as u32);
     let pre = op.pre_scalar(dt, n);
@@ -247,19 +247,27 @@ fn fold_of(a: &CollArgs, k: &DeviceKernels) -> Option<(Fold, [u8; 8])> {
 type Reducer = (std::sync::Arc<DeviceKernels>, Fold);
 
 /// This rank's descriptor for `a`, and for a reduction its kernels and fold.
-fn describe(a: &CollArgs) -> (Desc, Option<Reducer>) {
+fn describe(a: &Call) -> (Desc, Option<Reducer>) {
     let shape = shape_of(a);
     let no = || (Desc::no(shape), None);
     let device = match a.placement {
         Placement::Device(d) => d,
         _ => return no(),
     };
-    if hetccl_core::config::get().p2p_disable || !serves(a) {
+    let Ok(engine) = a.comm.engine() else {
+        return no();
+    };
+    if engine.settings.p2p_disable || !serves(a) {
         return no();
     }
     let mut scalar = [0u8; 8];
     let reducer = if a.kind.reduces() {
-        let Ok(k) = kernels::for_device(device) else {
+        let nvrtc = engine
+            .settings
+            .nvrtc_lib
+            .as_deref()
+            .map(std::path::Path::new);
+        let Ok(k) = kernels::for_device(device, nvrtc) else {
             return no();
         };
         let Some((fold, s)) = fold_of(a, &k) else {
@@ -324,7 +332,7 @@ pub fn try_run(
     node: &Node,
     watch: &Watch,
     st: &mut PeerState,
-    a: &CollArgs,
+    a: &Call,
     stream: cu::CUstream,
 ) -> Result<bool> {
     let seq = next_seq(&a.comm);
@@ -464,7 +472,7 @@ fn sync(stream: cu::CUstream) -> Result<()> {
 
 /// One operation's device work.
 struct Plan<'a> {
-    a: &'a CollArgs,
+    a: &'a Call,
     n: usize,
     me: usize,
     ptrs: &'a Ptrs,

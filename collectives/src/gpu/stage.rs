@@ -1,6 +1,6 @@
 //! Host staging of calls on CUDA memory, run by the GPU proxy thread on its
 //! own stream: the inputs are copied into pinned host buffers, the host
-//! engine runs the calls ([`crate::api::launch::submit`]), the outputs are
+//! engine runs the calls ([`crate::launch::submit`]), the outputs are
 //! copied back, and the stream is synchronised before the proxy releases
 //! the user's stream. Calls on pinned host memory skip the copies: the host
 //! engine works on the user's buffers (after the stream reached the call).
@@ -24,9 +24,9 @@ use super::driver::{self, cu};
 use super::memory::Placement;
 use super::staging::Staging;
 use crate::algo::Collective;
-use crate::api::coll_args::CollArgs;
-use crate::api::{group, launch};
 use crate::error::{Error, Result};
+use crate::launch::Call;
+use crate::launch::{self, group};
 
 /// Bytes of one piece of a cut call.
 pub const PIECE: usize = 1 << 20;
@@ -71,7 +71,7 @@ impl Drop for Event {
 }
 
 /// Bytes copied back into the user's receive buffer.
-fn recv_copy_bytes(a: &CollArgs) -> usize {
+fn recv_copy_bytes(a: &Call) -> usize {
     if a.recv.is_null() {
         0
     } else {
@@ -80,7 +80,7 @@ fn recv_copy_bytes(a: &CollArgs) -> usize {
 }
 
 /// Bytes copied from the user's send buffer.
-fn send_copy_bytes(a: &CollArgs) -> usize {
+fn send_copy_bytes(a: &Call) -> usize {
     if a.send.is_null() {
         0
     } else {
@@ -114,10 +114,10 @@ pub(super) fn sync(stream: cu::CUstream) -> Result<()> {
 /// buffers. Overlapping send/receive ranges (in-place layouts) share one
 /// buffer at the same offsets, so the host engine sees the same in-place
 /// layout.
-fn host_args(a: &CollArgs) -> Result<(CollArgs, Vec<Staging>)> {
+fn host_args(a: &Call) -> Result<(Call, Vec<Staging>)> {
     if a.placement == Placement::PinnedHost {
         // The host engine reads and writes pinned memory where it lies.
-        let host = CollArgs {
+        let host = Call {
             stream: std::ptr::null_mut(),
             placement: Placement::Host,
             ..a.clone()
@@ -150,7 +150,7 @@ fn host_args(a: &CollArgs) -> Result<(CollArgs, Vec<Staging>)> {
         };
         (one(sb)? as *const c_void, one(rb)? as *mut c_void)
     };
-    let host = CollArgs {
+    let host = Call {
         send: hs,
         recv: hr,
         stream: std::ptr::null_mut(),
@@ -163,7 +163,7 @@ fn host_args(a: &CollArgs) -> Result<(CollArgs, Vec<Staging>)> {
 /// The element ranges `(first, count)` a call is cut into: pieces of
 /// [`PIECE`] bytes for large AllReduce, Broadcast and Reduce calls (the
 /// same buffers, element for element), else the whole call.
-pub fn pieces(a: &CollArgs) -> Vec<(usize, usize)> {
+pub fn pieces(a: &Call) -> Vec<(usize, usize)> {
     let es = a.dtype.size();
     let per = (PIECE / es).max(1);
     let cuttable = matches!(
@@ -181,13 +181,13 @@ pub fn pieces(a: &CollArgs) -> Vec<(usize, usize)> {
 
 /// Piece `(first, n)` of the call `a` (device or host pointers alike), a
 /// kind [`pieces`] cuts (its buffers hold `count` elements where used).
-fn piece(a: &CollArgs, (first, n): (usize, usize)) -> CollArgs {
+fn piece(a: &Call, (first, n): (usize, usize)) -> Call {
     if (first, n) == (0, a.count) {
         return a.clone();
     }
     let es = a.dtype.size();
     let at = |p: usize, bytes: usize| if bytes == 0 { p } else { p + first * es };
-    CollArgs {
+    Call {
         send: at(a.send as usize, a.send_bytes) as *const c_void,
         recv: at(a.recv as usize, a.recv_bytes) as *mut c_void,
         count: n,
@@ -199,28 +199,11 @@ fn piece(a: &CollArgs, (first, n): (usize, usize)) -> CollArgs {
 
 /// Runs host calls, one host group when there are several; waits for a
 /// nonblocking communicator's helper thread.
-fn run_host(calls: &[CollArgs]) -> Result<()> {
+fn run_host(calls: &[Call]) -> Result<()> {
     let r = if calls.len() == 1 {
         launch::submit(calls[0].clone())
     } else {
-        // SAFETY: plain calls into hetccl's own exported group API.
-        unsafe { group::ncclGroupStart() };
-        let mut first_err = None;
-        for h in calls {
-            if let Err(e) = launch::submit(h.clone()) {
-                first_err.get_or_insert(e);
-            }
-        }
-        // SAFETY: as above; closes the group opened here.
-        let code = unsafe { group::ncclGroupEnd() };
-        match (first_err, code) {
-            (Some(e), _) => Err(e),
-            (None, 0) => Ok(()),
-            (None, c) if c == NcclResult::InProgress.raw() => Err(Error::InProgress),
-            (None, c) => Err(Error::Remote(format!(
-                "the grouped host operations failed with ncclResult {c}"
-            ))),
-        }
+        group::run_grouped(calls)
     };
     match r {
         Err(Error::InProgress) => wait_nonblocking(calls),
@@ -230,7 +213,7 @@ fn run_host(calls: &[CollArgs]) -> Result<()> {
 
 /// Stages the calls of one batch (their device pointers as the user passed
 /// them) on `stream` and runs them; the stream is synchronised on return.
-pub(super) fn run(calls: &[&CollArgs], stream: cu::CUstream) -> Result<()> {
+pub(super) fn run(calls: &[&Call], stream: cu::CUstream) -> Result<()> {
     let mut hosts = Vec::with_capacity(calls.len());
     let mut bufs = Vec::new();
     for a in calls {
@@ -248,7 +231,7 @@ pub(super) fn run(calls: &[&CollArgs], stream: cu::CUstream) -> Result<()> {
         copy(h.send as u64, a.send as u64, send_copy_bytes(a), stream)?;
     }
     sync(stream)?;
-    let host_calls: Vec<CollArgs> = hosts
+    let host_calls: Vec<Call> = hosts
         .iter()
         .flat_map(|h| pieces(h).into_iter().map(move |p| piece(h, p)))
         .collect();
@@ -262,7 +245,7 @@ pub(super) fn run(calls: &[&CollArgs], stream: cu::CUstream) -> Result<()> {
 }
 
 /// One call cut into pieces, its copies overlapping the host engine's work.
-fn pipeline(a: &CollArgs, h: &CollArgs, stream: cu::CUstream) -> Result<()> {
+fn pipeline(a: &Call, h: &Call, stream: cu::CUstream) -> Result<()> {
     let ps = pieces(a);
     let mut ready = Vec::with_capacity(ps.len());
     for &p in &ps {
@@ -293,7 +276,7 @@ fn pipeline(a: &CollArgs, h: &CollArgs, stream: cu::CUstream) -> Result<()> {
 
 /// Nonblocking communicators finish on the engine's helper thread; wait for
 /// each comm's async state to settle.
-fn wait_nonblocking(hosts: &[CollArgs]) -> Result<()> {
+fn wait_nonblocking(hosts: &[Call]) -> Result<()> {
     for h in hosts {
         loop {
             let st = h.comm.async_error.load(Ordering::Acquire);
@@ -345,7 +328,7 @@ mod tests {
     #[test]
     fn a_call_that_is_not_cut_keeps_its_extents() {
         let comm = std::sync::Arc::new(crate::comm::Comm::new(4, 1));
-        let a = CollArgs {
+        let a = Call {
             kind: Collective::AlltoAll,
             comm,
             send: 64 as *const c_void,
@@ -371,7 +354,7 @@ mod tests {
     /// `pieces` of a float32 call of `kind` over `count` elements.
     fn cut(kind: Collective, count: usize) -> Vec<(usize, usize)> {
         let comm = std::sync::Arc::new(crate::comm::Comm::new(2, 0));
-        let a = CollArgs {
+        let a = Call {
             kind,
             comm,
             send: 16 as *const c_void,

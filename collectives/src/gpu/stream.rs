@@ -20,7 +20,7 @@
 //!
 //! and anything else (other nodes, other memory) staged ([`super::stage`]):
 //! the inputs are copied into pinned host buffers, the host engine
-//! ([`crate::api::launch::submit`]) runs the calls (one host group for a
+//! ([`crate::launch::submit`]) runs the calls (one host group for a
 //! batch of several), and the outputs are copied back.
 //!
 //! The proxy synchronises its stream, then sets the flag, so later work on
@@ -34,12 +34,11 @@
 //! CUDA graph capture is refused with `ncclInvalidUsage` (checked with
 //! `cuStreamIsCapturing`): host-side progress cannot be captured.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hetccl_abi::RedOp;
@@ -53,10 +52,10 @@ use super::peer::{self, PeerState};
 use super::stage::{self, Event};
 use super::staging::Staging;
 use crate::algo::Collective;
-use crate::api::coll_args::CollArgs;
-use crate::api::{group, launch};
 use crate::comm::redop_table::Scalar;
 use crate::error::{Error, Result};
+use crate::launch::Call;
+use crate::launch::{self, group};
 
 /// A proxy thread with nothing to do for this long ends.
 const PROXY_IDLE: Duration = Duration::from_secs(10);
@@ -64,7 +63,7 @@ const PROXY_IDLE: Duration = Duration::from_secs(10);
 /// One call on CUDA memory, waiting for the proxy.
 struct PendingOp {
     /// The call as validated (device pointers, the user's stream).
-    args: CollArgs,
+    args: Call,
     /// Recorded on the user's stream at the call: the inputs are ready.
     ready: Event,
     /// Recorded on the user's stream after its wait: the stream is past it.
@@ -83,28 +82,8 @@ struct Batch {
 // streams that NCCL's contract keeps valid until the stream passes the call.
 unsafe impl Send for Batch {}
 
-/// Device calls of an open group; `None` once the group ended.
-type GroupQueue = Arc<Mutex<Option<Queued>>>;
-
-/// Calls queued by a group.
-struct Queued(Vec<CollArgs>);
-
-// SAFETY: the raw pointers are user buffers and a stream that NCCL's
-// contract keeps valid until the group's work has run; the queue is moved
-// to the thread that ends the group.
-unsafe impl Send for Queued {}
-
-thread_local! {
-    /// Device calls of this thread's open group, shared with the closure
-    /// that [`launch::submit_init`] runs when the outermost group ends (on
-    /// this thread or, next to communicator inits, on a helper thread).
-    /// Weak: the closure holds the only strong reference, so a group that
-    /// ended (closure run) or was discarded (closure dropped) reads as gone.
-    static GROUP: RefCell<Weak<Mutex<Option<Queued>>>> = const { RefCell::new(Weak::new()) };
-}
-
 /// Runs (or, inside a group, queues) one call on CUDA memory.
-pub fn submit(a: CollArgs) -> Result<()> {
+pub fn submit(a: Call) -> Result<()> {
     driver::require("device buffers")?;
     let stream = a.stream as cu::CUstream;
     // SAFETY: NCCL's contract: the caller passes its live stream (or NULL).
@@ -128,31 +107,14 @@ pub fn submit(a: CollArgs) -> Result<()> {
     if group::depth() == 0 {
         return enqueue(vec![a]);
     }
-    let fresh = GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if let Some(q) = g.upgrade() {
-            if let Some(open) = q.lock().as_mut() {
-                open.0.push(a.clone());
-                return None;
-            }
-        }
-        let q: GroupQueue = Arc::new(Mutex::new(Some(Queued(vec![a.clone()]))));
-        *g = Arc::downgrade(&q);
-        Some(q)
-    });
-    if let Some(q) = fresh {
-        // Runs when the outermost group ends: stages the whole group at once.
-        launch::submit_init(Box::new(move || match q.lock().take() {
-            Some(ops) => enqueue(ops.0),
-            None => Ok(()),
-        }))?;
-    }
+    // Staged with the rest of the group when its outermost end runs.
+    group::push_device(a);
     Ok(())
 }
 
 /// Records each call's "ready" event, makes its stream wait for the
 /// batch's flag, and hands the batch to the proxy.
-fn enqueue(ops: Vec<CollArgs>) -> Result<()> {
+pub(crate) fn enqueue(ops: Vec<Call>) -> Result<()> {
     if ops.is_empty() {
         return Ok(());
     }
@@ -337,7 +299,7 @@ fn finished(b: &Batch) -> bool {
 }
 
 /// Logs the path a call took (`NCCL_DEBUG_SUBSYS=COLL`).
-fn log_path(a: &CollArgs, path: &str) {
+fn log_path(a: &Call, path: &str) {
     tracing::info!(target: "hetccl::COLL", "{} count {} {:?}: {path}", a.kind, a.count, a.dtype);
 }
 
@@ -356,8 +318,8 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
     }
     let engine = b.ops[0].args.comm.engine.get();
     if let Some((node, e)) = engine.and_then(|e| e.direct.as_ref().map(|n| (n, e))) {
-        let is_p2p = |a: &CollArgs| matches!(a.kind, Collective::Send | Collective::Recv);
-        let ours = |a: &CollArgs| Arc::as_ptr(&a.comm) as usize == key;
+        let is_p2p = |a: &Call| matches!(a.kind, Collective::Send | Collective::Recv);
+        let ours = |a: &Call| Arc::as_ptr(&a.comm) as usize == key;
         if b.ops.iter().all(|op| ours(&op.args) && !is_p2p(&op.args)) {
             for op in &b.ops {
                 let a = &op.args;
@@ -382,7 +344,7 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
             }
         }
     }
-    let calls: Vec<&CollArgs> = b.ops.iter().map(|op| &op.args).collect();
+    let calls: Vec<&Call> = b.ops.iter().map(|op| &op.args).collect();
     if calls.iter().any(|a| p2p::uses_mailbox(a)) {
         // Sends and receives inside a node (CUDA IPC or staged, decided per
         // message); the rest of the batch stages with the staged ones.

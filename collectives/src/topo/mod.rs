@@ -9,11 +9,11 @@ pub mod host;
 
 use sha2::{Digest, Sha256};
 
-/// This process's host hash.
-pub fn host_hash() -> u64 {
-    let cfg = hetccl_core::config::get();
+/// This process's host hash; `host_id` (`HETCCL_HOST_ID`) replaces the
+/// host's identity when set.
+pub fn host_hash(host_id: Option<&str>) -> u64 {
     let mut h = Sha256::new();
-    match &cfg.host_id {
+    match host_id {
         Some(id) => {
             h.update(b"id:");
             h.update(id.as_bytes());

@@ -238,6 +238,17 @@ impl RecvLink for NetRecv {
     }
 }
 
+/// What TCP links take from the communicator's settings.
+#[derive(Debug, Clone)]
+pub struct NetParams {
+    /// The interface filter (`HETCCL_`/`NCCL_SOCKET_IFNAME`).
+    pub ifname: Option<String>,
+    /// `NCCL_SOCKET_FAMILY`.
+    pub family: Option<hetccl_core::config::AddrFamily>,
+    /// The transport's options.
+    pub tcp: hetccl_net::tcp::TcpOptions,
+}
+
 /// The `nchan` channels of one peer connection, over one send comm and one
 /// receive comm of `net`.
 pub fn connect(net: &Arc<TcpNet>, send: TcpSendComm, recv: TcpRecvComm, nchan: usize) -> Vec<Conn> {
@@ -273,24 +284,23 @@ pub fn setup(
     bs: &mut crate::bootstrap::Bootstrap,
     peers: &[usize],
     nchan: usize,
+    params: &NetParams,
 ) -> Result<Vec<(usize, Vec<Conn>)>> {
-    use hetccl_net::tcp::TcpOptions;
     use hetccl_net::wire::HANDLE_BYTES;
     let n = bs.nranks();
     let rank = bs.rank;
-    let cfg = hetccl_core::config::get();
     let mut listens: Vec<Option<hetccl_net::tcp::TcpListenComm>> = (0..n).map(|_| None).collect();
     let mut blob = vec![0u8; n * HANDLE_BYTES];
     let net = if peers.is_empty() {
         None
     } else {
-        let devs = hetccl_net::iface::discover(cfg.socket_ifname.as_deref());
+        let devs = hetccl_net::iface::discover(params.ifname.as_deref(), params.family);
         if devs.is_empty() {
             return Err(Error::System(
                 "no usable network interface for TCP links".into(),
             ));
         }
-        let mut opts = TcpOptions::from_env();
+        let mut opts = params.tcp.clone();
         // The engine drives the sockets from the calling thread: no helper
         // threads (ranks may outnumber cores).
         opts.nthreads = 0;
@@ -315,7 +325,7 @@ pub fn setup(
     }
     let mut sends: Vec<Option<TcpSendComm>> = peers.iter().map(|_| None).collect();
     let mut recvs: Vec<Option<TcpRecvComm>> = peers.iter().map(|_| None).collect();
-    let deadline = crate::bootstrap::deadline();
+    let deadline = bs.params().deadline();
     loop {
         let mut pending = false;
         for (i, &p) in peers.iter().enumerate() {
@@ -363,8 +373,11 @@ pub fn loopback_pair(nchan: usize) -> Result<(Vec<Conn>, Vec<Conn>)> {
         pci_path: None,
         loopback: true,
     };
-    let mut opts = TcpOptions::from_env();
-    opts.nthreads = 0;
+    // The transport's defaults, driven from the calling thread.
+    let opts = TcpOptions {
+        nthreads: 0,
+        ..TcpOptions::default()
+    };
     let net = Arc::new(TcpNet::new(Arc::new(vec![dev]), opts));
     let (mut la, mut ha) = net.listen(0).map_err(net_err)?;
     let (mut lb, mut hb) = net.listen(0).map_err(net_err)?;

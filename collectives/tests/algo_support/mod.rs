@@ -8,7 +8,7 @@
 use hetccl_abi::DataType;
 use hetccl_collectives::algo::sim::{self, RankBuffers, SimOptions, SimReport};
 use hetccl_collectives::algo::{
-    generate, Algorithm, Chunking, CollArgs, Collective, Plan, Topology,
+    generate, Algorithm, Chunking, Collective, Plan, PlanArgs, Topology,
 };
 use hetccl_collectives::reduce::{ReduceOp, Scalar};
 
@@ -257,7 +257,7 @@ fn expected(c: &Case, refs: &Reference, rank: u32, n: u32) -> Option<Vec<u8>> {
 /// Every rank's plan for the case.
 pub fn plans(c: &Case) -> Vec<Plan> {
     let topo = Topology::from_nodes(c.nodes.clone());
-    let args = CollArgs {
+    let args = PlanArgs {
         collective: c.coll,
         count: c.count,
         dtype: c.dtype,

@@ -92,7 +92,10 @@ fn net_of(ctx: CtxArg) -> Result<Arc<TcpNet>> {
 
 fn new_net() -> Result<Arc<TcpNet>> {
     let devs = props::device_list()?;
-    Ok(Arc::new(TcpNet::new(devs, TcpOptions::from_env())))
+    Ok(Arc::new(TcpNet::new(
+        devs,
+        TcpOptions::from_config(hetccl_core::config::get()),
+    )))
 }
 
 fn install_logger(logger: ncclDebugLogger_t) {

@@ -69,7 +69,7 @@ impl Default for TcpOptions {
 }
 
 impl TcpOptions {
-    /// The options from the environment (`NCCL_SOCKET_NTHREADS`,
+    /// The options a configuration asks for (`NCCL_SOCKET_NTHREADS`,
     /// `NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_INLINE`,
     /// `NCCL_SOCKET_MIN_TASKSIZE`, `HETCCL_TIMEOUT_S`).
     ///
@@ -79,8 +79,7 @@ impl TcpOptions {
     /// `NCCL_NSOCKS_PERTHREAD` data sockets itself (0: everything on the
     /// control socket). Unset values take the measured defaults
     /// [`AUTO_NTHREADS`] and [`AUTO_NSOCKS_PERTHREAD`].
-    pub fn from_env() -> Self {
-        let s = hetccl_core::config::get();
+    pub fn from_config(s: &hetccl_core::config::Config) -> Self {
         let nthreads = s
             .socket_nthreads
             .filter(|&n| n >= 0)

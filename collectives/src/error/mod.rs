@@ -1,5 +1,7 @@
 //! The engine's error type. Only the C API turns it into `ncclResult_t`.
 
+pub mod last;
+
 use hetccl_abi::NcclResult;
 
 /// An error the engine reports to its caller.

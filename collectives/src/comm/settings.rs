@@ -1,0 +1,147 @@
+//! What a communicator takes from the process configuration, read once at
+//! its init and passed down from there: the layers below `comm` never read
+//! the global configuration themselves.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use hetccl_core::config::{AddrFamily, Config};
+use hetccl_net::tcp::TcpOptions;
+
+use super::config::CommConfig;
+use crate::algo::AlgoFilter;
+use crate::error::{Error, Result};
+use crate::exec::Patience;
+
+/// A communicator's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long waits spin, report and give up (`HETCCL_SPIN_US`,
+    /// `HETCCL_HANG_REPORT_S`, `HETCCL_TIMEOUT_S`); the spin is 0 on a node
+    /// with more local ranks than processing units.
+    pub patience: Patience,
+    /// The bound of every bootstrap phase (`HETCCL_TIMEOUT_S`).
+    pub timeout: Duration,
+    /// The parsed `NCCL_ALGO` restriction (everything when unset).
+    pub algo_filter: AlgoFilter,
+    /// `HETCCL_COPY_MIN_BYTES`: where the single-copy path starts (0: off).
+    pub copy_min_bytes: usize,
+    /// `HETCCL_COPY_WORKERS` (0: one per processing unit).
+    pub copy_workers: usize,
+    /// `NCCL_BUFFSIZE`.
+    pub buffsize: usize,
+    /// `NCCL_SHM_DISABLE`.
+    pub shm_disable: bool,
+    /// `NCCL_P2P_DISABLE`.
+    pub p2p_disable: bool,
+    /// The interface filter of TCP links (`HETCCL_`/`NCCL_SOCKET_IFNAME`).
+    pub socket_ifname: Option<String>,
+    /// `NCCL_SOCKET_FAMILY`.
+    pub socket_family: Option<AddrFamily>,
+    /// The TCP transport's options (`NCCL_SOCKET_*`, `NCCL_NSOCKS_PERTHREAD`).
+    pub tcp: TcpOptions,
+    /// `HETCCL_HOST_ID`: the host identity override.
+    pub host_id: Option<String>,
+    /// `commName` of `ncclConfig_t`, for logs and hang reports.
+    pub comm_name: Option<String>,
+    /// `HETCCL_NVRTC_LIB`: the NVRTC that compiles the GPU kernels.
+    pub nvrtc_lib: Option<String>,
+}
+
+/// A positive, finite number of seconds, or `None`.
+fn secs(s: f64) -> Option<Duration> {
+    (s.is_finite() && s > 0.0).then(|| Duration::from_secs_f64(s))
+}
+
+impl Settings {
+    /// The settings of a communicator created with `comm` under `cfg`.
+    pub fn new(cfg: &Config, comm: &CommConfig) -> Result<Self> {
+        let timeout = secs(cfg.timeout_s).unwrap_or(Duration::from_secs(300));
+        let algo_filter = match cfg.algo.as_deref() {
+            Some(s) => AlgoFilter::parse(s).map_err(|e| Error::arg(format!("NCCL_ALGO: {e}")))?,
+            None => AlgoFilter::all(),
+        };
+        Ok(Self {
+            patience: Patience {
+                spin: Duration::from_micros(u64::from(cfg.spin_us)),
+                hang_report: secs(cfg.hang_report_s),
+                stall_timeout: timeout,
+            },
+            timeout,
+            algo_filter,
+            copy_min_bytes: usize::try_from(cfg.copy_min_bytes).unwrap_or(usize::MAX),
+            copy_workers: cfg.copy_workers as usize,
+            buffsize: cfg.buffsize,
+            shm_disable: cfg.shm_disable,
+            p2p_disable: cfg.p2p_disable,
+            socket_ifname: cfg.socket_ifname.clone(),
+            socket_family: cfg.socket_family,
+            tcp: TcpOptions::from_config(cfg),
+            host_id: cfg.host_id.clone(),
+            comm_name: comm.comm_name.clone(),
+            nvrtc_lib: cfg.nvrtc_lib.clone(),
+        })
+    }
+
+    /// The end of a bootstrap phase that starts now.
+    pub fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// The address ranks listen on for the bootstrap: the first interface
+    /// the socket filter selects, else loopback.
+    pub fn bootstrap_ip(&self) -> IpAddr {
+        let filter = self
+            .socket_ifname
+            .as_deref()
+            .map(hetccl_core::config::IfaceFilter::parse);
+        hetccl_net::iface::discover_with(filter.as_ref(), self.socket_family)
+            .first()
+            .map(|d| d.addr)
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// "comm 0123…" or "comm 0123… (\"name\")", for log lines.
+    pub fn label(&self, comm_hash: u64) -> String {
+        match &self.comm_name {
+            Some(n) => format!("comm {comm_hash:016x} ({n:?})"),
+            None => format!("comm {comm_hash:016x}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Config {
+        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).0
+    }
+
+    #[test]
+    fn settings_follow_the_configuration() {
+        let s = Settings::new(
+            &cfg(&[
+                ("HETCCL_TIMEOUT_S", "2.5"),
+                ("HETCCL_SPIN_US", "7"),
+                ("HETCCL_HANG_REPORT_S", "0"),
+                ("NCCL_ALGO", "ring"),
+                ("HETCCL_COPY_MIN_BYTES", "64K"),
+            ]),
+            &CommConfig {
+                comm_name: Some("dp".into()),
+                ..CommConfig::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.timeout, Duration::from_millis(2500));
+        assert_eq!(s.patience.stall_timeout, s.timeout);
+        assert_eq!(s.patience.spin, Duration::from_micros(7));
+        assert_eq!(s.patience.hang_report, None);
+        assert!(!s.algo_filter.is_unrestricted());
+        assert_eq!(s.copy_min_bytes, 64 << 10);
+        assert_eq!(s.label(0xab), "comm 00000000000000ab (\"dp\")");
+        let e = Settings::new(&cfg(&[("NCCL_ALGO", "rung")]), &CommConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("NCCL_ALGO"), "{e}");
+    }
+}

@@ -1,0 +1,41 @@
+//! A validated call, as the C API hands it to the dispatch layer.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use hetccl_abi::{DataType, RedOp};
+
+use crate::algo::Collective;
+use crate::comm::Comm;
+use crate::gpu::memory::Placement;
+
+/// A validated collective or point-to-point call: what the C API hands
+/// the dispatch layer.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The operation.
+    pub kind: Collective,
+    /// The communicator.
+    pub comm: Arc<Comm>,
+    /// Send buffer (may be NULL where nothing is sent).
+    pub send: *const c_void,
+    /// Receive buffer (may be NULL where nothing is received).
+    pub recv: *mut c_void,
+    /// The count as passed (per rank / per peer, as NCCL defines it per kind).
+    pub count: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction op (Sum for non-reducing kinds).
+    pub op: RedOp,
+    /// Root for rooted kinds, peer for Send/Recv; 0 otherwise.
+    pub root: usize,
+    /// Bytes this rank reads from `send`.
+    pub send_bytes: usize,
+    /// Bytes this rank writes to `recv`.
+    pub recv_bytes: usize,
+    /// The stream (NULL for host calls).
+    pub stream: *mut c_void,
+    /// Where the buffers live; CUDA memory takes the stream path
+    /// ([`crate::gpu::submit`]).
+    pub placement: Placement,
+}

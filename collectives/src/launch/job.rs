@@ -1,0 +1,174 @@
+//! From a validated call to a job: the reduction, the in-place layout, the
+//! algorithm (the communicator's `NCCL_ALGO` filter and cost model) and the
+//! plan (cached per communicator).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use hetccl_abi::RedOp;
+
+use super::scratch::take_scratch;
+use super::Call;
+use crate::algo::{self, Chunking, Collective};
+use crate::comm::engine::Engine;
+use crate::comm::plan_cache::PlanKey;
+use crate::comm::redop_table::Scalar as OpScalar;
+use crate::error::{Error, Result};
+use crate::exec::{self_p2p, Job, OpBuffers, Trace};
+use crate::reduce::{ReduceOp, Scalar};
+
+/// Whether the call uses NCCL's in-place layout for its kind.
+fn in_place(a: &Call) -> bool {
+    let (s, r) = (a.send as usize, a.recv as usize);
+    let block = a.count * a.dtype.size();
+    let is_root = a.root == a.comm.rank;
+    match a.kind {
+        Collective::AllReduce | Collective::Broadcast => s == r,
+        Collective::Reduce => is_root && s == r,
+        Collective::AllGather => s == r + a.comm.rank * block,
+        Collective::Gather => is_root && s == r + a.comm.rank * block,
+        Collective::ReduceScatter => r == s + a.comm.rank * block,
+        Collective::Scatter => is_root && r == s + a.comm.rank * block,
+        Collective::AlltoAll | Collective::Send | Collective::Recv => false,
+    }
+}
+
+/// The reduction of a validated call (built-in, or a live PreMulSum op).
+pub fn reduce_op(a: &Call) -> Result<ReduceOp> {
+    let op = match a.op {
+        RedOp::Dynamic(raw) => {
+            let pm = a.comm.redops.lock().get(raw)?;
+            let scalar = match pm.scalar {
+                OpScalar::Immediate(b) => Scalar::from_bytes(a.dtype, &b),
+                OpScalar::Pointer(p) => {
+                    // SAFETY: the caller keeps a device-resident scalar valid
+                    // while operations use it; on host-memory runs it is host
+                    // memory of one element.
+                    let b = unsafe { std::slice::from_raw_parts(p as *const u8, a.dtype.size()) };
+                    Scalar::from_bytes(a.dtype, b)
+                }
+            };
+            ReduceOp::from_redop(a.op, scalar)
+        }
+        op => ReduceOp::from_redop(op, None),
+    };
+    op.ok_or_else(|| Error::arg(format!("reduction op {:?} is not supported", a.op)))
+}
+
+/// Builds the job (plan and buffers) for one validated call.
+pub fn make_job(a: &Call) -> Result<Job> {
+    let engine = a.comm.engine()?;
+    let coll = a.kind;
+    let inp = in_place(a);
+    // In-place all-to-all: NCCL accepts it (nccl-tests calls it), and no
+    // schedule can overwrite blocks it still has to send, so the input is
+    // snapshotted and the out-of-place plan runs from the copy.
+    let staged_send = if a.kind == Collective::AlltoAll
+        && a.send_bytes > 0
+        && std::ptr::eq(a.send, a.recv.cast_const())
+    {
+        // SAFETY: validated: `send` holds send_bytes readable bytes.
+        unsafe { std::slice::from_raw_parts(a.send as *const u8, a.send_bytes) }.to_vec()
+    } else {
+        Vec::new()
+    };
+    let op = if a.kind.reduces() {
+        reduce_op(a)?
+    } else {
+        ReduceOp::Sum
+    };
+    let bytes = a.count * a.dtype.size();
+    let key = PlanKey {
+        collective: coll,
+        count: a.count,
+        dtype: a.dtype,
+        op,
+        root: a.root as u32,
+        in_place: inp,
+    };
+    let self_p2p = matches!(coll, Collective::Send | Collective::Recv) && a.root == a.comm.rank;
+    if self_p2p {
+        let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
+        return Ok(Job {
+            plan: Arc::new(self_p2p::half(
+                coll,
+                a.comm.rank,
+                a.comm.nranks,
+                a.dtype,
+                bytes,
+            )),
+            bufs: OpBuffers {
+                send: a.send as *const u8,
+                recv: a.recv as *mut u8,
+                scratch: Vec::new(),
+                staged_send: Vec::new(),
+            },
+            p2p: true,
+            trace: Trace {
+                comm_hash: engine.comm_hash,
+                seq,
+            },
+            self_p2p: true,
+        });
+    }
+    let (algorithm, plan) = engine.plans.lock().get_or_try_insert(key, || {
+        let algorithm = choose(engine, coll, bytes)?;
+        let args = algo::PlanArgs {
+            collective: key.collective,
+            count: key.count,
+            dtype: key.dtype,
+            op: key.op,
+            root: key.root,
+            in_place: key.in_place,
+        };
+        let plan = algo::generate(
+            &args,
+            algorithm,
+            a.comm.rank as u32,
+            &engine.topo,
+            &Chunking::default(),
+        )
+        .map_err(|e| Error::Internal(format!("plan for {coll}: {e}")))?;
+        Ok::<_, Error>((algorithm, plan))
+    })?;
+    let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(target: "hetccl::TUNING",
+        "comm {:016x} seq {seq} rank {}: {coll} count {} {} bytes {bytes} algo={}",
+        engine.comm_hash, a.comm.rank, a.count, a.dtype.name(), algorithm.name());
+    let scratch = take_scratch(engine, plan.scratch_bytes);
+    Ok(Job {
+        plan,
+        bufs: OpBuffers {
+            send: if staged_send.is_empty() {
+                a.send as *const u8
+            } else {
+                staged_send.as_ptr()
+            },
+            recv: a.recv as *mut u8,
+            scratch,
+            staged_send,
+        },
+        p2p: matches!(coll, Collective::Send | Collective::Recv),
+        trace: Trace {
+            comm_hash: engine.comm_hash,
+            seq,
+        },
+        self_p2p: false,
+    })
+}
+
+/// The algorithm for a collective of `bytes`: `NCCL_ALGO` filters, the α-β
+/// model picks.
+fn choose(engine: &Engine, coll: Collective, bytes: usize) -> Result<algo::Algorithm> {
+    if matches!(coll, Collective::Send | Collective::Recv) {
+        return Ok(algo::Algorithm::Direct);
+    }
+    algo::select(
+        coll,
+        bytes,
+        &engine.topo,
+        &engine.costs,
+        &engine.settings.algo_filter,
+    )
+    .map_err(|e| Error::usage(e.to_string()))
+}

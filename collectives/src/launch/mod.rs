@@ -1,0 +1,42 @@
+//! The dispatch layer: from a validated call to running plans.
+//!
+//! The C API (`crate::api`) checks arguments and hands a [`Call`] to
+//! [`submit`]. Outside a group, a blocking single-node call takes a direct
+//! path (`crate::direct`) when one serves it; otherwise the call becomes a
+//! job (`job`: reduction, algorithm, plan) that runs at once on the calling
+//! thread, or is queued by the thread's open group (`group`) until its
+//! outermost end. A communicator in nonblocking mode returns
+//! `ncclInProgress` and a helper thread finishes the work (`run`);
+//! `ncclCommGetAsyncError` reports when it is done. A failed operation
+//! poisons its communicator ([`poison`]).
+
+mod call;
+pub mod group;
+mod job;
+mod run;
+mod scratch;
+
+pub use call::Call;
+pub use group::{claim_for_call, submit_init};
+pub use job::{make_job, reduce_op};
+pub use run::poison;
+
+use crate::error::Result;
+
+/// Runs (or queues, inside a group) one validated call on host buffers.
+pub fn submit(a: Call) -> Result<()> {
+    if group::depth() == 0 {
+        if let Some(r) = crate::direct::try_run(&a, || reduce_op(&a)) {
+            if let Err(e) = &r {
+                poison(&a.comm, e);
+            }
+            return r;
+        }
+    }
+    let job = make_job(&a)?;
+    if group::depth() > 0 {
+        group::push_host(a.comm, job);
+        return Ok(());
+    }
+    run::run(vec![run::Pending { comm: a.comm, job }])
+}

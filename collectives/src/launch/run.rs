@@ -1,0 +1,155 @@
+//! Running what a call or a group produced: communicator inits in
+//! parallel, then every communicator's jobs in one `drive` loop, on the
+//! calling thread (blocking communicators) or a helper thread (nonblocking:
+//! the call returns `ncclInProgress`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use hetccl_abi::NcclResult;
+
+use super::scratch::return_scratch;
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::exec::{drive, self_p2p, Batch, Job};
+
+/// A queued operation: its communicator and its job.
+pub(super) struct Pending {
+    /// The communicator.
+    pub comm: Arc<Comm>,
+    /// The job.
+    pub job: Job,
+}
+
+/// A communicator init queued by a group.
+pub(super) type Init = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// Runs queued inits, concurrently when there are several (ranks
+/// initialised by one thread must rendezvous together).
+pub(super) fn run_inits(inits: Vec<Init>) -> Result<()> {
+    if inits.len() <= 1 {
+        return inits.into_iter().try_for_each(|f| f());
+    }
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let hs: Vec<_> = inits.into_iter().map(|f| s.spawn(f)).collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into())))
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+struct SendOps(Vec<Pending>);
+// SAFETY: the raw buffer pointers inside the jobs stay valid until the
+// operation completes, per NCCL's contract, whichever thread completes it.
+unsafe impl Send for SendOps {}
+
+/// Runs queued operations: blocking communicators on this thread, and
+/// nonblocking ones on a helper thread after returning `ncclInProgress`.
+pub(super) fn run(ops: Vec<Pending>) -> Result<()> {
+    let nonblocking = ops
+        .iter()
+        .any(|p| p.comm.engine().map(|e| !e.config.blocking).unwrap_or(false));
+    if !nonblocking {
+        return execute(ops);
+    }
+    // One entry per communicator: a group with several operations on one
+    // comm must publish its result once, or a late second store could
+    // overwrite the `ncclInProgress` of the caller's next operation.
+    let mut comms: Vec<Arc<Comm>> = Vec::new();
+    for p in &ops {
+        if !comms.iter().any(|c| Arc::ptr_eq(c, &p.comm)) {
+            comms.push(p.comm.clone());
+        }
+    }
+    for c in &comms {
+        c.async_error
+            .store(NcclResult::InProgress.raw(), Ordering::Release);
+    }
+    let work = SendOps(ops);
+    std::thread::Builder::new()
+        .name("hetccl-async".into())
+        .spawn(move || {
+            let work = work;
+            let r = execute(work.0);
+            let code = match &r {
+                Ok(()) => NcclResult::Success.raw(),
+                Err(e) => e.code().raw(),
+            };
+            if let Err(e) = &r {
+                crate::error::last::set_last_error(&format!("nonblocking operation: {e}"));
+            }
+            for c in comms {
+                c.async_error.store(code, Ordering::Release);
+            }
+        })
+        .map_err(|e| Error::System(format!("spawn: {e}")))?;
+    Err(Error::InProgress)
+}
+
+fn execute(ops: Vec<Pending>) -> Result<()> {
+    // Group the jobs by communicator, keeping issue order within each.
+    let mut by_comm: Vec<(Arc<Comm>, Vec<Job>)> = Vec::new();
+    for p in ops {
+        match by_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &p.comm)) {
+            Some((_, v)) => v.push(p.job),
+            None => by_comm.push((p.comm, vec![p.job])),
+        }
+    }
+    by_comm.sort_by_key(|(c, _)| Arc::as_ptr(c) as usize);
+    let (comms, jobs): (Vec<Arc<Comm>>, Vec<Vec<Job>>) = by_comm.into_iter().unzip();
+    let engines = comms
+        .iter()
+        .map(|c| c.engine())
+        .collect::<Result<Vec<_>>>()?;
+    // Every engine's patience is the same process-wide stall limit; the
+    // spin is the shortest of them (0 on an oversubscribed node).
+    let mut patience = engines[0].settings.patience;
+    patience.spin = engines
+        .iter()
+        .map(|e| e.settings.patience.spin)
+        .min()
+        .unwrap_or(patience.spin);
+    // An operation another thread runs on one of these communicators (a
+    // nonblocking helper, the GPU proxy) ends within its own stall limit.
+    let wait = patience.stall_timeout + std::time::Duration::from_secs(1);
+    let mut locks = Vec::with_capacity(engines.len());
+    for e in &engines {
+        let Some(l) = e.exec_lock.try_lock_for(wait) else {
+            return Err(Error::Timeout(format!(
+                "an operation on another thread held communicator {:016x} for {wait:?}",
+                e.comm_hash
+            )));
+        };
+        locks.push(l);
+    }
+    let mut batches = Vec::with_capacity(comms.len());
+    for (jobs, e) in jobs.into_iter().zip(&engines) {
+        batches.push(Batch::new(&e.links, self_p2p::pair(jobs)?)?);
+    }
+    let r = drive(&mut batches, patience);
+    for (b, e) in batches.into_iter().zip(&engines) {
+        return_scratch(e, b.into_jobs());
+    }
+    if let Err(e) = &r {
+        for c in &comms {
+            poison(c, e);
+        }
+    }
+    r
+}
+
+/// Records a failed operation on `c`: its asynchronous error, and the reason
+/// every later operation fails (messages may have moved part-way, so no later
+/// operation may read the stray bytes).
+pub fn poison(c: &Comm, e: &Error) {
+    let code = match e {
+        Error::Timeout(_) | Error::Remote(_) => NcclResult::RemoteError.raw(),
+        other => other.code().raw(),
+    };
+    c.async_error.store(code, Ordering::Release);
+    c.record_failure(|| e.to_string());
+}
