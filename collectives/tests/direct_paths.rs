@@ -291,3 +291,61 @@ fn the_selection_table_lists_the_direct_paths() {
         check(unsafe { ncclCommDestroy(c.0) });
     }
 }
+
+/// A call's own `algSelection` (ncclCollConfig_t) replaces NCCL_ALGO for
+/// that call: "ring" keeps a small AllReduce off the board slots, and the
+/// result is still exact; an unknown name is ignored (the call runs).
+#[test]
+fn a_calls_alg_selection_is_honoured() {
+    let cs = comms(2);
+    let node_ops = |c: Comm| {
+        let comm = hetccl_collectives::comm::handle::lookup(c.0).unwrap();
+        let ops = comm.engine().unwrap().direct.as_ref().unwrap().fast_ops();
+        ops
+    };
+    let mut before = node_ops(cs[0]);
+    for (sel, via_board) in [(c"ring", false), (c"no-such-algo", true), (c"nvls", true)] {
+        on_all(&cs, |r, c| {
+            let cfg = hetccl_abi::ncclCollConfig_t {
+                size: std::mem::size_of::<hetccl_abi::ncclCollConfig_t>(),
+                magic: hetccl_abi::NCCL_API_MAGIC,
+                version: 23203,
+                ext: null_mut(),
+                minCTAs: hetccl_abi::NCCL_CONFIG_UNDEF_INT,
+                maxCTAs: hetccl_abi::NCCL_CONFIG_UNDEF_INT,
+                nvlsCTAs: hetccl_abi::NCCL_CONFIG_UNDEF_INT,
+                cgaClusterSize: hetccl_abi::NCCL_CONFIG_UNDEF_INT,
+                algSelection: sel.as_ptr(),
+                forceAlgSelection: 1,
+                CTAPolicy: hetccl_abi::NCCL_CONFIG_UNDEF_INT,
+                userProfilerTag: 0,
+                launchCompletionEvent: null_mut(),
+            };
+            let send = vec![r as i32 + 1; 64];
+            let mut recv = vec![0i32; 64];
+            check(unsafe {
+                ncclAllReduceConfig(
+                    send.as_ptr().cast(),
+                    recv.as_mut_ptr().cast(),
+                    64,
+                    INT32,
+                    SUM,
+                    c.0,
+                    null_mut(),
+                    &cfg,
+                )
+            });
+            assert!(recv.iter().all(|&v| v == 3), "{sel:?}");
+        });
+        let after = node_ops(cs[0]);
+        assert_eq!(
+            after > before,
+            via_board,
+            "{sel:?}: board ops {before} -> {after}"
+        );
+        before = after;
+    }
+    for c in cs {
+        check(unsafe { ncclCommDestroy(c.0) });
+    }
+}

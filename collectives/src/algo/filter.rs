@@ -150,6 +150,15 @@ impl AlgoFilter {
         }
     }
 
+    /// The algorithms `coll` may use, one bit per [`Algorithm`] in
+    /// `Algorithm::ALL` order (a plan cache key).
+    pub fn mask(&self, coll: Collective) -> u8 {
+        Algorithm::ALL
+            .iter()
+            .filter(|&&a| self.allows(coll, a))
+            .fold(0, |m, &a| m | Set::bit(a))
+    }
+
     /// Whether the filter restricts nothing.
     pub fn is_unrestricted(&self) -> bool {
         self.default.is_none() && self.per.is_empty()

@@ -12,7 +12,7 @@ use hetccl_abi::{
 };
 
 use super::coll_args::validate;
-use super::config_read::read_coll_config;
+use super::config_read::{coll_filter, read_coll_config};
 use super::guard::guard;
 use crate::algo::Collective;
 use crate::export;
@@ -35,8 +35,9 @@ unsafe fn run(
 ) -> ncclResult_t {
     guard(name, || {
         // SAFETY: the caller passes NULL or a valid ncclCollConfig_t.
-        let _cfg = unsafe { read_coll_config(config)? };
-        let a = validate(kind, send, recv, count, dtype, op, root, comm, stream)?;
+        let cfg = unsafe { read_coll_config(config)? };
+        let mut a = validate(kind, send, recv, count, dtype, op, root, comm, stream)?;
+        a.filter = coll_filter(&cfg).map(std::sync::Arc::new);
         let c = a.comm.clone();
         claim_for_call(&c, || {
             if a.placement.is_device() {

@@ -89,5 +89,6 @@ pub fn validate(
         recv_bytes,
         stream,
         placement,
+        filter: None,
     })
 }

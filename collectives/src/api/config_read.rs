@@ -9,8 +9,11 @@
 use std::ffi::{c_char, CStr};
 use std::mem::{offset_of, size_of};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use hetccl_abi::{ncclCollConfig_t, ncclConfig_t, NCCL_API_MAGIC, NCCL_CONFIG_UNDEF_INT};
 
+use crate::algo::AlgoFilter;
 pub use crate::comm::config::{CollConfig, CommConfig};
 use crate::error::{Error, Result};
 
@@ -126,7 +129,43 @@ pub unsafe fn read_comm_config(p: *const ncclConfig_t) -> Result<CommConfig> {
     }
     c.traffic_class = unsafe { int_field(b, size, offset_of!(ncclConfig_t, trafficClass)) }
         .filter(|&v| v != NCCL_CONFIG_UNDEF_INT);
+    warn_ignored_comm_fields(&c);
     Ok(c)
+}
+
+/// Logs `msg` at WARN the first time `flag` is seen unset.
+fn warn_once(flag: &AtomicBool, msg: impl FnOnce() -> String) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        tracing::warn!(target: "hetccl::ENV", "{}", msg());
+    }
+}
+
+/// One WARN per process for each `ncclConfig_t` field hetccl ignores that
+/// a caller set (`commName` and `blocking` are honoured).
+fn warn_ignored_comm_fields(c: &CommConfig) {
+    static NET: AtomicBool = AtomicBool::new(false);
+    static SHARE: AtomicBool = AtomicBool::new(false);
+    static TC: AtomicBool = AtomicBool::new(false);
+    if let Some(n) = &c.net_name {
+        warn_once(&NET, || {
+            format!(
+                "config.netName={n:?} is ignored by hetccl: its engine has one transport between                  nodes (TCP)"
+            )
+        });
+    }
+    if c.split_share {
+        warn_once(&SHARE, || {
+            "config.splitShare=1 is ignored by hetccl: a split communicator always gets links              of its own"
+                .into()
+        });
+    }
+    if let Some(t) = c.traffic_class {
+        warn_once(&TC, || {
+            format!(
+                "config.trafficClass={t} is ignored by hetccl: it sets an InfiniBand traffic                  class, and hetccl has no verbs transport yet"
+            )
+        });
+    }
 }
 
 /// Reads an `ncclCollConfig_t`; NULL means defaults.
@@ -155,7 +194,35 @@ pub unsafe fn read_coll_config(p: *const ncclCollConfig_t) -> Result<CollConfig>
         // SAFETY: bounded by size.
         c.profiler_tag = unsafe { std::ptr::read_unaligned(b.add(off) as *const u64) };
     }
+    static TAG: AtomicBool = AtomicBool::new(false);
+    if c.profiler_tag != 0 {
+        warn_once(&TAG, || {
+            "ncclCollConfig_t.userProfilerTag is ignored by hetccl: it has no profiler plugin yet"
+                .into()
+        });
+    }
     Ok(c)
+}
+
+/// The call's own algorithm restriction from `algSelection` (NCCL_ALGO
+/// syntax), honoured where it names algorithms hetccl has; one WARN per
+/// process, and no restriction, when it names none.
+pub fn coll_filter(c: &CollConfig) -> Option<AlgoFilter> {
+    static BAD: AtomicBool = AtomicBool::new(false);
+    let text = c.alg_selection.as_deref()?;
+    match AlgoFilter::parse(text) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            warn_once(&BAD, || {
+                format!(
+                    "ncclCollConfig_t.algSelection={text:?} is ignored by hetccl: {e} \
+                     (hetccl's algorithms: Ring, Tree, Direct, HalvingDoubling, Hierarchical, \
+                     Pairwise, and NCCL's names for them)"
+                )
+            });
+            None
+        }
+    }
 }
 
 #[cfg(test)]
@@ -219,6 +286,18 @@ mod tests {
         }
         let words = [0xdead_beef_u64; 16];
         assert!(unsafe { read_comm_config(words.as_ptr() as *const ncclConfig_t) }.is_err());
+    }
+
+    #[test]
+    fn alg_selection_is_a_filter_or_ignored() {
+        let c = |s: Option<&str>| CollConfig {
+            alg_selection: s.map(String::from),
+            profiler_tag: 0,
+        };
+        let f = coll_filter(&c(Some("ring"))).expect("a filter");
+        assert!(!f.allows(crate::algo::Collective::AllReduce, crate::algo::Algorithm::Tree));
+        assert!(coll_filter(&c(Some("bogus"))).is_none(), "unknown names are ignored");
+        assert!(coll_filter(&c(None)).is_none());
     }
 
     #[test]

@@ -160,6 +160,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
                     workers,
                     filter: &settings.algo_filter,
                     comm_hash,
+                    label: settings.label(comm_hash),
                 },
             ))
         }
@@ -175,6 +176,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let bell = arena.as_ref().map(|a| a.bell(me_local));
     let links = Links {
         rank,
+        label: settings.label(comm_hash),
         peers,
         bell,
         aborted: aborted.clone(),
@@ -186,7 +188,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         .map(|p| p.as_ref().map_or("self", |c| c[0].transport.name()))
         .collect();
     tracing::info!(target: "hetccl::INIT",
-        "comm {comm_hash:016x} rank {rank}/{nranks}: nodes {:?}, links {:?}", node_of, kinds);
+        "{} rank {rank}/{nranks}: nodes {:?}, links {:?}", settings.label(comm_hash), node_of, kinds);
     tracing::info!(target: "hetccl::INIT",
         "rank {rank}: {} local ranks on {} PUs / {} cores / {} NUMA nodes ({}); spin {:?}",
         local.len(), hw.pus, hw.cores, hw.numa_nodes, hw.source, settings.patience.spin);

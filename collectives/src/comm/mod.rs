@@ -107,12 +107,16 @@ impl Comm {
         self.failed.store(true, Ordering::Release);
     }
 
-    /// "comm 0123abcd… rank 2 of 4", for messages.
+    /// "communicator 0123… (\"name\") (rank 2 of 4)", for messages.
     pub fn describe(&self) -> String {
         match self.engine.get() {
             Some(e) => format!(
-                "communicator {:016x} (rank {} of {})",
-                e.comm_hash, self.rank, self.nranks
+                "{} (rank {} of {})",
+                e.settings
+                    .label(e.comm_hash)
+                    .replacen("comm", "communicator", 1),
+                self.rank,
+                self.nranks
             ),
             None => format!("communicator (rank {} of {})", self.rank, self.nranks),
         }

@@ -27,6 +27,8 @@ pub struct PlanKey {
     pub root: u32,
     /// NCCL's in-place layout.
     pub in_place: bool,
+    /// The algorithms the call may use (`AlgoFilter::mask`).
+    pub allowed: u8,
 }
 
 /// The most plans kept per communicator; the cache is emptied when full.

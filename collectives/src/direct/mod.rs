@@ -87,6 +87,8 @@ pub struct Node {
     /// first large operation, the same way on every rank).
     copy_state: std::sync::atomic::AtomicU8,
     comm_hash: u64,
+    /// The communicator in hang reports.
+    label: String,
     /// Peers' `ncclMemAlloc` buffers mapped into this process.
     peer_maps: peer_map::PeerMaps,
     /// This process's id (`getpid` is a system call in glibc).
@@ -107,7 +109,7 @@ fn kind_index(k: Collective) -> Option<usize> {
 }
 
 /// What the direct paths take from the communicator's settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options<'a> {
     /// Spin, hang report and stall limit of the board waits.
     pub patience: Patience,
@@ -120,6 +122,8 @@ pub struct Options<'a> {
     pub filter: &'a AlgoFilter,
     /// The communicator's hash (logs).
     pub comm_hash: u64,
+    /// The communicator in hang reports (hash and `commName`).
+    pub label: String,
 }
 
 impl Node {
@@ -133,6 +137,7 @@ impl Node {
             workers,
             filter,
             comm_hash,
+            label,
         } = o;
         let n = arena.nlocal();
         // SAFETY: boards of a live arena, kept alive by the Arc we hold.
@@ -169,6 +174,7 @@ impl Node {
             allowed,
             copy_state: std::sync::atomic::AtomicU8::new(0),
             comm_hash,
+            label,
             peer_maps: Default::default(),
             pid,
         }
@@ -272,7 +278,12 @@ fn path_for(
 pub fn try_run(a: &Call, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result<()>> {
     let e = a.comm.engine.get()?;
     let node = e.direct.as_ref()?;
-    if !e.config.blocking || !node.allowed[kind_index(a.kind)?] {
+    let allowed = match &a.filter {
+        // The call's own algSelection replaces NCCL_ALGO.
+        Some(f) => kind_index(a.kind).is_some() && f.allows(a.kind, Algorithm::Direct),
+        None => node.allowed[kind_index(a.kind)?],
+    };
+    if !e.config.blocking || !allowed {
         return None;
     }
     let path = path_for(

@@ -134,8 +134,8 @@ impl Node {
                 if idle >= h && !reported {
                     reported = true;
                     tracing::warn!(target: "hetccl::COLL",
-                        "hang report: rank {} idle for {:.1} s: {}: waits for rank {} (board)",
-                        self.rank_of(self.me), idle.as_secs_f64(), what(), self.rank_of(waiting_for));
+                        "hang report: {} rank {} idle for {:.1} s: {}: waits for rank {} (board)",
+                        self.label, self.rank_of(self.me), idle.as_secs_f64(), what(), self.rank_of(waiting_for));
                     op.watch.stalled(idle, Some(on));
                     for line in op.watch.summary(op.seq, h).unwrap_or_default() {
                         tracing::warn!(target: "hetccl::COLL", "{line}");

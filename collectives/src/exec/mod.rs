@@ -40,6 +40,9 @@ pub const NCHAN: usize = P2P_CHAN + 1;
 pub struct Links {
     /// This rank.
     pub rank: usize,
+    /// The communicator in log lines and errors: its hash, and its
+    /// `commName` when it has one.
+    pub label: String,
     /// Connections by peer, then by link channel (None for self and for
     /// peers with no connection).
     pub peers: Vec<Option<Vec<Conn>>>,
@@ -499,8 +502,9 @@ fn stall_error(batches: &[Batch<'_>], idle: Duration) -> Error {
     let peers: Vec<String> = peers.iter().map(usize::to_string).collect();
     let mut lines: Vec<String> = blocked.into_iter().map(|b| b.line).collect();
     lines.sort();
+    let label = batches.first().map_or("", |b| b.links.label.as_str());
     Error::Remote(format!(
-        "no progress from rank(s) {} for {:.1} s (HETCCL_TIMEOUT_S): {}",
+        "{label}: no progress from rank(s) {} for {:.1} s (HETCCL_TIMEOUT_S): {}",
         peers.join(", "),
         idle.as_secs_f64(),
         lines.join("; ")
@@ -513,7 +517,8 @@ fn hang_report(batches: &[Batch<'_>], idle: Duration, after: Duration) {
     for b in batches.iter().filter(|b| !b.finished()) {
         for line in b.describe_wait() {
             tracing::warn!(target: "hetccl::COLL",
-                "hang report: rank {} idle for {:.1} s: {line}", b.links.rank, idle.as_secs_f64());
+                "hang report: {} rank {} idle for {:.1} s: {line}",
+                b.links.label, b.links.rank, idle.as_secs_f64());
         }
         b.links
             .watch

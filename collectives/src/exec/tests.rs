@@ -16,6 +16,7 @@ fn links_to_silent_peer() -> (Links, Vec<Conn>) {
     let (mine, theirs) = crate::transport::net::loopback_pair(NCHAN).unwrap();
     let links = Links {
         rank: 0,
+        label: "comm 0000000000000abc".into(),
         peers: vec![None, Some(mine)],
         bell: None,
         aborted: Arc::new(AtomicBool::new(false)),
@@ -78,6 +79,7 @@ fn a_silent_peer_times_out_with_a_description() {
     assert_eq!(err.code(), hetccl_abi::NcclResult::RemoteError, "{err}");
     let e = err.to_string();
     assert!(e.contains("no progress from rank(s) 1 for"), "{e}");
+    assert!(e.starts_with("remote error: comm 0000000000000abc: "), "{e}");
     assert!(e.contains("waits for data from rank 1"), "{e}");
     assert!(e.contains("0/100 bytes"), "{e}");
     assert!(e.contains("recv seq 7 trace 0000000000000abc:7"), "{e}");
@@ -231,6 +233,7 @@ fn a_dead_local_peer_is_noticed_at_the_first_check_on_a_manual_clock() {
     let (mine, _theirs) = crate::transport::net::loopback_pair(NCHAN).unwrap();
     let links = Links {
         rank: 0,
+        label: "comm 0000000000000abc".into(),
         peers: vec![None, Some(mine)],
         bell: None,
         aborted: Arc::new(AtomicBool::new(false)),

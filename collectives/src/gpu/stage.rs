@@ -341,6 +341,7 @@ mod tests {
             recv_bytes: 40 * PIECE,
             stream: std::ptr::null_mut(),
             placement: Placement::Device(0),
+            filter: None,
         };
         let ps = pieces(&a);
         assert_eq!(ps, vec![(0, a.count)]);
@@ -367,6 +368,7 @@ mod tests {
             recv_bytes: count * 4,
             stream: std::ptr::null_mut(),
             placement: Placement::Device(0),
+            filter: None,
         };
         let ps = pieces(&a);
         for &p in &ps {

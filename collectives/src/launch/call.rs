@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use hetccl_abi::{DataType, RedOp};
 
-use crate::algo::Collective;
+use crate::algo::{AlgoFilter, Collective};
 use crate::comm::Comm;
 use crate::gpu::memory::Placement;
 
@@ -38,4 +38,14 @@ pub struct Call {
     /// Where the buffers live; CUDA memory takes the stream path
     /// ([`crate::gpu::submit`]).
     pub placement: Placement,
+    /// The call's own algorithm restriction (`ncclCollConfig_t`'s
+    /// `algSelection`), in place of the communicator's `NCCL_ALGO`.
+    pub filter: Option<Arc<AlgoFilter>>,
+}
+
+impl Call {
+    /// The algorithm restriction in force for this call.
+    pub fn filter<'a>(&'a self, comm_default: &'a AlgoFilter) -> &'a AlgoFilter {
+        self.filter.as_deref().unwrap_or(comm_default)
+    }
 }

@@ -9,7 +9,7 @@ use hetccl_abi::RedOp;
 
 use super::scratch::take_scratch;
 use super::Call;
-use crate::algo::{self, Chunking, Collective};
+use crate::algo::{self, AlgoFilter, Chunking, Collective};
 use crate::comm::engine::Engine;
 use crate::comm::plan_cache::PlanKey;
 use crate::comm::redop_table::Scalar as OpScalar;
@@ -85,6 +85,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
         op,
         root: a.root as u32,
         in_place: inp,
+        allowed: a.filter(&engine.settings.algo_filter).mask(coll),
     };
     let self_p2p = matches!(coll, Collective::Send | Collective::Recv) && a.root == a.comm.rank;
     if self_p2p {
@@ -112,7 +113,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
         });
     }
     let (algorithm, plan) = engine.plans.lock().get_or_try_insert(key, || {
-        let algorithm = choose(engine, coll, bytes)?;
+        let algorithm = choose(engine, coll, bytes, a.filter(&engine.settings.algo_filter))?;
         let args = algo::PlanArgs {
             collective: key.collective,
             count: key.count,
@@ -157,18 +158,17 @@ pub fn make_job(a: &Call) -> Result<Job> {
     })
 }
 
-/// The algorithm for a collective of `bytes`: `NCCL_ALGO` filters, the α-β
-/// model picks.
-fn choose(engine: &Engine, coll: Collective, bytes: usize) -> Result<algo::Algorithm> {
+/// The algorithm for a collective of `bytes`: `filter` (the call's
+/// `algSelection`, else `NCCL_ALGO`) restricts, the cost model picks.
+fn choose(
+    engine: &Engine,
+    coll: Collective,
+    bytes: usize,
+    filter: &AlgoFilter,
+) -> Result<algo::Algorithm> {
     if matches!(coll, Collective::Send | Collective::Recv) {
         return Ok(algo::Algorithm::Direct);
     }
-    algo::select(
-        coll,
-        bytes,
-        &engine.topo,
-        &engine.costs,
-        &engine.settings.algo_filter,
-    )
-    .map_err(|e| Error::usage(e.to_string()))
+    algo::select(coll, bytes, &engine.topo, &engine.costs, filter)
+        .map_err(|e| Error::usage(e.to_string()))
 }
