@@ -128,8 +128,8 @@ impl Gpu {
         if src.is_empty() {
             return Ok(());
         }
-        // SAFETY: dst holds src.len() bytes (callers copy within their buffer).
         check(
+            // SAFETY: dst holds src.len() bytes (callers copy within their buffer).
             unsafe {
                 cu::cuMemcpyHtoDAsync_v2(
                     dst as cu::CUdeviceptr,
@@ -149,8 +149,8 @@ impl Gpu {
         if dst.is_empty() {
             return Ok(());
         }
-        // SAFETY: src holds dst.len() bytes.
         check(
+            // SAFETY: src holds dst.len() bytes.
             unsafe {
                 cu::cuMemcpyDtoHAsync_v2(
                     dst.as_mut_ptr().cast(),

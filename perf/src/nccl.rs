@@ -355,12 +355,16 @@ impl Nccl {
         // SAFETY: valid comm and out pointers.
         self.check(
             "ncclCommCount",
+            // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+            // function's contract).
             unsafe { (self.comm_count)(comm, &mut n) },
             comm,
         )?;
         // SAFETY: as above.
         self.check(
             "ncclCommUserRank",
+            // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+            // function's contract).
             unsafe { (self.comm_user_rank)(comm, &mut r) },
             comm,
         )?;
@@ -499,24 +503,35 @@ impl Nccl {
         let r = recv as *mut c_void;
         let root = root as c_int;
         let (call, rc) = match kind {
-            // SAFETY (all arms): caller guarantees the buffers.
+            // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+            // function's contract).
             Coll::AllReduce => ("ncclAllReduce", unsafe {
                 (self.all_reduce)(s, r, count, dtype, op, comm, st)
             }),
+            // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+            // function's contract).
             Coll::AllGather => ("ncclAllGather", unsafe {
                 (self.all_gather)(s, r, count, dtype, comm, st)
             }),
+            // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+            // function's contract).
             Coll::ReduceScatter => ("ncclReduceScatter", unsafe {
                 (self.reduce_scatter)(s, r, count, dtype, op, comm, st)
             }),
+            // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+            // function's contract).
             Coll::Broadcast => ("ncclBroadcast", unsafe {
                 (self.broadcast)(s, r, count, dtype, root, comm, st)
             }),
+            // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+            // function's contract).
             Coll::Reduce => ("ncclReduce", unsafe {
                 (self.reduce)(s, r, count, dtype, op, root, comm, st)
             }),
             Coll::AlltoAll if self.has_native("alltoall") => {
                 let f = self.alltoall.expect("checked");
+                // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+                // function's contract).
                 ("ncclAlltoAll", unsafe { f(s, r, count, dtype, comm, st) })
             }
             Coll::Gather if self.has_native("gather") => {
@@ -524,6 +539,8 @@ impl Nccl {
                     return Ok(());
                 }
                 let f = self.gather.expect("checked");
+                // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+                // function's contract).
                 ("ncclGather", unsafe {
                     f(s, r, count, dtype, root, comm, st)
                 })
@@ -533,11 +550,15 @@ impl Nccl {
                     return Ok(());
                 }
                 let f = self.scatter.expect("checked");
+                // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+                // function's contract).
                 ("ncclScatter", unsafe {
                     f(s, r, count, dtype, root, comm, st)
                 })
             }
             Coll::AlltoAll | Coll::Gather | Coll::Scatter | Coll::SendRecv => {
+                // SAFETY: the caller guarantees the buffers, the comm and the stream (see this
+                // function's contract).
                 return unsafe {
                     self.p2p(kind, send, recv, count, dtype, root as usize, comm, st)
                 };

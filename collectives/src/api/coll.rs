@@ -52,6 +52,7 @@ export! {
     /// Reduces `count` elements across ranks; every rank gets the result.
     fn ncclAllReduce / pncclAllReduce(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclAllReduce", Collective::AllReduce, send, recv, count, dtype, op, 0, comm, stream, std::ptr::null()) }
     }
 }
@@ -60,6 +61,7 @@ export! {
     fn ncclAllReduceConfig / pncclAllReduceConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclAllReduceConfig", Collective::AllReduce, send, recv, count, dtype, op, 0, comm, stream, config) }
     }
 }
@@ -67,6 +69,7 @@ export! {
     /// Copies `count` elements from the root's `send` to every rank's `recv`.
     fn ncclBroadcast / pncclBroadcast(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclBroadcast", Collective::Broadcast, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
     }
 }
@@ -75,6 +78,7 @@ export! {
     fn ncclBroadcastConfig / pncclBroadcastConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclBroadcastConfig", Collective::Broadcast, send, recv, count, dtype, 0, root, comm, stream, config) }
     }
 }
@@ -82,6 +86,7 @@ export! {
     /// In-place broadcast (the legacy API).
     fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, dtype: ncclDataType_t, root: i32,
         comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclBcast", Collective::Broadcast, buff, buff, count, dtype, 0, root, comm, stream, std::ptr::null()) }
     }
 }
@@ -89,6 +94,7 @@ export! {
     /// Reduces `count` elements across ranks into the root's `recv`.
     fn ncclReduce / pncclReduce(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclReduce", Collective::Reduce, send, recv, count, dtype, op, root, comm, stream, std::ptr::null()) }
     }
 }
@@ -97,6 +103,7 @@ export! {
     fn ncclReduceConfig / pncclReduceConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclReduceConfig", Collective::Reduce, send, recv, count, dtype, op, root, comm, stream, config) }
     }
 }
@@ -104,6 +111,7 @@ export! {
     /// Gathers `sendcount` elements from every rank into every rank's `recv`.
     fn ncclAllGather / pncclAllGather(send: *const c_void, recv: *mut c_void, sendcount: usize,
         dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclAllGather", Collective::AllGather, send, recv, sendcount, dtype, 0, 0, comm, stream, std::ptr::null()) }
     }
 }
@@ -112,6 +120,7 @@ export! {
     fn ncclAllGatherConfig / pncclAllGatherConfig(send: *const c_void, recv: *mut c_void, sendcount: usize,
         dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclAllGatherConfig", Collective::AllGather, send, recv, sendcount, dtype, 0, 0, comm, stream, config) }
     }
 }
@@ -119,6 +128,7 @@ export! {
     /// Reduces, then scatters `recvcount` elements to each rank.
     fn ncclReduceScatter / pncclReduceScatter(send: *const c_void, recv: *mut c_void, recvcount: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclReduceScatter", Collective::ReduceScatter, send, recv, recvcount, dtype, op, 0, comm, stream, std::ptr::null()) }
     }
 }
@@ -127,6 +137,7 @@ export! {
     fn ncclReduceScatterConfig / pncclReduceScatterConfig(send: *const c_void, recv: *mut c_void, recvcount: usize,
         dtype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclReduceScatterConfig", Collective::ReduceScatter, send, recv, recvcount, dtype, op, 0, comm, stream, config) }
     }
 }
@@ -134,6 +145,7 @@ export! {
     /// Sends `count` elements to each peer and receives `count` from each.
     fn ncclAlltoAll / pncclAlltoAll(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclAlltoAll", Collective::AlltoAll, send, recv, count, dtype, 0, 0, comm, stream, std::ptr::null()) }
     }
 }
@@ -142,6 +154,7 @@ export! {
     fn ncclAlltoAllConfig / pncclAlltoAllConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclAlltoAllConfig", Collective::AlltoAll, send, recv, count, dtype, 0, 0, comm, stream, config) }
     }
 }
@@ -149,6 +162,7 @@ export! {
     /// Gathers `count` elements from every rank into the root's `recv`.
     fn ncclGather / pncclGather(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclGather", Collective::Gather, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
     }
 }
@@ -157,6 +171,7 @@ export! {
     fn ncclGatherConfig / pncclGatherConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclGatherConfig", Collective::Gather, send, recv, count, dtype, 0, root, comm, stream, config) }
     }
 }
@@ -164,6 +179,7 @@ export! {
     /// Scatters `count` elements per rank from the root's `send`.
     fn ncclScatter / pncclScatter(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclScatter", Collective::Scatter, send, recv, count, dtype, 0, root, comm, stream, std::ptr::null()) }
     }
 }
@@ -172,6 +188,7 @@ export! {
     fn ncclScatterConfig / pncclScatterConfig(send: *const c_void, recv: *mut c_void, count: usize,
         dtype: ncclDataType_t, root: i32, comm: ncclComm_t, stream: cudaStream_t,
         config: *const ncclCollConfig_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclScatterConfig", Collective::Scatter, send, recv, count, dtype, 0, root, comm, stream, config) }
     }
 }
@@ -179,6 +196,7 @@ export! {
     /// Sends `count` elements to `peer` (matched by the peer's `ncclRecv`).
     fn ncclSend / pncclSend(send: *const c_void, count: usize, dtype: ncclDataType_t, peer: i32,
         comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclSend", Collective::Send, send, std::ptr::null_mut(), count, dtype, 0, peer, comm, stream, std::ptr::null()) }
     }
 }
@@ -186,6 +204,7 @@ export! {
     /// Receives `count` elements from `peer`.
     fn ncclRecv / pncclRecv(recv: *mut c_void, count: usize, dtype: ncclDataType_t, peer: i32,
         comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { run("ncclRecv", Collective::Recv, std::ptr::null(), recv, count, dtype, 0, peer, comm, stream, std::ptr::null()) }
     }
 }

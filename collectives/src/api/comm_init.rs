@@ -186,6 +186,7 @@ export! {
     /// Creates this rank's communicator of `nranks` ranks named by `comm_id`.
     fn ncclCommInitRank / pncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int,
         comm_id: ncclUniqueId, rank: c_int) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { init_rank("ncclCommInitRank", comm, nranks, &comm_id, rank, std::ptr::null_mut()) }
     }
 }
@@ -194,6 +195,7 @@ export! {
     /// [`ncclCommInitRank`] with a config (blocking or not, name, ...).
     fn ncclCommInitRankConfig / pncclCommInitRankConfig(comm: *mut ncclComm_t, nranks: c_int,
         comm_id: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t {
+        // SAFETY: the caller's arguments, forwarded under this function's contract (NCCL's).
         unsafe { init_rank("ncclCommInitRankConfig", comm, nranks, &comm_id, rank, config) }
     }
 }

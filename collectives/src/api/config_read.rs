@@ -98,7 +98,8 @@ pub unsafe fn read_comm_config(p: *const ncclConfig_t) -> Result<CommConfig> {
     let size = unsafe { check_header(b, NCCL_API_MAGIC, "config")? };
     // SAFETY: read above.
     c.header_version = unsafe { std::ptr::read_unaligned(b.add(12) as *const u32) };
-    // SAFETY (all field reads): bounded by `size`, per this function's contract.
+    // SAFETY: the field is read only where it lies inside the caller-declared `size`; per this
+    // function's contract.
     match unsafe { int_field(b, size, offset_of!(ncclConfig_t, blocking)) } {
         None | Some(NCCL_CONFIG_UNDEF_INT) | Some(1) => {}
         Some(0) => c.blocking = false,
@@ -109,7 +110,11 @@ pub unsafe fn read_comm_config(p: *const ncclConfig_t) -> Result<CommConfig> {
         }
     }
     c.net_name =
+        // SAFETY: the field is read only where it lies inside the caller-declared `size`; per
+        // this function's contract.
         unsafe { str_field(b, size, offset_of!(ncclConfig_t, netName), "config.netName")? };
+    // SAFETY: the field is read only where it lies inside the caller-declared
+    // `size`; per this function's contract.
     c.comm_name = unsafe {
         str_field(
             b,
@@ -118,6 +123,8 @@ pub unsafe fn read_comm_config(p: *const ncclConfig_t) -> Result<CommConfig> {
             "config.commName",
         )?
     };
+    // SAFETY: the field is read only where it lies inside the caller-declared `size`; per this
+    // function's contract.
     match unsafe { int_field(b, size, offset_of!(ncclConfig_t, splitShare)) } {
         None | Some(NCCL_CONFIG_UNDEF_INT) | Some(0) => {}
         Some(1) => c.split_share = true,
@@ -127,6 +134,8 @@ pub unsafe fn read_comm_config(p: *const ncclConfig_t) -> Result<CommConfig> {
             )))
         }
     }
+    // SAFETY: the field is read only where it lies inside the caller-declared `size`; per this
+    // function's contract.
     c.traffic_class = unsafe { int_field(b, size, offset_of!(ncclConfig_t, trafficClass)) }
         .filter(|&v| v != NCCL_CONFIG_UNDEF_INT);
     warn_ignored_comm_fields(&c);
@@ -178,8 +187,9 @@ pub unsafe fn read_coll_config(p: *const ncclCollConfig_t) -> Result<CollConfig>
         return Ok(c);
     }
     let b = p as *const u8;
-    // SAFETY: per this function's contract (and for the field reads below).
+    // SAFETY: per this function's contract.
     let size = unsafe { check_header(b, NCCL_API_MAGIC, "collective config")? };
+    // SAFETY: the field is read only where it lies inside `size`.
     c.alg_selection = unsafe {
         str_field(
             b,
@@ -232,6 +242,7 @@ mod tests {
     #[test]
     fn defaults_and_current_layout() {
         assert_eq!(
+            // SAFETY: NULL, or a config struct alive on this stack frame with a truthful size.
             unsafe { read_comm_config(std::ptr::null()) }.unwrap(),
             CommConfig::default()
         );
@@ -240,6 +251,7 @@ mod tests {
             commName: c"trainer".as_ptr(),
             ..Default::default()
         };
+        // SAFETY: NULL, or a config struct alive on this stack frame with a truthful size.
         let c = unsafe { read_comm_config(&cfg) }.unwrap();
         assert!(!c.blocking);
         assert_eq!(c.comm_name.as_deref(), Some("trainer"));
@@ -257,12 +269,14 @@ mod tests {
             collnetEnable: 77,
             ..Default::default()
         };
+        // SAFETY: NULL, or a config struct alive on this stack frame with a truthful size.
         let c = unsafe { read_comm_config(&cfg) }.unwrap();
         assert!(!c.blocking);
         // A 2.14-era struct: size 40, ends after netName.
         cfg.size = 40;
         cfg.version = 21403;
         cfg.splitShare = 12345; // outside the declared size: ignored
+                                // SAFETY: NULL, or a config struct alive on this stack frame with a truthful size.
         assert!(!unsafe { read_comm_config(&cfg) }.unwrap().split_share);
     }
 
@@ -282,9 +296,11 @@ mod tests {
             ncclConfig_t { version: 7, ..d() },
             ncclConfig_t { blocking: 5, ..d() },
         ] {
+            // SAFETY: NULL, or a config struct alive on this stack frame with a truthful size.
             assert!(unsafe { read_comm_config(&bad) }.is_err());
         }
         let words = [0xdead_beef_u64; 16];
+        // SAFETY: 128 readable bytes of garbage, which the reader must refuse by its header.
         assert!(unsafe { read_comm_config(words.as_ptr() as *const ncclConfig_t) }.is_err());
     }
 
@@ -295,8 +311,14 @@ mod tests {
             profiler_tag: 0,
         };
         let f = coll_filter(&c(Some("ring"))).expect("a filter");
-        assert!(!f.allows(crate::algo::Collective::AllReduce, crate::algo::Algorithm::Tree));
-        assert!(coll_filter(&c(Some("bogus"))).is_none(), "unknown names are ignored");
+        assert!(!f.allows(
+            crate::algo::Collective::AllReduce,
+            crate::algo::Algorithm::Tree
+        ));
+        assert!(
+            coll_filter(&c(Some("bogus"))).is_none(),
+            "unknown names are ignored"
+        );
         assert!(coll_filter(&c(None)).is_none());
     }
 
@@ -317,11 +339,13 @@ mod tests {
             userProfilerTag: 42,
             launchCompletionEvent: std::ptr::null_mut(),
         };
+        // SAFETY: NULL, or a config struct alive on this stack frame with a truthful size.
         let r = unsafe { read_coll_config(&c) }.unwrap();
         assert_eq!(r.alg_selection.as_deref(), Some("ring"));
         assert_eq!(r.profiler_tag, 42);
         let mut bad = c;
         bad.magic = 0;
+        // SAFETY: NULL, or a config struct alive on this stack frame with a truthful size.
         assert!(unsafe { read_coll_config(&bad) }.is_err());
     }
 }

@@ -187,6 +187,8 @@ fn last_error(fb: &Fallback) -> String {
     // SAFETY: prototype from nccl.h; a static string or NULL comes back.
     match unsafe { fb.sym::<LastError>("ncclGetLastError\0") } {
         Ok(f) => {
+            // SAFETY: NVIDIA's ncclGetLastError ignores its comm argument and returns a static
+            // string.
             let p = unsafe { f(std::ptr::null_mut()) };
             if p.is_null() {
                 String::new()

@@ -77,10 +77,14 @@ mod tests {
 
     #[test]
     fn nesting() {
+        // SAFETY: the group functions take no arguments.
         assert_eq!(unsafe { ncclGroupEnd() }, 5, "end without start");
+        // SAFETY: the group functions take no arguments.
         assert_eq!(unsafe { ncclGroupStart() }, 0);
+        // SAFETY: the group functions take no arguments.
         assert_eq!(unsafe { ncclGroupStart() }, 0);
         assert_eq!(group::depth(), 2);
+        // SAFETY: the group functions take no arguments.
         assert_eq!(unsafe { ncclGroupEnd() }, 0);
         let mut si = ncclSimInfo_t {
             size: 24,
@@ -88,11 +92,14 @@ mod tests {
             version: 23203,
             estimatedTime: -1.0,
         };
+        // SAFETY: a live ncclSimInfo_t on this stack frame.
         assert_eq!(unsafe { ncclGroupSimulateEnd(&mut si) }, 0);
         assert_eq!(si.estimatedTime, 0.0, "an empty group costs nothing");
         assert_eq!(group::depth(), 0);
         si.magic = 0;
+        // SAFETY: a live ncclSimInfo_t on this stack frame.
         assert_eq!(unsafe { ncclGroupSimulateEnd(&mut si) }, 4);
+        // SAFETY: NULL, which the function refuses.
         assert_eq!(unsafe { ncclGroupSimulateEnd(std::ptr::null_mut()) }, 4);
     }
 }

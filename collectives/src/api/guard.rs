@@ -68,6 +68,8 @@ mod tests {
     fn panic_becomes_internal_error() {
         let r = guard("ncclTest", || panic!("boom"));
         assert_eq!(r, NcclResult::InternalError.raw());
+        // SAFETY: last_error_ptr returns a NUL-terminated string that stays valid on this thread
+        // until its next hetccl call.
         let msg = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) };
         assert!(msg.to_str().unwrap().contains("boom"));
     }
@@ -76,6 +78,8 @@ mod tests {
     fn error_codes_and_messages() {
         let r = guard("ncclTest", || Err(Error::arg("count overflows")));
         assert_eq!(r, NcclResult::InvalidArgument.raw());
+        // SAFETY: last_error_ptr returns a NUL-terminated string that stays valid on this thread
+        // until its next hetccl call.
         let msg = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) };
         assert_eq!(
             msg.to_str().unwrap(),
@@ -88,6 +92,8 @@ mod tests {
     #[test]
     fn long_messages_are_bounded() {
         set_last_error(&"é".repeat(2000));
+        // SAFETY: last_error_ptr returns a NUL-terminated string that stays valid on this thread
+        // until its next hetccl call.
         let msg = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) };
         assert!(msg.to_bytes().len() <= crate::error::last::LAST_ERROR_MAX);
     }

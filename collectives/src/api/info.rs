@@ -219,6 +219,7 @@ mod tests {
 
     #[test]
     fn table_for_a_layout() {
+        // SAFETY: `fetch` passes NULL or a buffer of `l` bytes, and a writable size slot.
         let t = fetch(|b, l, n| unsafe { hetcclSelectionTableFor(8, 2, b, l, n) });
         let first = t.lines().next().unwrap();
         assert!(
@@ -229,12 +230,15 @@ mod tests {
             assert!(t.lines().any(|l| l.trim_start().starts_with(c)), "{c}: {t}");
         }
         assert!(!t.contains("  send "), "{t}");
+        // SAFETY: `fetch` passes NULL or a buffer of `l` bytes, and a writable size slot.
         let t = fetch(|b, l, n| unsafe { hetcclSelectionTableFor(5, 2, b, l, n) });
         assert!(t.contains("5 ranks on 2 node(s) [3+2]"), "{t}");
         // The node layout reaches the cost model: 8 ranks on one node are
         // not priced like 8 ranks on two.
+        // SAFETY: `fetch` passes NULL or a buffer of `l` bytes, and a writable size slot.
         let flat = fetch(|b, l, n| unsafe { hetcclSelectionTableFor(8, 1, b, l, n) });
         assert!(flat.contains("8 ranks on 1 node(s) [8]"), "{flat}");
+        // SAFETY: `fetch` passes NULL or a buffer of `l` bytes, and a writable size slot.
         let two = fetch(|b, l, n| unsafe { hetcclSelectionTableFor(8, 2, b, l, n) });
         let rows = |s: &str| s.lines().skip(2).map(str::to_string).collect::<Vec<_>>();
         assert_ne!(rows(&flat), rows(&two));
@@ -242,16 +246,19 @@ mod tests {
 
     #[test]
     fn truncates_like_snprintf() {
+        // SAFETY: `fetch` passes NULL or a buffer of `l` bytes, and a writable size slot.
         let full = fetch(|b, l, n| unsafe { hetcclSelectionTableFor(2, 1, b, l, n) });
         let mut buf = [0x55u8; 8];
         let mut need = 0usize;
         let rc =
+            // SAFETY: a live buffer of `buf.len()` bytes and a writable size slot.
             unsafe { hetcclSelectionTableFor(2, 1, buf.as_mut_ptr().cast(), buf.len(), &mut need) };
         assert_eq!(rc, 0);
         assert_eq!(need, full.len());
         assert_eq!(&buf[..7], &full.as_bytes()[..7]);
         assert_eq!(buf[7], 0);
         // `needed` may be NULL.
+        // SAFETY: a live buffer of its stated length; `needed` may be NULL.
         let rc = unsafe {
             hetcclSelectionTableFor(2, 1, buf.as_mut_ptr().cast(), 1, std::ptr::null_mut())
         };
@@ -264,14 +271,17 @@ mod tests {
         let p = buf.as_mut_ptr().cast::<c_char>();
         let no_len = std::ptr::null_mut::<usize>();
         for (nranks, nnodes) in [(0, 1), (-1, 1), (4, 0), (4, 5), (MAX_RANKS + 1, 1)] {
+            // SAFETY: `p` points to 64 writable bytes; `needed` may be NULL.
             let rc = unsafe { hetcclSelectionTableFor(nranks, nnodes, p, 64, no_len) };
             assert_eq!(rc, 4, "nranks {nranks} nnodes {nnodes}");
         }
         let no_buf = std::ptr::null_mut::<c_char>();
         assert_eq!(
+            // SAFETY: NULL with a non-zero length, which the function refuses.
             unsafe { hetcclSelectionTableFor(2, 1, no_buf, 8, no_len) },
             4
         );
+        // SAFETY: NULL with a non-zero length, which the function refuses.
         assert_eq!(unsafe { hetcclInfoJson(no_buf, 8, no_len) }, 4);
     }
 
@@ -282,6 +292,7 @@ mod tests {
 
     #[test]
     fn info_lists_interfaces_and_config() {
+        // SAFETY: `fetch` passes NULL or a buffer of `l` bytes, and a writable size slot.
         let j = fetch(|b, l, n| unsafe { hetcclInfoJson(b, l, n) });
         assert!(j.starts_with("{\"version\":\"hetccl "), "{j}");
         assert!(j.contains("\"nccl_api\":22800,"), "{j}");

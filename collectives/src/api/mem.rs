@@ -121,18 +121,26 @@ mod tests {
     #[test]
     fn alloc_free_and_misuse() {
         let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a writable pointer slot.
         assert_eq!(unsafe { ncclMemAlloc(&mut p, 10_000) }, 0);
         assert!(!p.is_null());
         assert_eq!(p as usize % 4096, 0);
         assert_eq!(allocation_size(p), Some(10_000));
         // SAFETY: 10_000 writable bytes were just allocated.
         unsafe { std::ptr::write_bytes(p as *mut u8, 7, 10_000) };
+        // SAFETY: a writable pointer slot.
         assert_eq!(unsafe { ncclMemAlloc(&mut p, 0) }, 4);
+        // SAFETY: NULL, which the function refuses (or, for ncclMemFree, accepts as NCCL does).
         assert_eq!(unsafe { ncclMemAlloc(std::ptr::null_mut(), 8) }, 4);
+        // SAFETY: `p` came from ncclMemAlloc (the second free is refused).
         assert_eq!(unsafe { ncclMemFree(p) }, 0);
+        // SAFETY: `p` came from ncclMemAlloc (the second free is refused).
         assert_eq!(unsafe { ncclMemFree(p) }, 4, "double free is refused");
         let mut x = 0u64;
+        // SAFETY: a pointer hetccl never handed out, which the function must refuse without
+        // freeing.
         assert_eq!(unsafe { ncclMemFree(&mut x as *mut u64 as *mut c_void) }, 4);
+        // SAFETY: NULL, which the function refuses (or, for ncclMemFree, accepts as NCCL does).
         assert_eq!(unsafe { ncclMemFree(std::ptr::null_mut()) }, 0);
     }
 }

@@ -77,11 +77,15 @@ mod tests {
     #[test]
     fn version_and_strings() {
         let mut v = 0;
+        // SAFETY: a writable int.
         assert_eq!(unsafe { ncclGetVersion(&mut v) }, 0);
         assert_eq!(v, 22800);
+        // SAFETY: NULL, which the function refuses.
         assert_eq!(unsafe { ncclGetVersion(std::ptr::null_mut()) }, 4);
+        // SAFETY: the function returns a static NUL-terminated string for any code.
         let s = unsafe { CStr::from_ptr(ncclGetErrorString(5)) };
         assert!(s.to_str().unwrap().starts_with("invalid usage"));
+        // SAFETY: the function returns a static NUL-terminated string for any code.
         let s = unsafe { CStr::from_ptr(pncclGetErrorString(99)) };
         assert_eq!(s.to_str().unwrap(), "unknown result code");
         for r in NcclResult::ALL {

@@ -119,6 +119,7 @@ mod tests {
     fn create_get_destroy_reuse() {
         let mut t = RedOpTable::default();
         let v = 2.5f32;
+        // SAFETY: `v` is a live f32, the scalar of its type.
         let a = unsafe {
             t.create(
                 &v as *const f32 as *const u8,
@@ -128,6 +129,7 @@ mod tests {
         }
         .unwrap();
         assert_eq!(a, 5);
+        // SAFETY: `v` is a live f32, the scalar of its type.
         let b = unsafe {
             t.create(
                 &v as *const f32 as *const u8,
@@ -148,6 +150,7 @@ mod tests {
         assert!(t.get(a).is_err());
         assert!(t.destroy(0).is_err(), "built-in op");
         assert!(t.destroy(99).is_err(), "never created");
+        // SAFETY: `v` is a live f32, the scalar of its type.
         let c = unsafe {
             t.create(
                 &v as *const f32 as *const u8,
@@ -159,6 +162,7 @@ mod tests {
         assert_eq!(c, a, "freed ids are reused");
         assert_eq!(t.live(), 2);
         assert!(
+            // SAFETY: a NULL scalar, which `create` refuses.
             unsafe { t.create(std::ptr::null(), DataType::Int8, ScalarResidence::Device) }.is_err()
         );
     }

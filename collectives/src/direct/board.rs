@@ -310,14 +310,14 @@ mod tests {
         assert_eq!(unsafe { b.data(1, 4) }, None, "more than was posted");
         // SAFETY: single-threaded test.
         unsafe { b.post(2, [9, 9], &[7u8; FAST_BYTES]) };
-        // SAFETY: posted above.
         assert_eq!(
+            // SAFETY: posted above.
             unsafe { b.data(1, 3) },
             Some(&b"abc"[..]),
             "op 2 uses the other slot"
         );
-        // SAFETY: posted above.
         assert_eq!(
+            // SAFETY: posted above.
             unsafe { b.data(2, FAST_BYTES) }.map(<[u8]>::len),
             Some(FAST_BYTES)
         );

@@ -194,7 +194,7 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
             )));
         }
     }
-    // SAFETY (every `data` below): all ranks posted `s`, and this rank has
+    // SAFETY: (every `data` below) all ranks posted `s`, and this rank has
     // not posted `s + 1`; the lengths were checked above.
     let slot = |k: usize, len: usize| unsafe { node.boards[k].data(s, len) }.unwrap_or(&[]);
     match a.kind {

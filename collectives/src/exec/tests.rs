@@ -79,7 +79,10 @@ fn a_silent_peer_times_out_with_a_description() {
     assert_eq!(err.code(), hetccl_abi::NcclResult::RemoteError, "{err}");
     let e = err.to_string();
     assert!(e.contains("no progress from rank(s) 1 for"), "{e}");
-    assert!(e.starts_with("remote error: comm 0000000000000abc: "), "{e}");
+    assert!(
+        e.starts_with("remote error: comm 0000000000000abc: "),
+        "{e}"
+    );
     assert!(e.contains("waits for data from rank 1"), "{e}");
     assert!(e.contains("0/100 bytes"), "{e}");
     assert!(e.contains("recv seq 7 trace 0000000000000abc:7"), "{e}");

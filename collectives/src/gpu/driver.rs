@@ -117,8 +117,8 @@ pub unsafe fn set_current(ctx: cu::CUcontext) -> Result<()> {
 pub fn primary_context(device: i32) -> Result<cu::CUcontext> {
     require("a CUDA context")?;
     let mut c: cu::CUcontext = std::ptr::null_mut();
-    // SAFETY: a writable slot; device ordinals are checked by the driver.
     check(
+        // SAFETY: a writable slot; device ordinals are checked by the driver.
         unsafe { cu::cuDevicePrimaryCtxRetain(&mut c, device) },
         "cuDevicePrimaryCtxRetain",
     )?;
@@ -158,8 +158,8 @@ pub fn ensure_context() -> Result<cu::CUcontext> {
 /// `stream` is NULL or a live stream of the current context.
 pub unsafe fn is_capturing(stream: cu::CUstream) -> Result<bool> {
     let mut st = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: per the contract.
     check(
+        // SAFETY: per the contract.
         unsafe { cu::cuStreamIsCapturing(stream, &mut st) },
         "cuStreamIsCapturing",
     )?;

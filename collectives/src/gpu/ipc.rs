@@ -154,8 +154,8 @@ fn export_uncached(p: *const c_void) -> Result<Export> {
     let mut h = cu::CUipcMemHandle {
         reserved: [0; HANDLE_BYTES],
     };
-    // SAFETY: the base of a live allocation and a writable handle.
     driver::check(
+        // SAFETY: the base of a live allocation and a writable handle.
         unsafe { cu::cuIpcGetMemHandle(&mut h, base) },
         "cuIpcGetMemHandle",
     )?;
@@ -177,8 +177,8 @@ pub fn current_uuid() -> Result<[u8; 16]> {
     // SAFETY: a writable slot; the caller made a context current.
     driver::check(unsafe { cu::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
     let mut u = cu::CUuuid { bytes: [0; 16] };
-    // SAFETY: a writable UUID and a device the driver just named.
     driver::check(
+        // SAFETY: a writable UUID and a device the driver just named.
         unsafe { cu::cuDeviceGetUuid_v2(&mut u, dev) },
         "cuDeviceGetUuid",
     )?;
@@ -218,8 +218,8 @@ pub fn check_peer_access(mine: &[u8; 16], peer: &[u8; 16]) -> Result<()> {
         ));
     };
     let mut can = 0;
-    // SAFETY: a writable slot and two device handles from the driver.
     driver::check(
+        // SAFETY: a writable slot and two device handles from the driver.
         unsafe { cu::cuDeviceCanAccessPeer(&mut can, a, b) },
         "cuDeviceCanAccessPeer",
     )?;
@@ -244,8 +244,8 @@ pub struct Imports {
 /// size), from the driver.
 fn address_range(p: u64) -> Result<(u64, u64)> {
     let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
-    // SAFETY: writable slots; the driver checks the address.
     driver::check(
+        // SAFETY: writable slots; the driver checks the address.
         unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, p as cu::CUdeviceptr) },
         "cuMemGetAddressRange",
     )?;
@@ -295,9 +295,8 @@ impl Imports {
         }
         let mut base: cu::CUdeviceptr = 0;
         let flags = cu::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-        // SAFETY: a writable slot and a handle a peer exported; the driver
-        // validates it.
         driver::check(
+            // SAFETY: a writable slot and a handle a peer exported; the driver validates it.
             unsafe { cu::cuIpcOpenMemHandle_v2(&mut base, h, flags) },
             "cuIpcOpenMemHandle",
         )

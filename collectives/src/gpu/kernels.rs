@@ -126,8 +126,8 @@ static CACHE: Lazy<Mutex<HashMap<i32, Loaded>>> = Lazy::new(|| Mutex::new(HashMa
 fn arch_of(device: i32) -> Result<String> {
     use cu::CUdevice_attribute as A;
     let (mut major, mut minor) = (0, 0);
-    // SAFETY: writable slots; the driver checks the ordinal.
     driver::check(
+        // SAFETY: writable slots; the driver checks the ordinal.
         unsafe {
             cu::cuDeviceGetAttribute(
                 &mut major,
@@ -137,8 +137,8 @@ fn arch_of(device: i32) -> Result<String> {
         },
         "cuDeviceGetAttribute(major)",
     )?;
-    // SAFETY: as above.
     driver::check(
+        // SAFETY: as above.
         unsafe {
             cu::cuDeviceGetAttribute(
                 &mut minor,
@@ -177,8 +177,8 @@ fn load(device: i32, nvrtc: Option<&std::path::Path>) -> Result<Arc<DeviceKernel
         .map_err(|e| Error::Internal(format!("compiling the reduction kernels: {e}")))?;
     let cptx = CString::new(ptx).map_err(|_| Error::Internal("PTX holds a NUL".into()))?;
     let mut module: cu::CUmodule = std::ptr::null_mut();
-    // SAFETY: NUL-terminated PTX; a context is current.
     driver::check(
+        // SAFETY: NUL-terminated PTX; a context is current.
         unsafe { cu::cuModuleLoadData(&mut module, cptx.as_ptr().cast()) },
         "cuModuleLoadData",
     )?;
@@ -198,8 +198,8 @@ impl DeviceKernels {
         }
         let cname = CString::new(name).map_err(|_| Error::Internal("kernel name".into()))?;
         let mut f: cu::CUfunction = std::ptr::null_mut();
-        // SAFETY: a loaded module and a NUL-terminated name.
         driver::check(
+            // SAFETY: a loaded module and a NUL-terminated name.
             unsafe { cu::cuModuleGetFunction(&mut f, self.module, cname.as_ptr()) },
             "cuModuleGetFunction",
         )?;

@@ -510,7 +510,7 @@ impl Plan<'_> {
         let (dt, op, st, n) = (self.a.dtype, self.a.op, self.stream, elems as u64);
         let d = dst as *mut c_void;
         let p = |x: u64| x as *const c_void;
-        // SAFETY (every launch): device-accessible ranges of `elems`
+        // SAFETY: (every launch) device-accessible ranges of `elems`
         // elements, live until the stream is synchronised at the end of the
         // phase; `dst` may alias an input of the same element.
         unsafe {

@@ -53,8 +53,8 @@ impl Staging {
             None => {
                 let mut p: *mut c_void = std::ptr::null_mut();
                 let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
-                // SAFETY: a writable slot; a context is current (the caller's).
                 driver::check(
+                    // SAFETY: a writable slot; a context is current (the caller's).
                     unsafe { cu::cuMemHostAlloc(&mut p, HEADER + len.max(1), flags) },
                     "cuMemHostAlloc (staging)",
                 )?;
@@ -84,8 +84,8 @@ impl Staging {
     /// The flag's address as the device sees it.
     pub fn flag_device_ptr(&self) -> Result<cu::CUdeviceptr> {
         let mut d: cu::CUdeviceptr = 0;
-        // SAFETY: a DEVICEMAP allocation and a writable slot.
         driver::check(
+            // SAFETY: a DEVICEMAP allocation and a writable slot.
             unsafe { cu::cuMemHostGetDevicePointer_v2(&mut d, self.base.cast(), 0) },
             "cuMemHostGetDevicePointer",
         )?;

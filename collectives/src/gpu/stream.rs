@@ -223,8 +223,8 @@ impl ProxyState {
         }
         let mut s: cu::CUstream = std::ptr::null_mut();
         let flags = cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        // SAFETY: a writable slot; `ctx` is current.
         driver::check(
+            // SAFETY: a writable slot; `ctx` is current.
             unsafe { cu::cuStreamCreate(&mut s, flags) },
             "cuStreamCreate",
         )?;

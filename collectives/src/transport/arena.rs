@@ -127,6 +127,7 @@ impl Arena {
         if fd < 0 {
             return Err(Error::last_os(&format!("open {path}")));
         }
+        // SAFETY: libc::stat is plain data, for which all-zero bytes are a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd is open and `st` is writable.
         let ok = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as usize == len;

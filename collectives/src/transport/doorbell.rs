@@ -115,6 +115,7 @@ mod tests {
     #[test]
     fn ring_wakes_sleeper_and_timeout_bounds_sleep() {
         let cell = Arc::new(DoorbellCell::default());
+        // SAFETY: the cell is kept alive by its Arc for as long as the bell is used.
         let bell = unsafe { Doorbell::new(&*cell) };
         // Nobody rings: the sleep ends at the timeout.
         let t = Instant::now();
@@ -133,6 +134,7 @@ mod tests {
         let c2 = cell.clone();
         let h = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
+            // SAFETY: the cell is kept alive by its Arc for as long as the bell is used.
             unsafe { Doorbell::new(&*c2) }.ring();
         });
         let t = Instant::now();

@@ -168,6 +168,7 @@ mod tests {
     #[test]
     fn wraps_and_straddles() {
         let mut region = Box::new(Region([0; 64 * 3 + 256]));
+        // SAFETY: `region` is 64-aligned, holds the header and 256 data bytes, and outlives `r`.
         let r = unsafe { Ring::at(region.0.as_mut_ptr(), 256) };
         // Misalign by 3 bytes, then push 4-byte elements across the wrap.
         assert_eq!(r.try_write(&[9, 9, 9]), 3);
@@ -207,6 +208,7 @@ mod tests {
     #[test]
     fn full_ring_refuses_and_threads_agree() {
         let mut region = Box::new(Region([0; 64 * 3 + 256]));
+        // SAFETY: `region` is 64-aligned, holds the header and 256 data bytes, and outlives `r`.
         let r = unsafe { Ring::at(region.0.as_mut_ptr(), 256) };
         assert_eq!(r.try_write(&[1; 300]), 256);
         assert_eq!(r.try_write(&[1; 1]), 0);

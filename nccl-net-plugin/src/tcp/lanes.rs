@@ -375,11 +375,12 @@ fn poll_inline(sh: &Shared) -> Result<()> {
         let mut q = q.lock();
         let mut sock = &sh.socks[lane];
         while let Some(t) = q.front_mut() {
-            // SAFETY: submit's contract keeps the buffer valid.
             let r = match sh.dir {
+                // SAFETY: submit's contract keeps the buffer valid.
                 Dir::Send => sock.write(unsafe {
                     std::slice::from_raw_parts((t.ptr + t.off) as *const u8, t.len - t.off)
                 }),
+                // SAFETY: as above.
                 Dir::Recv => sock.read(unsafe {
                     std::slice::from_raw_parts_mut((t.ptr + t.off) as *mut u8, t.len - t.off)
                 }),

@@ -126,10 +126,10 @@ impl TcpSendComm {
             inline,
         };
         let state = if inline {
-            // SAFETY: the caller guarantees `size` readable bytes.
             let payload = if size == 0 {
                 &[][..]
             } else {
+                // SAFETY: the caller guarantees `size` readable bytes.
                 unsafe { std::slice::from_raw_parts(ptr, size) }
             };
             // Written at once from the caller's buffer when the socket is idle.
