@@ -18,6 +18,7 @@ pub mod launch;
 pub mod reduce;
 pub mod topo;
 pub mod transport;
+pub mod user_ptr;
 
 pub use hetccl_core::{config, obs};
 

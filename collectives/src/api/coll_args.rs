@@ -11,6 +11,7 @@ use crate::comm::handle;
 use crate::error::{Error, Result};
 use crate::gpu::memory;
 use crate::launch::Call;
+use crate::user_ptr::UserPtr;
 
 /// What each rank's buffers must hold for `coll`, in elements: (send,
 /// recv), at the root for rooted kinds.
@@ -79,15 +80,15 @@ pub fn validate(
     Ok(Call {
         kind,
         comm,
-        send,
-        recv,
+        send: UserPtr::new(send),
+        recv: UserPtr::new(recv),
         count,
         dtype,
         op,
         root,
         send_bytes,
         recv_bytes,
-        stream,
+        stream: UserPtr::new(stream),
         placement,
         filter: None,
     })

@@ -27,6 +27,7 @@ use crate::comm::{handle, init, split, Comm};
 use crate::error::{Error, Result};
 use crate::export;
 use crate::launch;
+use crate::user_ptr::UserPtr;
 
 /// The id for `NCCL_COMM_ID=host:port`: every rank derives the same id from
 /// the variable, so its secret is only as secret as the variable (set
@@ -118,15 +119,13 @@ unsafe fn create(
             .map_err(|e| Error::System(format!("spawn: {e}")))?;
         return Err(Error::InProgress);
     }
-    struct Out(*mut ncclComm_t);
-    // SAFETY: the pointer is the caller's, valid until the group ends.
-    unsafe impl Send for Out {}
-    let o = Out(out);
+    // The caller's output slot, valid until the group ends.
+    let o = UserPtr::new(out);
     launch::submit_init(Box::new(move || {
-        let o = o;
         let comm = init::init_rank(&id, nranks, rank, cfg)?;
-        // SAFETY: per this function's contract.
-        unsafe { *o.0 = handle::register(comm) };
+        // SAFETY: per this function's contract, `out` is a writable
+        // ncclComm_t slot until the group ends.
+        unsafe { *o.get().cast::<ncclComm_t>() = handle::register(comm) };
         Ok(())
     }))
 }

@@ -363,8 +363,8 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     let call = Shape::of(a);
     let shape = call.encode();
     let ctl = node.boards[me].control();
-    ctl.send.store(a.send as u64, Ordering::Relaxed);
-    ctl.recv.store(a.recv as u64, Ordering::Relaxed);
+    ctl.send.store(a.send.addr() as u64, Ordering::Relaxed);
+    ctl.recv.store(a.recv.addr() as u64, Ordering::Relaxed);
     let ext = node.boards[me].extents();
     ext.send_len.store(a.send_bytes as u64, Ordering::Relaxed);
     ext.recv_len.store(a.recv_bytes as u64, Ordering::Relaxed);
@@ -374,14 +374,8 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
         raw[..a.dtype.size()].copy_from_slice(s.bytes(a.dtype));
         ctl.scalar.store(u64::from_le_bytes(raw), Ordering::Relaxed);
     }
-    Control::publish(
-        &ctl.send_region,
-        region::find(a.send as usize, a.send_bytes),
-    );
-    Control::publish(
-        &ctl.recv_region,
-        region::find(a.recv as usize, a.recv_bytes),
-    );
+    Control::publish(&ctl.send_region, region::find(a.send.addr(), a.send_bytes));
+    Control::publish(&ctl.recv_region, region::find(a.recv.addr(), a.recv_bytes));
     if node.workers < n {
         ctl.cpu.store(elect::current_cpu(), Ordering::Relaxed);
     }

@@ -103,7 +103,7 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
         &[]
     } else {
         // SAFETY: validated: `send` holds `send_bytes` >= `posted` bytes.
-        unsafe { std::slice::from_raw_parts(a.send.cast::<u8>(), posted) }
+        unsafe { std::slice::from_raw_parts(a.send.get().cast::<u8>(), posted) }
     };
     if a.kind.reduces() && op.has_pre_op(a.dtype) {
         // PreMulSum scalars may differ per rank: each rank posts its own
@@ -173,7 +173,7 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     }
     // SAFETY: validated: `recv` holds `recv_bytes` >= `out_len` writable
     // bytes; the slots hold copies, so `recv` may alias `send`.
-    let out = unsafe { std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), out_len) };
+    let out = unsafe { std::slice::from_raw_parts_mut(a.recv.get().cast::<u8>(), out_len) };
     // Every slot read below stays within what its owner posted (equal
     // shapes post equal lengths; checked again here).
     let read = match a.kind {
@@ -213,7 +213,11 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
             Ok(())
         }
         Collective::Broadcast => {
-            if a.root != me || !std::ptr::eq(a.send.cast::<u8>(), a.recv.cast::<u8>().cast_const())
+            if a.root != me
+                || !std::ptr::eq(
+                    a.send.get().cast::<u8>(),
+                    a.recv.get().cast::<u8>().cast_const(),
+                )
             {
                 out.copy_from_slice(slot(a.root, bytes));
             }

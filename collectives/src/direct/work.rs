@@ -431,7 +431,9 @@ impl<'a> Job<'a> {
             // rank writes now. Out of place no input overlaps it; in place
             // it is this rank's own input of the item, read only through
             // this slice.
-            unsafe { std::slice::from_raw_parts_mut(self.a.recv.cast::<u8>().add(out_off), len) }
+            unsafe {
+                std::slice::from_raw_parts_mut(self.a.recv.get().cast::<u8>().add(out_off), len)
+            }
         };
         let at = |k: usize| self.send(k) + in_off as u64;
         let mut k = 0;

@@ -28,6 +28,7 @@ use crate::algo::{BufId, Plan};
 use crate::error::{Error, Result};
 use crate::transport::doorbell::Doorbell;
 use crate::transport::{Conn, WaitSource};
+use crate::user_ptr::UserPtr;
 
 /// The link channel reserved for point-to-point operations, so that sends
 /// and receives never interleave with a collective's messages.
@@ -59,9 +60,9 @@ pub struct Links {
 #[derive(Debug)]
 pub struct OpBuffers {
     /// The user's send buffer.
-    pub send: *const u8,
+    pub send: UserPtr,
     /// The user's receive buffer.
-    pub recv: *mut u8,
+    pub recv: UserPtr,
     /// Scratch space the plan asked for.
     pub scratch: Vec<u8>,
     /// A private copy of the input when `send` points into it (in-place
@@ -124,11 +125,6 @@ pub struct Batch<'a> {
     queues: Vec<(LinkKey, VecDeque<u32>)>,
     remaining: usize,
 }
-
-// SAFETY: the raw buffer pointers are the user's; NCCL's contract makes them
-// valid and untouched by the user until the operation completes, whichever
-// thread drives it.
-unsafe impl Send for Batch<'_> {}
 
 impl<'a> Batch<'a> {
     /// Builds a batch; fails if a plan needs a link the communicator lacks.
@@ -571,8 +567,8 @@ fn wait(
 /// Resolves a plan buffer of `job` to its base pointer.
 fn base(job: &mut Job, buf: BufId) -> *mut u8 {
     match buf {
-        BufId::Send => job.bufs.send as *mut u8,
-        BufId::Recv => job.bufs.recv,
+        BufId::Send => job.bufs.send.bytes(),
+        BufId::Recv => job.bufs.recv.bytes(),
         BufId::Scratch => job.bufs.scratch.as_mut_ptr(),
     }
 }

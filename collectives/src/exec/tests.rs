@@ -48,8 +48,8 @@ fn recv_job(buf: &mut [u8]) -> Job {
             }],
         }),
         bufs: OpBuffers {
-            send: std::ptr::null(),
-            recv: buf.as_mut_ptr(),
+            send: crate::user_ptr::UserPtr::NULL,
+            recv: crate::user_ptr::UserPtr::new(buf.as_mut_ptr()),
             scratch: Vec::new(),
             staged_send: Vec::new(),
         },

@@ -246,7 +246,7 @@ pub fn run(calls: &[&Call], st: &mut PeerState, stream: cu::CUstream) -> Result<
         .iter()
         .filter(|m| m.ipc && m.a.kind == Collective::Recv)
     {
-        copy(msg.a.recv as u64, msg.src, msg.a.recv_bytes, stream)?;
+        copy(msg.a.recv.addr() as u64, msg.src, msg.a.recv_bytes, stream)?;
     }
     stage::sync(stream)?;
     for msg in msgs
@@ -356,7 +356,7 @@ fn try_post(msgs: &mut [Msg<'_>], i: usize) -> bool {
     let export = if a.send_bytes == 0 {
         None
     } else {
-        ipc::export(a.send).ok()
+        ipc::export(a.send.get().cast_const()).ok()
     };
     let uuid = ipc::current_uuid().ok();
     let post = Post {
@@ -368,7 +368,7 @@ fn try_post(msgs: &mut [Msg<'_>], i: usize) -> bool {
             handle: [0; HANDLE_BYTES],
             offset: 0,
             size: 0,
-            ptr: a.send as u64,
+            ptr: a.send.addr() as u64,
         }),
     };
     post.write(m);

@@ -180,7 +180,7 @@ impl Desc {
 
 /// The collectives this path serves.
 fn serves(a: &Call) -> bool {
-    let in_place = std::ptr::eq(a.send, a.recv);
+    let in_place = a.send == a.recv;
     match a.kind {
         Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => true,
         Collective::AllGather
@@ -286,8 +286,8 @@ fn describe(a: &Call) -> (Desc, Option<Reducer>) {
         }
     };
     let (Some(send), Some(recv), Ok(uuid)) = (
-        exp(a.send, a.send_bytes),
-        exp(a.recv as *const c_void, a.recv_bytes),
+        exp(a.send.get().cast_const(), a.send_bytes),
+        exp(a.recv.get().cast_const(), a.recv_bytes),
         ipc::current_uuid(),
     ) else {
         return no();

@@ -27,6 +27,7 @@ use crate::algo::Collective;
 use crate::error::{Error, Result};
 use crate::launch::Call;
 use crate::launch::{self, group};
+use crate::user_ptr::UserPtr;
 
 /// Bytes of one piece of a cut call.
 pub const PIECE: usize = 1 << 20;
@@ -118,14 +119,14 @@ fn host_args(a: &Call) -> Result<(Call, Vec<Staging>)> {
     if a.placement == Placement::PinnedHost {
         // The host engine reads and writes pinned memory where it lies.
         let host = Call {
-            stream: std::ptr::null_mut(),
+            stream: UserPtr::NULL,
             placement: Placement::Host,
             ..a.clone()
         };
         return Ok((host, Vec::new()));
     }
-    let (s, sb) = (a.send as usize, send_copy_bytes(a));
-    let (r, rb) = (a.recv as usize, recv_copy_bytes(a));
+    let (s, sb) = (a.send.addr(), send_copy_bytes(a));
+    let (r, rb) = (a.recv.addr(), recv_copy_bytes(a));
     let overlap = sb > 0 && rb > 0 && s < r + rb && r < s + sb;
     let mut bufs = Vec::new();
     let (hs, hr): (*const c_void, *mut c_void) = if overlap {
@@ -151,9 +152,9 @@ fn host_args(a: &Call) -> Result<(Call, Vec<Staging>)> {
         (one(sb)? as *const c_void, one(rb)? as *mut c_void)
     };
     let host = Call {
-        send: hs,
-        recv: hr,
-        stream: std::ptr::null_mut(),
+        send: UserPtr::new(hs),
+        recv: UserPtr::new(hr),
+        stream: UserPtr::NULL,
         placement: Placement::Host,
         ..a.clone()
     };
@@ -188,8 +189,8 @@ fn piece(a: &Call, (first, n): (usize, usize)) -> Call {
     let es = a.dtype.size();
     let at = |p: usize, bytes: usize| if bytes == 0 { p } else { p + first * es };
     Call {
-        send: at(a.send as usize, a.send_bytes) as *const c_void,
-        recv: at(a.recv as usize, a.recv_bytes) as *mut c_void,
+        send: UserPtr::new(at(a.send.addr(), a.send_bytes) as *const c_void),
+        recv: UserPtr::new(at(a.recv.addr(), a.recv_bytes) as *const c_void),
         count: n,
         send_bytes: if a.send_bytes == 0 { 0 } else { n * es },
         recv_bytes: if a.recv_bytes == 0 { 0 } else { n * es },
@@ -228,7 +229,12 @@ pub(super) fn run(calls: &[&Call], stream: cu::CUstream) -> Result<()> {
         return r;
     }
     for (a, h) in calls.iter().zip(&hosts) {
-        copy(h.send as u64, a.send as u64, send_copy_bytes(a), stream)?;
+        copy(
+            h.send.addr() as u64,
+            a.send.addr() as u64,
+            send_copy_bytes(a),
+            stream,
+        )?;
     }
     sync(stream)?;
     let host_calls: Vec<Call> = hosts
@@ -237,7 +243,12 @@ pub(super) fn run(calls: &[&Call], stream: cu::CUstream) -> Result<()> {
         .collect();
     run_host(&host_calls)?;
     for (a, h) in calls.iter().zip(&hosts) {
-        copy(a.recv as u64, h.recv as u64, recv_copy_bytes(a), stream)?;
+        copy(
+            a.recv.addr() as u64,
+            h.recv.addr() as u64,
+            recv_copy_bytes(a),
+            stream,
+        )?;
     }
     sync(stream)?;
     drop(bufs);
@@ -251,8 +262,8 @@ fn pipeline(a: &Call, h: &Call, stream: cu::CUstream) -> Result<()> {
     for &p in &ps {
         let (dev, host) = (piece(a, p), piece(h, p));
         copy(
-            host.send as u64,
-            dev.send as u64,
+            host.send.addr() as u64,
+            dev.send.addr() as u64,
             send_copy_bytes(&dev),
             stream,
         )?;
@@ -265,8 +276,8 @@ fn pipeline(a: &Call, h: &Call, stream: cu::CUstream) -> Result<()> {
         let (dev, host) = (piece(a, p), piece(h, p));
         run_host(std::slice::from_ref(&host))?;
         copy(
-            dev.recv as u64,
-            host.recv as u64,
+            dev.recv.addr() as u64,
+            host.recv.addr() as u64,
             recv_copy_bytes(&dev),
             stream,
         )?;
@@ -331,15 +342,15 @@ mod tests {
         let a = Call {
             kind: Collective::AlltoAll,
             comm,
-            send: 64 as *const c_void,
-            recv: 64 as *mut c_void,
+            send: UserPtr::new(64 as *const c_void),
+            recv: UserPtr::new(64 as *const c_void),
             count: 10 * PIECE,
             dtype: hetccl_abi::DataType::Uint8,
             op: hetccl_abi::RedOp::Sum,
             root: 0,
             send_bytes: 40 * PIECE,
             recv_bytes: 40 * PIECE,
-            stream: std::ptr::null_mut(),
+            stream: UserPtr::NULL,
             placement: Placement::Device(0),
             filter: None,
         };
@@ -358,23 +369,23 @@ mod tests {
         let a = Call {
             kind,
             comm,
-            send: 16 as *const c_void,
-            recv: 4096 as *mut c_void,
+            send: UserPtr::new(16 as *const c_void),
+            recv: UserPtr::new(4096 as *const c_void),
             count,
             dtype: hetccl_abi::DataType::Float32,
             op: hetccl_abi::RedOp::Sum,
             root: 0,
             send_bytes: count * 4,
             recv_bytes: count * 4,
-            stream: std::ptr::null_mut(),
+            stream: UserPtr::NULL,
             placement: Placement::Device(0),
             filter: None,
         };
         let ps = pieces(&a);
         for &p in &ps {
             let x = piece(&a, p);
-            assert_eq!(x.send as usize, 16 + p.0 * 4);
-            assert_eq!(x.recv as usize, 4096 + p.0 * 4);
+            assert_eq!(x.send.addr(), 16 + p.0 * 4);
+            assert_eq!(x.recv.addr(), 4096 + p.0 * 4);
             assert_eq!((x.count, x.send_bytes), (p.1, p.1 * 4));
         }
         ps

@@ -77,15 +77,15 @@ struct Batch {
     flag: Staging,
 }
 
-// SAFETY: the raw pointers are a CUDA context (usable from any thread once
-// made current), pinned memory owned by the batch, and user buffers and
-// streams that NCCL's contract keeps valid until the stream passes the call.
+// SAFETY: the raw pointer is a CUDA context, which the driver lets any
+// thread make current; the calls' buffers and streams are `UserPtr`s and
+// the flag is the batch's own pinned memory.
 unsafe impl Send for Batch {}
 
 /// Runs (or, inside a group, queues) one call on CUDA memory.
 pub fn submit(a: Call) -> Result<()> {
     driver::require("device buffers")?;
-    let stream = a.stream as cu::CUstream;
+    let stream = a.stream.get() as cu::CUstream;
     // SAFETY: NCCL's contract: the caller passes its live stream (or NULL).
     if unsafe { driver::is_capturing(stream)? } {
         return Err(Error::usage(
@@ -124,7 +124,7 @@ pub(crate) fn enqueue(ops: Vec<Call>) -> Result<()> {
     let mut pending = Vec::with_capacity(ops.len());
     for a in ops {
         let ready = Event::new()?;
-        ready.record(a.stream as cu::CUstream)?;
+        ready.record(a.stream.get() as cu::CUstream)?;
         pending.push(PendingOp {
             args: a,
             ready,
@@ -133,7 +133,7 @@ pub(crate) fn enqueue(ops: Vec<Call>) -> Result<()> {
     }
     let enqueue_tail = || -> Result<()> {
         for p in &pending {
-            let stream = p.args.stream as cu::CUstream;
+            let stream = p.args.stream.get() as cu::CUstream;
             wait_flag(stream, flag_dev, &flag)?;
             p.done.record(stream)?;
         }

@@ -1,6 +1,5 @@
 //! A validated call, as the C API hands it to the dispatch layer.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use hetccl_abi::{DataType, RedOp};
@@ -8,6 +7,7 @@ use hetccl_abi::{DataType, RedOp};
 use crate::algo::{AlgoFilter, Collective};
 use crate::comm::Comm;
 use crate::gpu::memory::Placement;
+use crate::user_ptr::UserPtr;
 
 /// A validated collective or point-to-point call: what the C API hands
 /// the dispatch layer.
@@ -18,9 +18,9 @@ pub struct Call {
     /// The communicator.
     pub comm: Arc<Comm>,
     /// Send buffer (may be NULL where nothing is sent).
-    pub send: *const c_void,
+    pub send: UserPtr,
     /// Receive buffer (may be NULL where nothing is received).
-    pub recv: *mut c_void,
+    pub recv: UserPtr,
     /// The count as passed (per rank / per peer, as NCCL defines it per kind).
     pub count: usize,
     /// Element type.
@@ -34,7 +34,7 @@ pub struct Call {
     /// Bytes this rank writes to `recv`.
     pub recv_bytes: usize,
     /// The stream (NULL for host calls).
-    pub stream: *mut c_void,
+    pub stream: UserPtr,
     /// Where the buffers live; CUDA memory takes the stream path
     /// ([`crate::gpu::submit`]).
     pub placement: Placement,

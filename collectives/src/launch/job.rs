@@ -16,10 +16,11 @@ use crate::comm::redop_table::Scalar as OpScalar;
 use crate::error::{Error, Result};
 use crate::exec::{self_p2p, Job, OpBuffers, Trace};
 use crate::reduce::{ReduceOp, Scalar};
+use crate::user_ptr::UserPtr;
 
 /// Whether the call uses NCCL's in-place layout for its kind.
 fn in_place(a: &Call) -> bool {
-    let (s, r) = (a.send as usize, a.recv as usize);
+    let (s, r) = (a.send.addr(), a.recv.addr());
     let block = a.count * a.dtype.size();
     let is_root = a.root == a.comm.rank;
     match a.kind {
@@ -63,12 +64,9 @@ pub fn make_job(a: &Call) -> Result<Job> {
     // In-place all-to-all: NCCL accepts it (nccl-tests calls it), and no
     // schedule can overwrite blocks it still has to send, so the input is
     // snapshotted and the out-of-place plan runs from the copy.
-    let staged_send = if a.kind == Collective::AlltoAll
-        && a.send_bytes > 0
-        && std::ptr::eq(a.send, a.recv.cast_const())
-    {
+    let staged_send = if a.kind == Collective::AlltoAll && a.send_bytes > 0 && a.send == a.recv {
         // SAFETY: validated: `send` holds send_bytes readable bytes.
-        unsafe { std::slice::from_raw_parts(a.send as *const u8, a.send_bytes) }.to_vec()
+        unsafe { std::slice::from_raw_parts(a.send.bytes().cast_const(), a.send_bytes) }.to_vec()
     } else {
         Vec::new()
     };
@@ -99,8 +97,8 @@ pub fn make_job(a: &Call) -> Result<Job> {
                 bytes,
             )),
             bufs: OpBuffers {
-                send: a.send as *const u8,
-                recv: a.recv as *mut u8,
+                send: a.send,
+                recv: a.recv,
                 scratch: Vec::new(),
                 staged_send: Vec::new(),
             },
@@ -141,11 +139,12 @@ pub fn make_job(a: &Call) -> Result<Job> {
         plan,
         bufs: OpBuffers {
             send: if staged_send.is_empty() {
-                a.send as *const u8
+                a.send
             } else {
-                staged_send.as_ptr()
+                // The job's own snapshot, which lives as long as the job.
+                UserPtr::new(staged_send.as_ptr())
             },
-            recv: a.recv as *mut u8,
+            recv: a.recv,
             scratch,
             staged_send,
         },

@@ -42,11 +42,6 @@ pub(super) fn run_inits(inits: Vec<Init>) -> Result<()> {
     results.into_iter().collect()
 }
 
-struct SendOps(Vec<Pending>);
-// SAFETY: the raw buffer pointers inside the jobs stay valid until the
-// operation completes, per NCCL's contract, whichever thread completes it.
-unsafe impl Send for SendOps {}
-
 /// Runs queued operations: blocking communicators on this thread, and
 /// nonblocking ones on a helper thread after returning `ncclInProgress`.
 pub(super) fn run(ops: Vec<Pending>) -> Result<()> {
@@ -69,12 +64,10 @@ pub(super) fn run(ops: Vec<Pending>) -> Result<()> {
         c.async_error
             .store(NcclResult::InProgress.raw(), Ordering::Release);
     }
-    let work = SendOps(ops);
     std::thread::Builder::new()
         .name("hetccl-async".into())
         .spawn(move || {
-            let work = work;
-            let r = execute(work.0);
+            let r = execute(ops);
             let code = match &r {
                 Ok(()) => NcclResult::Success.raw(),
                 Err(e) => e.code().raw(),
