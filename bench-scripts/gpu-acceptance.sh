@@ -139,11 +139,11 @@ done
 plugdir="$outdir/netplugin"
 mkdir -p "$plugdir"
 ln -sf "$NETLIB" "$plugdir/libnccl-net-hetccl.so"
-step c_nvidia_with_hetccl_net 90 env NCCL_NET_PLUGIN=hetccl LD_LIBRARY_PATH="$plugdir:${LD_LIBRARY_PATH:-}" \
+step c_nvidia_with_nccl_net_plugin 90 env NCCL_NET_PLUGIN=hetccl LD_LIBRARY_PATH="$plugdir:${LD_LIBRARY_PATH:-}" \
     LD_PRELOAD="$NV_NCCL" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
-    "${RUN[@]}" --standalone --nproc_per_node 2 "$WORK" smoke --label nvidia+hetccl-net --out "$outdir/c_smoke.json"
-if grep -Eiq "Using network hetccl|NET/hetccl|net plugin.*hetccl|Loaded net plugin hetccl" "$outdir/c_nvidia_with_hetccl_net.log"; then
-    log "PASS c_hetccl_net_in_use: $(grep -Eio 'Using network hetccl|Loaded net plugin hetccl[^ ]*' "$outdir/c_nvidia_with_hetccl_net.log" | sort -u | tr '\n' ' ')"
+    "${RUN[@]}" --standalone --nproc_per_node 2 "$WORK" smoke --label nvidia+nccl-net-plugin --out "$outdir/c_smoke.json"
+if grep -Eiq "Using network hetccl|NET/hetccl|net plugin.*hetccl|Loaded net plugin hetccl" "$outdir/c_nvidia_with_nccl_net_plugin.log"; then
+    log "PASS c_hetccl_net_in_use: $(grep -Eio 'Using network hetccl|Loaded net plugin hetccl[^ ]*' "$outdir/c_nvidia_with_nccl_net_plugin.log" | sort -u | tr '\n' ' ')"
 else
     log "FAIL c_hetccl_net_in_use (NCCL's log does not show the hetccl net)"
     fails=$((fails + 1))

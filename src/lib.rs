@@ -2,9 +2,9 @@
 //!
 //! This crate holds no logic. It links the engine (`hetccl-collectives`, which
 //! defines every exported `nccl*`/`pnccl*` function) and the network plugin
-//! (`hetccl-net`, which defines the `ncclNetPlugin_v6..v12` tables), so that the
+//! (`nccl-net-plugin`, which defines the `ncclNetPlugin_v6..v12` tables), so that the
 //! cdylib exports both. See `docs/architecture.md`.
 
 pub use hetccl_abi as abi;
 pub use hetccl_collectives as collectives;
-pub use hetccl_net as net;
+pub use nccl_net_plugin as net;

@@ -105,7 +105,7 @@ fn helper_threads() -> usize {
     rd.filter_map(Result::ok)
         .filter(|t| {
             std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.starts_with("hetccl-net"))
+                .is_ok_and(|c| c.starts_with("nccl-net-plugin"))
         })
         .count()
 }

@@ -33,7 +33,7 @@ impl LinkClass {
 pub enum TransportKind {
     /// Shared-memory rings in the node's arena.
     Shm,
-    /// TCP sockets through `hetccl-net`.
+    /// TCP sockets through `nccl-net-plugin`.
     Tcp,
 }
 

@@ -238,7 +238,7 @@ fn direct_paths_give_exact_results_on_2_3_and_4_ranks() {
         let node = comm
             .engine()
             .unwrap()
-            .direct
+            .intranode
             .as_ref()
             .expect("direct paths");
         let (fast, copy) = (node.fast_ops(), node.copy_ops());
@@ -300,7 +300,13 @@ fn a_calls_alg_selection_is_honoured() {
     let cs = comms(2);
     let node_ops = |c: Comm| {
         let comm = hetccl_collectives::comm::handle::lookup(c.0).unwrap();
-        let ops = comm.engine().unwrap().direct.as_ref().unwrap().fast_ops();
+        let ops = comm
+            .engine()
+            .unwrap()
+            .intranode
+            .as_ref()
+            .unwrap()
+            .fast_ops();
         ops
     };
     let mut before = node_ops(cs[0]);

@@ -15,7 +15,7 @@
 //!   oversized fields, wrong nonces and silent connections, before any real
 //!   peer can connect. Init must succeed, the listeners must be closed
 //!   afterwards, and AllReduce must be exact.
-//! - The net plugin's listen port (`hetccl_net::tcp::TcpNet`), with a real
+//! - The net plugin's listen port (`nccl_net_plugin::tcp::TcpNet`), with a real
 //!   connect in between the attacks: exactly one comm comes out of accept,
 //!   and it moves exact data.
 //!
@@ -34,8 +34,8 @@ use hetccl_collectives::api::coll::*;
 use hetccl_collectives::api::comm_init::*;
 use hetccl_collectives::api::comm_life::*;
 use hetccl_collectives::bootstrap::id::UniqueId;
-use hetccl_net::tcp::{RecvBuf, TcpNet, TcpOptions};
-use hetccl_net::wire::{decode_handle, encode_hello, Hello, SockRole, HELLO_BYTES};
+use nccl_net_plugin::tcp::{RecvBuf, TcpNet, TcpOptions};
+use nccl_net_plugin::wire::{decode_handle, encode_hello, Hello, SockRole, HELLO_BYTES};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
@@ -357,7 +357,7 @@ fn garbage_at_the_tcp_data_listeners_during_init() {
 #[test]
 fn garbage_at_the_net_plugin_listen_port() {
     let _serial = setup();
-    let dev = hetccl_net::iface::NetDevice {
+    let dev = nccl_net_plugin::iface::NetDevice {
         name: "lo".into(),
         addr: "127.0.0.1".parse().unwrap(),
         speed_mbps: 10_000,

@@ -16,7 +16,7 @@
 //! (`bootstrap::frame::recv`), the acceptor's side of authentication
 //! (`bootstrap::auth::verify`), the `ncclConfig_t` and `ncclCollConfig_t`
 //! readers (`api::config_read`), and the net plugin's connect handle, hello
-//! and frame header (`hetccl_net::wire`).
+//! and frame header (`nccl_net_plugin::wire`).
 
 use std::io::Write;
 use std::mem::offset_of;
@@ -31,7 +31,7 @@ use hetccl_collectives::api::config_read::{read_coll_config, read_comm_config};
 use hetccl_collectives::bootstrap::card::{self, Card, CARD_BYTES};
 use hetccl_collectives::bootstrap::id::UniqueId;
 use hetccl_collectives::bootstrap::{self, auth, frame, root};
-use hetccl_net::wire;
+use nccl_net_plugin::wire;
 
 /// The names of all targets, as `fuzz_targets/` and `seeds/` name them.
 pub const TARGETS: [&str; 11] = [

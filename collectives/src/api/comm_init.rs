@@ -71,7 +71,7 @@ fn process_params() -> bootstrap::Params {
         std::time::Duration::from_secs(300)
     };
     let filter = cfg.socket_iface_filter();
-    let ip = hetccl_net::iface::discover_with(filter.as_ref(), cfg.socket_family)
+    let ip = nccl_net_plugin::iface::discover_with(filter.as_ref(), cfg.socket_family)
         .first()
         .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |d| {
             d.addr

@@ -56,7 +56,7 @@ pub unsafe extern "C" fn hetcclCommSelectionTable(
             .filter(|c| !matches!(c, Collective::Send | Collective::Recv))
             .collect();
         let mut text = selection_table(&colls, &e.topo, &e.costs, filter, TABLE_MAX_BYTES);
-        if let Some(d) = &e.direct {
+        if let Some(d) = &e.intranode {
             text.push_str(&d.describe());
         }
         if !needed.is_null() {

@@ -162,7 +162,7 @@ fn json_str(s: &str) -> String {
 /// The JSON text of [`hetcclInfoJson`].
 fn info_json() -> String {
     let cfg = hetccl_core::config::get();
-    let devs = hetccl_net::iface::discover(cfg.socket_ifname.as_deref(), cfg.socket_family);
+    let devs = nccl_net_plugin::iface::discover(cfg.socket_ifname.as_deref(), cfg.socket_family);
     let ifaces: Vec<String> = devs
         .iter()
         .map(|d| {

@@ -3,7 +3,7 @@
 //! With the CUDA driver present (see [`crate::gpu::driver`]), `ncclMemAlloc`
 //! returns device memory from `cuMemAlloc` in the caller's current context,
 //! as NCCL does. Without it, allocations are page-aligned host pages of a
-//! `memfd` mapped shared (`crate::direct::region`), which the other ranks of
+//! `memfd` mapped shared (`crate::intranode::region`), which the other ranks of
 //! a single-node communicator can map to reduce from in place. Both kinds are
 //! recorded in registries, so that `ncclMemFree` rejects pointers it did not
 //! hand out instead of corrupting the heap.
@@ -64,7 +64,7 @@ pub fn alloc_host(size: usize) -> Result<*mut c_void> {
             "size {size} is not in (0, {MAX_ALLOC}]"
         )));
     }
-    let p = crate::direct::region::alloc(size)?;
+    let p = crate::intranode::region::alloc(size)?;
     tracing::debug!(target: "hetccl::ALLOC", "ncclMemAlloc {size} bytes at {p:p}");
     Ok(p)
 }
@@ -75,12 +75,12 @@ pub fn alloc_host(size: usize) -> Result<*mut c_void> {
 /// Nothing may use the memory at `p` afterwards.
 pub unsafe fn free_host(p: *mut c_void) -> Result<()> {
     // SAFETY: per the contract.
-    unsafe { crate::direct::region::free(p) }
+    unsafe { crate::intranode::region::free(p) }
 }
 
 /// The size of the live allocation starting at `p`, if any.
 pub fn allocation_size(p: *const c_void) -> Option<usize> {
-    crate::direct::region::size_of(p)
+    crate::intranode::region::size_of(p)
 }
 
 export! {

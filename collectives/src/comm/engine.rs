@@ -43,7 +43,7 @@ pub struct Engine {
     pub plans: Mutex<super::plan_cache::PlanCache>,
     /// The direct (board and single-copy) paths, when every rank is on this
     /// node and joined by shm.
-    pub direct: Option<crate::direct::Node>,
+    pub intranode: Option<crate::intranode::Node>,
     /// The cost model of this communicator's links (selection, simulation,
     /// the selection table).
     pub costs: crate::cost::CostModel,

@@ -6,7 +6,7 @@
 //! same operation by closing its links: a TCP socket closed with unread
 //! bytes resets the connection and drops what the peer had not read yet.
 //! Each TCP link therefore half-closes and waits until the peer's kernel
-//! has acknowledged every byte this rank sent (`hetccl_net::tcp`'s graceful
+//! has acknowledged every byte this rank sent (`nccl_net_plugin::tcp`'s graceful
 //! close). That waits for the peer's kernel, not for its application, so a
 //! rank that destroys early does not wait for slower peers to reach their
 //! own destroy. Shared memory keeps its bytes however the rank leaves, so

@@ -150,11 +150,11 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
             if local.len() == nranks
                 && (0..nranks).all(|p| p == rank || choice[p] == Some(TransportKind::Shm)) =>
         {
-            Some(crate::direct::Node::new(
+            Some(crate::intranode::Node::new(
                 a.clone(),
                 me_local,
                 aborted.clone(),
-                crate::direct::Options {
+                crate::intranode::Options {
                     patience: settings.patience,
                     copy_min: settings.copy_min_bytes,
                     workers,
@@ -205,7 +205,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         seq: AtomicU64::new(0),
         plans: Mutex::new(Default::default()),
         scratch_pool: Mutex::new(Vec::new()),
-        direct,
+        intranode: direct,
         costs,
         settings,
     };

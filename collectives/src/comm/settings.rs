@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use hetccl_core::config::{AddrFamily, Config};
-use hetccl_net::tcp::TcpOptions;
+use nccl_net_plugin::tcp::TcpOptions;
 
 use super::config::CommConfig;
 use crate::algo::AlgoFilter;
@@ -95,7 +95,7 @@ impl Settings {
             .socket_ifname
             .as_deref()
             .map(hetccl_core::config::IfaceFilter::parse);
-        hetccl_net::iface::discover_with(filter.as_ref(), self.socket_family)
+        nccl_net_plugin::iface::discover_with(filter.as_ref(), self.socket_family)
             .first()
             .map(|d| d.addr)
             .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))

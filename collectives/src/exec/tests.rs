@@ -11,7 +11,7 @@ use crate::algo::{Algorithm, BufRange, Collective, Step, StepKind};
 use crate::reduce::ReduceOp;
 
 /// Rank 0's links to a rank 1 that holds the other ends (TCP through
-/// `hetccl-net` on loopback) and never sends unless a test makes it.
+/// `nccl-net-plugin` on loopback) and never sends unless a test makes it.
 fn links_to_silent_peer() -> (Links, Vec<Conn>) {
     let (mine, theirs) = crate::transport::net::loopback_pair(NCHAN).unwrap();
     let links = Links {

@@ -13,7 +13,7 @@
 //! - [`ipc`]: exporting and opening device buffers between processes;
 //! - [`p2p`]: sends and receives inside a node through a mailbox per pair;
 //! - [`stage`]: host staging on the proxy's stream, large calls pipelined;
-//! - [`staging`]: the pinned buffer pool;
+//! - [`pinned`]: the pool of pinned host buffers;
 //! - [`kernels`] and [`nvrtc`]: reduction kernels compiled at first use.
 
 pub mod driver;
@@ -23,8 +23,8 @@ pub mod memory;
 pub mod nvrtc;
 pub mod p2p;
 pub mod peer;
+pub mod pinned;
 pub mod stage;
-pub mod staging;
 pub mod stream;
 
 pub use memory::{classify, Placement};

@@ -38,8 +38,8 @@ use super::memory::Placement;
 use super::peer::PeerState;
 use super::stage;
 use crate::algo::Collective;
-use crate::direct::{Node, WaitOp};
 use crate::error::{Error, Result};
+use crate::intranode::{Node, WaitOp};
 use crate::launch::Call;
 use crate::transport::arena::MAILBOX;
 
@@ -136,7 +136,7 @@ struct Msg<'a> {
 /// The direct-path node of `a`'s communicator (all its ranks on this node).
 fn node_of(a: &Call) -> Option<(&Node, &crate::exec::watch::Watch)> {
     let e = a.comm.engine.get()?;
-    e.direct.as_ref().map(|n| (n, &e.links.watch))
+    e.intranode.as_ref().map(|n| (n, &e.links.watch))
 }
 
 /// Whether `a` is a send or receive on a communicator with a node mailbox

@@ -14,7 +14,7 @@
 //! every rank.
 //!
 //! The protocol uses each rank's device-collective slots on its board
-//! ([`crate::direct::board::GpuSlot`]), indexed by a per-communicator count
+//! ([`crate::intranode::board::GpuSlot`]), indexed by a per-communicator count
 //! of device collectives, which every rank advances in the same order (NCCL
 //! requires collectives in the same order on all ranks; batches of several
 //! calls post too):
@@ -50,11 +50,11 @@ use super::kernels::{self, DeviceKernels};
 use super::memory::Placement;
 use crate::algo::Collective;
 use crate::comm::Comm;
-use crate::direct::board::GpuSlot;
-use crate::direct::shape::{self, Shape};
-use crate::direct::{Node, WaitOp};
 use crate::error::{Error, Result};
 use crate::exec::watch::Watch;
+use crate::intranode::board::GpuSlot;
+use crate::intranode::shape::{self, Shape};
+use crate::intranode::{Node, WaitOp};
 use crate::launch;
 use crate::launch::Call;
 use crate::reduce::Scalar;
@@ -90,7 +90,7 @@ struct Desc {
     able: bool,
     pid: u32,
     uuid: [u8; 16],
-    /// The call's shape (`crate::direct::shape::Shape` words; zeros when
+    /// The call's shape (`crate::intranode::shape::Shape` words; zeros when
     /// unknown): all ranks must agree.
     shape: [u64; 2],
     send: Option<Export>,

@@ -22,7 +22,7 @@ use hetccl_abi::NcclResult;
 
 use super::driver::{self, cu};
 use super::memory::Placement;
-use super::staging::Staging;
+use super::pinned::Pinned;
 use crate::algo::Collective;
 use crate::error::{Error, Result};
 use crate::launch::Call;
@@ -115,7 +115,7 @@ pub(super) fn sync(stream: cu::CUstream) -> Result<()> {
 /// buffers. Overlapping send/receive ranges (in-place layouts) share one
 /// buffer at the same offsets, so the host engine sees the same in-place
 /// layout.
-fn host_args(a: &Call) -> Result<(Call, Vec<Staging>)> {
+fn host_args(a: &Call) -> Result<(Call, Vec<Pinned>)> {
     if a.placement == Placement::PinnedHost {
         // The host engine reads and writes pinned memory where it lies.
         let host = Call {
@@ -132,7 +132,7 @@ fn host_args(a: &Call) -> Result<(Call, Vec<Staging>)> {
     let (hs, hr): (*const c_void, *mut c_void) = if overlap {
         let lo = s.min(r);
         let hi = (s + sb).max(r + rb);
-        let buf = Staging::take(hi - lo)?;
+        let buf = Pinned::take(hi - lo)?;
         let base = buf.payload() as usize;
         bufs.push(buf);
         (
@@ -144,7 +144,7 @@ fn host_args(a: &Call) -> Result<(Call, Vec<Staging>)> {
             if n == 0 {
                 return Ok(0);
             }
-            let b = Staging::take(n)?;
+            let b = Pinned::take(n)?;
             let p = b.payload() as usize;
             bufs.push(b);
             Ok(p)

@@ -49,8 +49,8 @@ use super::driver::{self, cu};
 use super::memory;
 use super::p2p;
 use super::peer::{self, PeerState};
+use super::pinned::Pinned;
 use super::stage::{self, Event};
-use super::staging::Staging;
 use crate::algo::Collective;
 use crate::comm::redop_table::Scalar;
 use crate::error::{Error, Result};
@@ -74,7 +74,7 @@ struct PendingOp {
 struct Batch {
     ctx: cu::CUcontext,
     ops: Vec<PendingOp>,
-    flag: Staging,
+    flag: Pinned,
 }
 
 // SAFETY: the raw pointer is a CUDA context, which the driver lets any
@@ -119,7 +119,7 @@ pub(crate) fn enqueue(ops: Vec<Call>) -> Result<()> {
         return Ok(());
     }
     let ctx = driver::ensure_context()?;
-    let flag = Staging::take(0)?;
+    let flag = Pinned::take(0)?;
     let flag_dev = flag.flag_device_ptr()?;
     let mut pending = Vec::with_capacity(ops.len());
     for a in ops {
@@ -168,7 +168,7 @@ unsafe extern "C" fn wait_flag_host(user: *mut c_void) {
 }
 
 /// Makes `stream` wait until the flag is set.
-fn wait_flag(stream: cu::CUstream, flag_dev: cu::CUdeviceptr, flag: &Staging) -> Result<()> {
+fn wait_flag(stream: cu::CUstream, flag_dev: cu::CUdeviceptr, flag: &Pinned) -> Result<()> {
     let geq = cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
     // SAFETY: a device-mapped flag that outlives the wait.
     let r = unsafe { cu::cuStreamWaitValue32_v2(stream, flag_dev, 1, geq) };
@@ -317,7 +317,7 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
         op.ready.wait()?;
     }
     let engine = b.ops[0].args.comm.engine.get();
-    if let Some((node, e)) = engine.and_then(|e| e.direct.as_ref().map(|n| (n, e))) {
+    if let Some((node, e)) = engine.and_then(|e| e.intranode.as_ref().map(|n| (n, e))) {
         let is_p2p = |a: &Call| matches!(a.kind, Collective::Send | Collective::Recv);
         let ours = |a: &Call| Arc::as_ptr(&a.comm) as usize == key;
         if b.ops.iter().all(|op| ours(&op.args) && !is_p2p(&op.args)) {

@@ -2,7 +2,7 @@
 //!
 //! The C API (`crate::api`) checks arguments and hands a [`Call`] to
 //! [`submit`]. Outside a group, a blocking single-node call takes a direct
-//! path (`crate::direct`) when one serves it; otherwise the call becomes a
+//! path (`crate::intranode`) when one serves it; otherwise the call becomes a
 //! job (`job`: reduction, algorithm, plan) that runs at once on the calling
 //! thread, or is queued by the thread's open group (`group`) until its
 //! outermost end. A communicator in nonblocking mode returns
@@ -26,7 +26,7 @@ use crate::error::Result;
 /// Runs (or queues, inside a group) one validated call on host buffers.
 pub fn submit(a: Call) -> Result<()> {
     if group::depth() == 0 {
-        if let Some(r) = crate::direct::try_run(&a, || reduce_op(&a)) {
+        if let Some(r) = crate::intranode::try_run(&a, || reduce_op(&a)) {
             if let Err(e) = &r {
                 poison(&a.comm, e);
             }

@@ -6,6 +6,9 @@
 //! units and NUMA nodes through hwloc; GPU and NIC placement come later.
 
 pub mod host;
+mod layout;
+
+pub use layout::Topology;
 
 use sha2::{Digest, Sha256};
 

@@ -1,6 +1,6 @@
 //! The node arena: one shared-memory segment per communicator and node that
 //! holds every local rank's doorbell, every local rank's board (the
-//! direct-access region of `crate::direct`: small-message slots and the
+//! direct-access region of `crate::intranode`: small-message slots and the
 //! control line of single-copy operations), and a ring for every ordered pair
 //! of local ranks.
 //!
@@ -20,7 +20,7 @@ const MAGIC: u64 = 0x6865_7463_636c_4152; // "hetcclAR"
 const HDR: usize = 64;
 const BELL: usize = std::mem::size_of::<DoorbellCell>();
 
-/// Bytes of one local rank's board (a multiple of 64; see `crate::direct::board`).
+/// Bytes of one local rank's board (a multiple of 64; see `crate::intranode::board`).
 pub const BOARD: usize = 320 + 2 * (64 + (16 << 10)) + 16 * 256;
 
 /// Bytes of the device send/receive mailbox of one ordered pair of local

@@ -5,7 +5,7 @@
 //! run over them (see `algo`) are symmetric: both sides know every
 //! message's size and order, so a receive always asks for exactly the bytes
 //! of the matching send. Byte-stream transports (shm) may deliver a message
-//! in pieces; message transports (TCP through `hetccl-net`) deliver it
+//! in pieces; message transports (TCP through `nccl-net-plugin`) deliver it
 //! whole. Links never block: `try_*`
 //! calls move what they can and return; the executor waits on the links'
 //! [`WaitSource`]s when nothing moves.

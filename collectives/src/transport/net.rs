@@ -1,4 +1,4 @@
-//! The engine's TCP links over `hetccl-net`'s transport (the same code that
+//! The engine's TCP links over `nccl-net-plugin`'s transport (the same code that
 //! serves NVIDIA's NCCL as `ncclNetPlugin_v*`): several data sockets per
 //! connection for large messages, payloads up to `NCCL_SOCKET_INLINE` inline
 //! with their header, nonce-checked accepts, and a bounded timeout.
@@ -12,8 +12,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use hetccl_net::tcp::{RecvBuf, RecvRequest, SendRequest, TcpNet, TcpRecvComm, TcpSendComm};
-use hetccl_net::NetError;
+use nccl_net_plugin::tcp::{RecvBuf, RecvRequest, SendRequest, TcpNet, TcpRecvComm, TcpSendComm};
+use nccl_net_plugin::NetError;
 use parking_lot::Mutex;
 
 use super::{Conn, RecvLink, SendLink, WaitSource};
@@ -246,7 +246,7 @@ pub struct NetParams {
     /// `NCCL_SOCKET_FAMILY`.
     pub family: Option<hetccl_core::config::AddrFamily>,
     /// The transport's options.
-    pub tcp: hetccl_net::tcp::TcpOptions,
+    pub tcp: nccl_net_plugin::tcp::TcpOptions,
 }
 
 /// The `nchan` channels of one peer connection, over one send comm and one
@@ -286,15 +286,16 @@ pub fn setup(
     nchan: usize,
     params: &NetParams,
 ) -> Result<Vec<(usize, Vec<Conn>)>> {
-    use hetccl_net::wire::HANDLE_BYTES;
+    use nccl_net_plugin::wire::HANDLE_BYTES;
     let n = bs.nranks();
     let rank = bs.rank;
-    let mut listens: Vec<Option<hetccl_net::tcp::TcpListenComm>> = (0..n).map(|_| None).collect();
+    let mut listens: Vec<Option<nccl_net_plugin::tcp::TcpListenComm>> =
+        (0..n).map(|_| None).collect();
     let mut blob = vec![0u8; n * HANDLE_BYTES];
     let net = if peers.is_empty() {
         None
     } else {
-        let devs = hetccl_net::iface::discover(params.ifname.as_deref(), params.family);
+        let devs = nccl_net_plugin::iface::discover(params.ifname.as_deref(), params.family);
         if devs.is_empty() {
             return Err(Error::System(
                 "no usable network interface for TCP links".into(),
@@ -364,8 +365,8 @@ pub fn setup(
 /// Two connected ends of `nchan` channels over loopback (tests and
 /// benchmarks).
 pub fn loopback_pair(nchan: usize) -> Result<(Vec<Conn>, Vec<Conn>)> {
-    use hetccl_net::iface::NetDevice;
-    use hetccl_net::tcp::TcpOptions;
+    use nccl_net_plugin::iface::NetDevice;
+    use nccl_net_plugin::tcp::TcpOptions;
     let dev = NetDevice {
         name: "lo".into(),
         addr: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),

@@ -190,7 +190,7 @@ impl Lanes {
         for t in 0..nthreads {
             let sh = shared.clone();
             let name = format!(
-                "hetccl-net-{}{t}",
+                "nccl-net-plugin-{}{t}",
                 if dir == Dir::Send { "tx" } else { "rx" }
             );
             match std::thread::Builder::new()

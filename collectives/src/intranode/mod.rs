@@ -277,7 +277,7 @@ fn path_for(
 /// `NCCL_ALGO`); `None` when the pipelined executor must run it.
 pub fn try_run(a: &Call, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result<()>> {
     let e = a.comm.engine.get()?;
-    let node = e.direct.as_ref()?;
+    let node = e.intranode.as_ref()?;
     let allowed = match &a.filter {
         // The call's own algSelection replaces NCCL_ALGO.
         Some(f) => kind_index(a.kind).is_some() && f.allows(a.kind, Algorithm::Direct),

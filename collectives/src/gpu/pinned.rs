@@ -22,20 +22,20 @@ const POOL_MAX: usize = 32;
 
 /// One pinned buffer: `len` payload bytes after the header.
 #[derive(Debug)]
-pub struct Staging {
+pub struct Pinned {
     base: *mut u8,
     len: usize,
 }
 
 // SAFETY: pinned host memory owned by this value; any thread may use it.
-unsafe impl Send for Staging {}
+unsafe impl Send for Pinned {}
 
 /// Idle buffers: (address, payload length).
 static POOL: Lazy<Mutex<Vec<(usize, usize)>>> = Lazy::new(|| Mutex::new(Vec::new()));
 
-impl Staging {
+impl Pinned {
     /// A buffer of at least `len` payload bytes, flag cleared.
-    pub fn take(len: usize) -> Result<Staging> {
+    pub fn take(len: usize) -> Result<Pinned> {
         let found = {
             let mut pool = POOL.lock();
             pool.iter()
@@ -46,7 +46,7 @@ impl Staging {
                 .map(|i| pool.swap_remove(i))
         };
         let s = match found {
-            Some((base, len)) => Staging {
+            Some((base, len)) => Pinned {
                 base: base as *mut u8,
                 len,
             },
@@ -58,7 +58,7 @@ impl Staging {
                     unsafe { cu::cuMemHostAlloc(&mut p, HEADER + len.max(1), flags) },
                     "cuMemHostAlloc (staging)",
                 )?;
-                Staging {
+                Pinned {
                     base: p.cast(),
                     len: len.max(1),
                 }
@@ -93,7 +93,7 @@ impl Staging {
     }
 }
 
-impl Drop for Staging {
+impl Drop for Pinned {
     fn drop(&mut self) {
         let mut pool = POOL.lock();
         if pool.len() < POOL_MAX {

@@ -60,7 +60,7 @@ fn kernel(e: ReduceError) -> Error {
 
 /// The shape of one operation, the same on every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Plan {
+pub(super) struct ItemPlan {
     kind: Collective,
     n: usize,
     /// Bytes of one block: the buffer (AllReduce, Broadcast) or one rank's
@@ -74,7 +74,7 @@ pub(super) struct Plan {
     blocks: usize,
 }
 
-impl Plan {
+impl ItemPlan {
     /// The plan of a `kind` call of `bytes` (count times element size) on
     /// `n` ranks.
     pub fn new(kind: Collective, n: usize, bytes: usize) -> Self {
@@ -173,7 +173,7 @@ pub(super) struct Job<'a> {
     node: &'a Node,
     a: &'a Call,
     op: ReduceOp,
-    plan: Plan,
+    plan: ItemPlan,
     /// Whether outputs go out with non-temporal stores (large operations).
     nt: bool,
 }
@@ -181,7 +181,7 @@ pub(super) struct Job<'a> {
 impl<'a> Job<'a> {
     /// The job of `a` on `node` (every rank has published its buffers).
     pub fn new(node: &'a Node, a: &'a Call, op: ReduceOp) -> Self {
-        let plan = Plan::new(a.kind, node.nranks(), a.count * a.dtype.size());
+        let plan = ItemPlan::new(a.kind, node.nranks(), a.count * a.dtype.size());
         let (s, r) = plan.buffer_bytes();
         let volume = s.max(r);
         // Reductions: by the bytes all ranks' outputs span together (4
@@ -513,7 +513,7 @@ mod tests {
             (Collective::AllGather, 2, 12),
             (Collective::Broadcast, 7, 64 << 20),
         ] {
-            let p = Plan::new(kind, n, bytes);
+            let p = ItemPlan::new(kind, n, bytes);
             assert_eq!(p.chunk % 4096, 0);
             assert!((MIN_CHUNK..=MAX_CHUNK).contains(&p.chunk));
             let mut next = 0;
@@ -533,9 +533,9 @@ mod tests {
             }
             assert!(covered.iter().all(|&c| c == bytes));
         }
-        let p = Plan::new(Collective::AllReduce, 4, 1 << 20);
+        let p = ItemPlan::new(Collective::AllReduce, 4, 1 << 20);
         assert_eq!((p.chunk, p.items()), (64 << 10, 16), "4 items per rank");
-        let p = Plan::new(Collective::ReduceScatter, 4, 1 << 20);
+        let p = ItemPlan::new(Collective::ReduceScatter, 4, 1 << 20);
         assert_eq!(p.home(2), (2 * p.per_block as u64, 3 * p.per_block as u64));
     }
 
