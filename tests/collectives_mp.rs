@@ -18,15 +18,10 @@
 //! Children get `HETCCL_SOCKET_IFNAME=lo` and `HETCCL_TIMEOUT_S=60`, and no
 //! inherited `NCCL_*`/`HETCCL_*` variables. See docs/testing.md.
 
-#[path = "support/coll.rs"]
-mod coll;
-mod common;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::Path;
 
-use coll::Job;
+use hetccl_testkit::coll::Job;
+use hetccl_testkit::{cc, coll, hetccl_so, ranks};
 
 fn exe() -> &'static Path {
     coll::program("coll_check_mp")
@@ -117,7 +112,7 @@ fn suite(
     env: &[(&str, &str)],
     rank_env: fn(usize, usize) -> Vec<(String, String)>,
 ) {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     coll::run_all(
         label,
         exe(),
@@ -212,7 +207,7 @@ pub fn allreduce_algos(text: &str) -> Vec<&str> {
 
 #[test]
 fn hosts_2x2() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let mut js = jobs("hosts_2x2", 4, true, &[], nodes_of_2, MODES, &[]);
     let mut tuning = Job::new("hosts_2x2 hierarchical choice", 4, "allreduce").args([
         "--counts",
@@ -278,7 +273,7 @@ const NONBLOCKING_MODES: &[&str] = &[
 
 #[test]
 fn nonblocking_shm_3() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let js = jobs(
         "nonblocking_shm_3",
         3,
@@ -293,7 +288,7 @@ fn nonblocking_shm_3() {
 
 #[test]
 fn nonblocking_tcp_2() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let js = jobs(
         "nonblocking_tcp_2",
         2,
@@ -348,7 +343,7 @@ fn algo_jobs(
 
 #[test]
 fn algos_shm_3() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     coll::run_all(
         "algos_shm_3",
         exe(),
@@ -359,7 +354,7 @@ fn algos_shm_3() {
 
 #[test]
 fn algos_hosts_2x2() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     coll::run_all(
         "algos_hosts_2x2",
         exe(),
@@ -374,7 +369,7 @@ fn algos_hosts_2x2() {
 /// every expected value is exact in its datatype.
 #[test]
 fn coll_check_selftest() {
-    let out = common::run_ok(std::process::Command::new(exe()).arg("--selftest"));
+    let out = cc::run_ok(std::process::Command::new(exe()).arg("--selftest"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("selftest.bad 0"), "{text}");
 }

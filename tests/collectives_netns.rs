@@ -13,19 +13,12 @@
 //! prints why and passes, unless `HETCCL_REQUIRE_NETNS=1` (CI sets it), in
 //! which case it fails.
 
-#[path = "support/coll.rs"]
-mod coll;
-mod common;
-#[path = "support/netns.rs"]
-mod netns;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::Path;
 use std::rc::Rc;
 
-use coll::Job;
-use netns::NetnsPair;
+use hetccl_testkit::coll::Job;
+use hetccl_testkit::netns::NetnsPair;
+use hetccl_testkit::{coll, hetccl_so, ranks};
 
 fn exe() -> &'static Path {
     coll::program("coll_check_netns")
@@ -128,7 +121,7 @@ const MODES: &[&str] = &[
 fn two_nodes_two_ranks_each() {
     let Some(pair) = namespaces() else { return };
     let pair = Rc::new(pair);
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let mut jobs: Vec<Job> = MODES
         .iter()
         .map(|m| {

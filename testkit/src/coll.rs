@@ -1,17 +1,15 @@
 //! Running `tests/c/coll_check.c` as N ranks and judging the result; shared
-//! by `tests/collectives_mp.rs` and `tests/collectives_netns.rs`.
-//!
-//! Needs `mod common;` and `#[path = "support/ranks.rs"] mod ranks;` at the
-//! test crate's root, then `#[path = "support/coll.rs"] mod coll;`.
-#![allow(dead_code)]
+//! by `tests/collectives_mp.rs`, `tests/collectives_netns.rs` and the other
+//! tests that launch `coll_check`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::common;
+use crate::cc;
 use crate::ranks::{self, RankOutput};
+use crate::tmp_dir;
 
 /// What every child gets unless a job overrides it.
 pub const CHILD_TIMEOUT_S: &str = "60";
@@ -25,10 +23,10 @@ pub const JOB_DEADLINE: Duration = Duration::from_secs(100);
 pub fn program(name: &str) -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        common::compile_c(
+        cc::compile_c(
             "tests/c/coll_check.c",
             name,
-            &common::CcOpts {
+            &cc::CcOpts {
                 // Linked to NVIDIA's libnccl.so.2 like PyTorch; the preload
                 // must win for every nccl* symbol (the program checks).
                 link_nvidia_nccl: true,
@@ -40,7 +38,7 @@ pub fn program(name: &str) -> &'static Path {
 
 /// The scratch dir for unique-id files of this test binary.
 pub fn id_dir() -> PathBuf {
-    let d = common::tmp_dir().join("coll_ids");
+    let d = tmp_dir().join("coll_ids");
     std::fs::create_dir_all(&d).expect("create the id dir");
     d
 }
