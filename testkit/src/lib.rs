@@ -15,6 +15,8 @@
 //! - [`netns`]: two network namespaces joined by a veth pair;
 //! - [`fake_cuda`]: the emulated CUDA driver (`tests/c/fake_cuda*.c`);
 //! - [`nvrtc`]: where NVIDIA's NVRTC is;
+//! - [`threads`]: ranks as threads of the test process, through the
+//!   exported C functions;
 //! - [`net`]: the net-plugin conformance harness (dlopen, the v8/v12
 //!   tables behind one API, child processes).
 
@@ -26,6 +28,7 @@ pub mod net;
 pub mod netns;
 pub mod nvrtc;
 pub mod ranks;
+pub mod threads;
 
 use std::path::{Path, PathBuf};
 
