@@ -20,7 +20,8 @@ use std::sync::OnceLock;
 
 use hetccl_testkit::coll::Job;
 use hetccl_testkit::nvrtc as nvrtc_path;
-use hetccl_testkit::{cc, coll, fake_cuda, hetccl_so, profile_dir, ranks, repo_root, tmp_dir};
+use hetccl_testkit::perf::perf_bin;
+use hetccl_testkit::{cc, coll, fake_cuda, hetccl_so, ranks, repo_root, tmp_dir};
 
 /// The emulated driver's directory.
 fn driver_dir() -> &'static Path {
@@ -385,21 +386,10 @@ fn window_and_signal_calls_are_forwarded_to_the_fallback() {
     }
 }
 
-/// hetccl-perf of this build (`cargo test --workspace` builds it).
-fn hetccl_perf() -> PathBuf {
-    let p = profile_dir().join("hetccl-perf");
-    assert!(
-        p.is_file(),
-        "{} is missing: build it with `cargo build -p hetccl-perf` (same profile)",
-        p.display()
-    );
-    p
-}
-
 /// Runs hetccl-perf on hetccl with the emulated driver; returns stdout.
 fn perf(args: &[&str]) -> String {
     let so = hetccl_so();
-    let mut cmd = std::process::Command::new(hetccl_perf());
+    let mut cmd = std::process::Command::new(perf_bin());
     ranks::clean_env(&mut cmd);
     cmd.env("LD_LIBRARY_PATH", driver_dir())
         .env("HETCCL_SOCKET_IFNAME", "lo")

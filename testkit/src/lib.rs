@@ -18,7 +18,9 @@
 //! - [`threads`]: ranks as threads of the test process, through the
 //!   exported C functions;
 //! - [`net`]: the net-plugin conformance harness (dlopen, the v8/v12
-//!   tables behind one API, child processes).
+//!   tables behind one API, child processes);
+//! - [`perf`]: the `hetccl-perf` binary of this build and a strict parser of
+//!   its nccl-tests output.
 
 pub mod cc;
 pub mod coll;
@@ -27,6 +29,7 @@ pub mod faults;
 pub mod net;
 pub mod netns;
 pub mod nvrtc;
+pub mod perf;
 pub mod ranks;
 pub mod threads;
 
