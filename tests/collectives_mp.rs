@@ -20,7 +20,8 @@
 
 use std::path::Path;
 
-use hetccl_testkit::coll::Job;
+use hetccl_testkit::coll::{allreduce_algos, Job};
+use hetccl_testkit::modes::{ALGOS, MODES, NONBLOCKING_MODES};
 use hetccl_testkit::{cc, coll, hetccl_so, ranks};
 
 fn exe() -> &'static Path {
@@ -30,31 +31,6 @@ fn exe() -> &'static Path {
 /// `(1 << 20) + 3` elements: large, odd, not a multiple of any chunk size.
 const BIG: &str = "1048579";
 const SMALL_COUNTS: &str = "0,1,1021";
-
-/// Every mode, in the order they run. Each is one launch.
-const MODES: &[&str] = &[
-    "allreduce",
-    "premulsum",
-    "broadcast",
-    "reduce",
-    "allgather",
-    "reducescatter",
-    "alltoall",
-    "gather",
-    "scatter",
-    "sendrecv_ring",
-    "sendrecv_allpairs",
-    "sendrecv_self",
-    "group",
-    "simulate",
-    "split",
-    "multicomm",
-    "newcomms",
-    "threads",
-    "shrink",
-    "shrink_abort",
-    "abort",
-];
 
 /// The datatypes that also run the big count, per mode (the others run only
 /// the small counts, and coll_check runs big counts only with ncclSum and
@@ -198,13 +174,6 @@ fn nodes_of_2_rank0_tuning(rank: usize, n: usize) -> Vec<(String, String)> {
     v
 }
 
-/// The lines of `text` where hetccl logged its choice for an AllReduce.
-pub fn allreduce_algos(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter(|l| l.contains("algo=") && l.to_ascii_lowercase().contains("allreduce"))
-        .collect()
-}
-
 #[test]
 fn hosts_2x2() {
     let so = hetccl_so();
@@ -251,26 +220,6 @@ fn hosts_interleaved_2x2() {
 
 // --------------------------------------------------------- nonblocking
 
-/// The modes whose calls all go through the nonblocking path (the comm
-/// modes split/shrink/abort... create children with blocking semantics of
-/// their own and are left to the blocking runs).
-const NONBLOCKING_MODES: &[&str] = &[
-    "allreduce",
-    "premulsum",
-    "broadcast",
-    "reduce",
-    "allgather",
-    "reducescatter",
-    "alltoall",
-    "gather",
-    "scatter",
-    "sendrecv_ring",
-    "sendrecv_allpairs",
-    "sendrecv_self",
-    "group",
-    "simulate",
-];
-
 #[test]
 fn nonblocking_shm_3() {
     let so = hetccl_so();
@@ -302,20 +251,6 @@ fn nonblocking_tcp_2() {
 }
 
 // ------------------------------------------------ every algorithm forced
-
-/// (mode, NCCL_ALGO function, algorithms that implement it).
-const ALGOS: &[(&str, &str, &[&str])] = &[
-    (
-        "allreduce",
-        "allreduce",
-        &["Ring", "Tree", "Direct", "HalvingDoubling", "Hierarchical"],
-    ),
-    ("broadcast", "broadcast", &["Ring", "Tree", "Direct"]),
-    ("reduce", "reduce", &["Ring", "Tree", "Direct"]),
-    ("allgather", "allgather", &["Ring", "Direct"]),
-    ("reducescatter", "reducescatter", &["Ring", "Direct"]),
-    ("alltoall", "alltoall", &["Pairwise", "Direct"]),
-];
 
 fn algo_jobs(
     label: &str,

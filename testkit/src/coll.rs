@@ -1,6 +1,7 @@
 //! Running `tests/c/coll_check.c` as N ranks and judging the result; shared
 //! by `tests/collectives_mp.rs`, `tests/collectives_netns.rs` and the other
-//! tests that launch `coll_check`.
+//! tests that launch `coll_check` (the modes are listed in
+//! [`crate::modes`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -337,4 +338,13 @@ pub fn run_all(suite: &str, exe: &Path, so: &Path, jobs: Vec<Job>) -> Vec<Outcom
         );
     }
     done
+}
+
+/// The lines of `text` (a rank's stdout at `NCCL_DEBUG=INFO
+/// NCCL_DEBUG_SUBSYS=TUNING`) where hetccl logged its choice for an
+/// AllReduce (`algo=<Name>`).
+pub fn allreduce_algos(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.contains("algo=") && l.to_ascii_lowercase().contains("allreduce"))
+        .collect()
 }

@@ -11,6 +11,8 @@
 //!   reports);
 //! - [`coll`]: `tests/c/coll_check.c` as N ranks, and the judging of what
 //!   they printed;
+//! - [`modes`]: the shared lists of `coll_check` modes and forced
+//!   algorithms;
 //! - [`faults`]: one peer-fault trial (kill, stop or idle a victim rank);
 //! - [`netns`]: two network namespaces joined by a veth pair;
 //! - [`fake_cuda`]: the emulated CUDA driver (`tests/c/fake_cuda*.c`);
@@ -26,6 +28,7 @@ pub mod cc;
 pub mod coll;
 pub mod fake_cuda;
 pub mod faults;
+pub mod modes;
 pub mod net;
 pub mod netns;
 pub mod nvrtc;
