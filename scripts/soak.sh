@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long soak: tests/soak.rs in release mode with many operations, and a
+# The long soak: tests/soak/ in release mode with many operations, and a
 # summary of the figures (trials, hangs, crashes, wrong results, fds, shm,
 # RSS).
 #
@@ -23,7 +23,7 @@ seed=${2:-${HETCCL_SOAK_SEED:-}}
 modes=${SOAK_MODES:-threads threads-tcp processes}
 limit=${SOAK_TIMEOUT_S:-3600}
 
-echo "== building tests/soak.rs (release)"
+echo "== building tests/soak/ (release)"
 bin=$(cargo test --release --test soak --no-run --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*soak-[^"]*\)".*/\1/p' | tail -1)
 if [ -z "$bin" ] || [ ! -x "$bin" ]; then

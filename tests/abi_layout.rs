@@ -7,12 +7,12 @@
 //! fails on any difference, including a key that only one side has, so that
 //! nothing the probe prints goes unchecked.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::mem::{align_of, offset_of, size_of};
 use std::process::Command;
+
+use hetccl_testkit::cc;
 
 use hetccl_abi::config::ncclConfigExt_t;
 use hetccl_abi::datatype::NCCL_NUM_TYPES;
@@ -353,19 +353,19 @@ fn diff(c: &BTreeMap<String, String>, rust: &BTreeMap<String, String>) -> Vec<St
 
 #[test]
 fn layout_matches_nvidia_nccl_h() {
-    let probe = common::compile_c(
+    let probe = cc::compile_c(
         "tests/c/layout_probe.c",
         "layout_probe",
-        &common::CcOpts::default(),
+        &cc::CcOpts::default(),
     );
-    let out = common::run_ok(&mut Command::new(&probe));
-    let c = common::parse_kv(&String::from_utf8(out.stdout).expect("probe prints UTF-8"));
+    let out = cc::run_ok(&mut Command::new(&probe));
+    let c = cc::parse_kv(&String::from_utf8(out.stdout).expect("probe prints UTF-8"));
     let rust = rust_keys();
     let d = diff(&c, &rust);
     assert!(
         d.is_empty(),
         "hetccl-abi differs from NVIDIA nccl.h {} ({} of {} keys):\n{}",
-        common::nvidia().version,
+        cc::nvidia().version,
         d.len(),
         c.len(),
         d.join("\n")

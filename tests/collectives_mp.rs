@@ -18,15 +18,11 @@
 //! Children get `HETCCL_SOCKET_IFNAME=lo` and `HETCCL_TIMEOUT_S=60`, and no
 //! inherited `NCCL_*`/`HETCCL_*` variables. See docs/testing.md.
 
-#[path = "support/coll.rs"]
-mod coll;
-mod common;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::Path;
 
-use coll::Job;
+use hetccl_testkit::coll::{allreduce_algos, Job};
+use hetccl_testkit::modes::{ALGOS, MODES, NONBLOCKING_MODES};
+use hetccl_testkit::{cc, coll, hetccl_so, ranks};
 
 fn exe() -> &'static Path {
     coll::program("coll_check_mp")
@@ -35,31 +31,6 @@ fn exe() -> &'static Path {
 /// `(1 << 20) + 3` elements: large, odd, not a multiple of any chunk size.
 const BIG: &str = "1048579";
 const SMALL_COUNTS: &str = "0,1,1021";
-
-/// Every mode, in the order they run. Each is one launch.
-const MODES: &[&str] = &[
-    "allreduce",
-    "premulsum",
-    "broadcast",
-    "reduce",
-    "allgather",
-    "reducescatter",
-    "alltoall",
-    "gather",
-    "scatter",
-    "sendrecv_ring",
-    "sendrecv_allpairs",
-    "sendrecv_self",
-    "group",
-    "simulate",
-    "split",
-    "multicomm",
-    "newcomms",
-    "threads",
-    "shrink",
-    "shrink_abort",
-    "abort",
-];
 
 /// The datatypes that also run the big count, per mode (the others run only
 /// the small counts, and coll_check runs big counts only with ncclSum and
@@ -117,7 +88,7 @@ fn suite(
     env: &[(&str, &str)],
     rank_env: fn(usize, usize) -> Vec<(String, String)>,
 ) {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     coll::run_all(
         label,
         exe(),
@@ -203,16 +174,9 @@ fn nodes_of_2_rank0_tuning(rank: usize, n: usize) -> Vec<(String, String)> {
     v
 }
 
-/// The lines of `text` where hetccl logged its choice for an AllReduce.
-pub fn allreduce_algos(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter(|l| l.contains("algo=") && l.to_ascii_lowercase().contains("allreduce"))
-        .collect()
-}
-
 #[test]
 fn hosts_2x2() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let mut js = jobs("hosts_2x2", 4, true, &[], nodes_of_2, MODES, &[]);
     let mut tuning = Job::new("hosts_2x2 hierarchical choice", 4, "allreduce").args([
         "--counts",
@@ -256,29 +220,9 @@ fn hosts_interleaved_2x2() {
 
 // --------------------------------------------------------- nonblocking
 
-/// The modes whose calls all go through the nonblocking path (the comm
-/// modes split/shrink/abort... create children with blocking semantics of
-/// their own and are left to the blocking runs).
-const NONBLOCKING_MODES: &[&str] = &[
-    "allreduce",
-    "premulsum",
-    "broadcast",
-    "reduce",
-    "allgather",
-    "reducescatter",
-    "alltoall",
-    "gather",
-    "scatter",
-    "sendrecv_ring",
-    "sendrecv_allpairs",
-    "sendrecv_self",
-    "group",
-    "simulate",
-];
-
 #[test]
 fn nonblocking_shm_3() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let js = jobs(
         "nonblocking_shm_3",
         3,
@@ -293,7 +237,7 @@ fn nonblocking_shm_3() {
 
 #[test]
 fn nonblocking_tcp_2() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let js = jobs(
         "nonblocking_tcp_2",
         2,
@@ -307,20 +251,6 @@ fn nonblocking_tcp_2() {
 }
 
 // ------------------------------------------------ every algorithm forced
-
-/// (mode, NCCL_ALGO function, algorithms that implement it).
-const ALGOS: &[(&str, &str, &[&str])] = &[
-    (
-        "allreduce",
-        "allreduce",
-        &["Ring", "Tree", "Direct", "HalvingDoubling", "Hierarchical"],
-    ),
-    ("broadcast", "broadcast", &["Ring", "Tree", "Direct"]),
-    ("reduce", "reduce", &["Ring", "Tree", "Direct"]),
-    ("allgather", "allgather", &["Ring", "Direct"]),
-    ("reducescatter", "reducescatter", &["Ring", "Direct"]),
-    ("alltoall", "alltoall", &["Pairwise", "Direct"]),
-];
 
 fn algo_jobs(
     label: &str,
@@ -348,7 +278,7 @@ fn algo_jobs(
 
 #[test]
 fn algos_shm_3() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     coll::run_all(
         "algos_shm_3",
         exe(),
@@ -359,7 +289,7 @@ fn algos_shm_3() {
 
 #[test]
 fn algos_hosts_2x2() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     coll::run_all(
         "algos_hosts_2x2",
         exe(),
@@ -374,7 +304,7 @@ fn algos_hosts_2x2() {
 /// every expected value is exact in its datatype.
 #[test]
 fn coll_check_selftest() {
-    let out = common::run_ok(std::process::Command::new(exe()).arg("--selftest"));
+    let out = cc::run_ok(std::process::Command::new(exe()).arg("--selftest"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("selftest.bad 0"), "{text}");
 }

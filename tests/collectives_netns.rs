@@ -13,19 +13,13 @@
 //! prints why and passes, unless `HETCCL_REQUIRE_NETNS=1` (CI sets it), in
 //! which case it fails.
 
-#[path = "support/coll.rs"]
-mod coll;
-mod common;
-#[path = "support/netns.rs"]
-mod netns;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::Path;
 use std::rc::Rc;
 
-use coll::Job;
-use netns::NetnsPair;
+use hetccl_testkit::coll::{allreduce_algos, Job};
+use hetccl_testkit::modes::{ALLREDUCE_ALGOS, MODES};
+use hetccl_testkit::netns::NetnsPair;
+use hetccl_testkit::{coll, hetccl_so, ranks};
 
 fn exe() -> &'static Path {
     coll::program("coll_check_netns")
@@ -100,35 +94,11 @@ fn rank0_tuning(rank: usize) -> Vec<(String, String)> {
     }
 }
 
-const MODES: &[&str] = &[
-    "allreduce",
-    "premulsum",
-    "broadcast",
-    "reduce",
-    "allgather",
-    "reducescatter",
-    "alltoall",
-    "gather",
-    "scatter",
-    "sendrecv_ring",
-    "sendrecv_allpairs",
-    "sendrecv_self",
-    "group",
-    "simulate",
-    "split",
-    "multicomm",
-    "newcomms",
-    "threads",
-    "shrink",
-    "shrink_abort",
-    "abort",
-];
-
 #[test]
 fn two_nodes_two_ranks_each() {
     let Some(pair) = namespaces() else { return };
     let pair = Rc::new(pair);
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let mut jobs: Vec<Job> = MODES
         .iter()
         .map(|m| {
@@ -153,7 +123,7 @@ fn two_nodes_two_ranks_each() {
         .env("NCCL_SHM_DISABLE", "1"),
     );
     // Every AllReduce algorithm forced in turn across the link.
-    for algo in ["Ring", "Tree", "Direct", "HalvingDoubling", "Hierarchical"] {
+    for algo in ALLREDUCE_ALGOS {
         jobs.push(
             job(
                 &pair,
@@ -188,10 +158,7 @@ fn two_nodes_two_ranks_each() {
     ));
     let outs = coll::run_all("netns_2x2", exe(), &so, jobs);
     let log = &outs.last().expect("the tuning job ran").outs[0].stdout;
-    let lines: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("algo=") && l.to_ascii_lowercase().contains("allreduce"))
-        .collect();
+    let lines = allreduce_algos(log);
     assert!(
         !lines.is_empty(),
         "rank 0 logged no `algo=` line for AllReduce at NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING:\n{}",

@@ -3,14 +3,12 @@
 //! (`tests/c/fake_cuda_selftest*.c`) built against NVIDIA's real `cuda.h`
 //! and linked to the fake.
 
-mod common;
-#[path = "support/fake_cuda.rs"]
-mod fake_cuda;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+
+use hetccl_testkit::{cc, fake_cuda, repo_root};
 
 const TAG: &str = "selftest";
 
@@ -89,7 +87,7 @@ fn selftest_exe() -> &'static Path {
             "tests/c/fake_cuda_selftest_kernels.c",
         ]
         .iter()
-        .map(|f| common::repo_root().join(f).display().to_string())
+        .map(|f| repo_root().join(f).display().to_string())
         .collect();
         extra.extend([
             "-L".into(),
@@ -98,10 +96,10 @@ fn selftest_exe() -> &'static Path {
             format!("-Wl,-rpath,{}", dir.display()),
             "-pthread".into(),
         ]);
-        common::compile_c(
+        cc::compile_c(
             "tests/c/fake_cuda_selftest.c",
             "fake_cuda_selftest_prog",
-            &common::CcOpts {
+            &cc::CcOpts {
                 link_nvidia_nccl: false,
                 extra,
             },
@@ -123,8 +121,8 @@ fn run(mode: &str, env: &[(&str, &str)]) -> (BTreeMap<String, String>, Output) {
         cmd.env_remove(k);
     }
     cmd.envs(env.iter().copied());
-    let out = common::run_ok(&mut cmd);
-    let kv = common::parse_kv(&String::from_utf8_lossy(&out.stdout));
+    let out = cc::run_ok(&mut cmd);
+    let kv = cc::parse_kv(&String::from_utf8_lossy(&out.stdout));
     (kv, out)
 }
 
@@ -147,8 +145,8 @@ fn expect(got: &BTreeMap<String, String>, want: &[(&str, &str)], out: &Output) {
 #[test]
 fn exports_exactly_the_emulated_api() {
     let lib = fake_cuda::fake_cuda_dir(TAG).join("libcuda.so.1");
-    let nm = common::tool("nm");
-    let out = common::run_ok(Command::new(&nm).args(["-D", "--defined-only"]).arg(&lib));
+    let nm = cc::tool("nm");
+    let out = cc::run_ok(Command::new(&nm).args(["-D", "--defined-only"]).arg(&lib));
     let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {

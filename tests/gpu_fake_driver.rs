@@ -15,20 +15,13 @@
 //! nonblocking communicators, 4 ranks on two devices, and 2 ranks with
 //! stream memory operations switched off (the `cuLaunchHostFunc` wait).
 
-#[path = "support/coll.rs"]
-mod coll;
-mod common;
-#[path = "support/fake_cuda.rs"]
-mod fake_cuda;
-#[path = "support/nvrtc.rs"]
-mod nvrtc_path;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use coll::Job;
+use hetccl_testkit::coll::Job;
+use hetccl_testkit::nvrtc as nvrtc_path;
+use hetccl_testkit::perf::perf_bin;
+use hetccl_testkit::{cc, coll, fake_cuda, hetccl_so, ranks, repo_root, tmp_dir};
 
 /// The emulated driver's directory.
 fn driver_dir() -> &'static Path {
@@ -37,7 +30,7 @@ fn driver_dir() -> &'static Path {
 
 /// A C source of this repository, as gcc's argument.
 fn src(rel: &str) -> String {
-    common::repo_root().join(rel).display().to_string()
+    repo_root().join(rel).display().to_string()
 }
 
 /// device_check (`tests/c/device_check*.c`), compiled once, linked to the
@@ -46,10 +39,10 @@ fn exe() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         let dir = driver_dir();
-        common::compile_c(
+        cc::compile_c(
             "tests/c/device_check.c",
             "device_check_fake",
-            &common::CcOpts {
+            &cc::CcOpts {
                 link_nvidia_nccl: true,
                 extra: vec![
                     src("tests/c/device_check_colls.c"),
@@ -93,7 +86,7 @@ fn logged(label: &str, n: usize, modes: &str) -> Job {
 }
 
 fn run(jobs: Vec<Job>) -> Vec<coll::Outcome> {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     coll::run_all("gpu_fake_driver", exe(), &so, jobs)
 }
 
@@ -343,10 +336,10 @@ fn two_devices_and_host_function_wait() {
 fn fake_nvidia_nccl() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
-        common::compile_c(
+        cc::compile_c(
             "tests/c/fake_nvidia_nccl.c",
             "libfake_nvidia_nccl.so",
-            &common::CcOpts {
+            &cc::CcOpts {
                 link_nvidia_nccl: false,
                 extra: vec!["-shared".into(), "-fPIC".into(), "-Wl,-Bsymbolic".into()],
             },
@@ -359,7 +352,7 @@ fn fake_nvidia_nccl() -> &'static Path {
 #[test]
 fn window_and_signal_calls_are_forwarded_to_the_fallback() {
     const N: usize = 3;
-    let log = common::tmp_dir().join("fake_nvidia_nccl.log");
+    let log = tmp_dir().join("fake_nvidia_nccl.log");
     let _ = std::fs::remove_file(&log);
     let fb = fake_nvidia_nccl().display().to_string();
     run(vec![job("dev_3_forward", N, "forward")
@@ -393,21 +386,10 @@ fn window_and_signal_calls_are_forwarded_to_the_fallback() {
     }
 }
 
-/// hetccl-perf of this build (`cargo test --workspace` builds it).
-fn hetccl_perf() -> PathBuf {
-    let p = common::profile_dir().join("hetccl-perf");
-    assert!(
-        p.is_file(),
-        "{} is missing: build it with `cargo build -p hetccl-perf` (same profile)",
-        p.display()
-    );
-    p
-}
-
 /// Runs hetccl-perf on hetccl with the emulated driver; returns stdout.
 fn perf(args: &[&str]) -> String {
-    let so = common::hetccl_so();
-    let mut cmd = std::process::Command::new(hetccl_perf());
+    let so = hetccl_so();
+    let mut cmd = std::process::Command::new(perf_bin());
     ranks::clean_env(&mut cmd);
     cmd.env("LD_LIBRARY_PATH", driver_dir())
         .env("HETCCL_SOCKET_IFNAME", "lo")
@@ -419,7 +401,7 @@ fn perf(args: &[&str]) -> String {
     if let Some(p) = nvrtc() {
         cmd.env("HETCCL_NVRTC_LIB", p);
     }
-    let out = common::run_ok(&mut cmd);
+    let out = cc::run_ok(&mut cmd);
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

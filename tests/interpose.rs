@@ -8,12 +8,12 @@
 //! version, its strings, its argument checks and their `ncclGetLastError`
 //! messages, and a working host `ncclMemAlloc`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+
+use hetccl_testkit::{cc, hetccl_so};
 
 /// NVIDIA's `NCCL_VERSION_CODE` for the 2.32.3 wheel.
 const NVIDIA_VERSION: &str = "23203";
@@ -23,10 +23,10 @@ const HETCCL_VERSION: &str = "22800";
 fn program() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        common::compile_c(
+        cc::compile_c(
             "tests/c/interpose.c",
             "interpose",
-            &common::CcOpts {
+            &cc::CcOpts {
                 link_nvidia_nccl: true,
                 extra: vec!["-ldl".into()],
             },
@@ -45,13 +45,13 @@ fn run(preload: Option<&Path>, args: &[&str]) -> BTreeMap<String, String> {
     if let Some(so) = preload {
         cmd.env("LD_PRELOAD", so);
     }
-    let out = common::run_ok(&mut cmd);
+    let out = cc::run_ok(&mut cmd);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !stderr.contains("cannot be preloaded"),
         "the dynamic linker refused the preload:\n{stderr}"
     );
-    common::parse_kv(&String::from_utf8(out.stdout).expect("UTF-8 output"))
+    cc::parse_kv(&String::from_utf8(out.stdout).expect("UTF-8 output"))
 }
 
 fn get<'a>(m: &'a BTreeMap<String, String>, key: &str) -> &'a str {
@@ -65,7 +65,7 @@ fn same_file(a: &str, b: &Path) -> bool {
 
 #[test]
 fn without_preload_nvidia_answers() {
-    let nv = common::nvidia();
+    let nv = cc::nvidia();
     let m = run(None, &[]);
     assert_eq!(get(&m, "header_version"), NVIDIA_VERSION);
     for f in ["ncclGetVersion", "ncclGetErrorString", "ncclMemAlloc"] {
@@ -86,7 +86,7 @@ fn without_preload_nvidia_answers() {
 
 #[test]
 fn with_preload_hetccl_answers() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let m = run(Some(&so), &["hetccl"]);
 
     // The dynamic linker bound the program's nccl* references to hetccl.

@@ -14,15 +14,10 @@
 //! well-formed AllReduce returns an error at once, and `ncclCommDestroy`
 //! succeeds.
 
-#[path = "support/coll.rs"]
-mod coll;
-mod common;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::Path;
 
-use coll::Job;
+use hetccl_testkit::coll::Job;
+use hetccl_testkit::{coll, hetccl_so, ranks};
 
 const INVALID_USAGE: &str = "5";
 const REMOTE_ERROR: &str = "6";
@@ -104,7 +99,7 @@ fn problems(label: &str, path: Route, outs: &[ranks::RankOutput]) -> Vec<String>
 
 #[test]
 fn mismatched_calls_fail_on_every_rank_without_touching_memory() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     // (label, what, count, alloc, over TCP)
     let cases: &[(&str, &str, usize, &str, bool)] = &[
         ("board slots count", "count", 100, "guard", false),

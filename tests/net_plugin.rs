@@ -2,13 +2,14 @@
 //! `_v12` of `libhetccl.so`, loaded with dlopen as NCCL does), over loopback.
 //! Process, namespace, fault and reload tests are in `net_plugin_procs.rs`.
 
-mod net;
-
 use std::collections::HashSet;
 use std::ffi::c_int;
 use std::time::{Duration, Instant};
 
-use net::{exchange, pattern, Api, Ver, INTERNAL, INVALID_ARG, INVALID_USAGE, LIMIT, OK, P};
+use hetccl_testkit::net;
+use hetccl_testkit::net::{
+    exchange, pattern, Api, Ver, INTERNAL, INVALID_ARG, INVALID_USAGE, LIMIT, OK, P,
+};
 
 #[test]
 fn exports_and_properties() {

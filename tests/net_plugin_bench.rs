@@ -15,14 +15,13 @@
 //! `BENCH_NETNS`, `BENCH_IFS`, `BENCH_ADDRS` (comma pairs) for namespaces.
 //! Results are printed as `RESULT key=value ...` lines.
 
-mod net;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Instant;
 
-use net::procs::{hex, read_stdin_line, unhex, Proc};
-use net::{Api, LIMIT, P};
+use hetccl_testkit::net;
+use hetccl_testkit::net::procs::{hex, read_stdin_line, unhex, Proc};
+use hetccl_testkit::net::{Api, LIMIT, P};
 
 const W: usize = 4;
 const TAG_DATA: i32 = 1;

@@ -2,12 +2,11 @@
 //! namespaces joined by veth, kill -9 of the peer, and init/finalize with
 //! dlclose and reload. Each peer is this binary run again in a role.
 
-mod net;
-
 use std::time::{Duration, Instant};
 
-use net::procs::{cross_connect, hex, read_stdin_line, unhex, Netns, Proc};
-use net::{exchange, pattern, Api, LIMIT, OK, P};
+use hetccl_testkit::net;
+use hetccl_testkit::net::procs::{cross_connect, hex, read_stdin_line, unhex, Netns, Proc};
+use hetccl_testkit::net::{exchange, pattern, Api, LIMIT, OK, P};
 
 /// Sizes of the messages the two-process tests exchange.
 const SIZES: [usize; 9] = [0, 8, 128, 129, 4096, 65536, 1 << 20, (8 << 20) + 5, 3];

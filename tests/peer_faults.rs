@@ -18,22 +18,13 @@
 //! a survivor on the victim's node names it as stopped, or as not having
 //! started the operation.
 
-#[path = "support/coll.rs"]
-mod coll;
-mod common;
-#[path = "support/faults.rs"]
-mod faults;
-#[path = "support/netns.rs"]
-mod netns;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Instant;
 
-use coll::Job;
-use faults::{Fault, Verdict};
+use hetccl_testkit::coll::Job;
+use hetccl_testkit::faults::{Fault, Verdict};
+use hetccl_testkit::{coll, faults, hetccl_so, netns};
 
 const NRANKS: usize = 4;
 const TIMEOUT_S: f64 = 3.0;
@@ -80,7 +71,7 @@ fn scenario(name: &str, fault: Fault, job: impl Fn() -> Job) {
 
 /// [`scenario`], with or without the hang-summary check.
 fn scenario_opts(name: &str, fault: Fault, summary: bool, job: impl Fn() -> Job) {
-    let (exe, so) = (exe(), common::hetccl_so());
+    let (exe, so) = (exe(), hetccl_so());
     let t0 = Instant::now();
     let n = reps();
     let (mut hangs, mut crashes, mut wrong, mut bad) = (0, 0, 0, 0);

@@ -16,12 +16,11 @@
 //!
 //! Trials per fault: `HETCCL_STRESS_REPS` (default 1); one `STRESS` line each.
 
-mod net;
-
 use std::time::{Duration, Instant};
 
-use net::procs::{cross_connect, hex, read_stdin_line, unhex, Proc};
-use net::{pattern, Api, LIMIT, P};
+use hetccl_testkit::net;
+use hetccl_testkit::net::procs::{cross_connect, hex, read_stdin_line, unhex, Proc};
+use hetccl_testkit::net::{pattern, Api, LIMIT, P};
 
 const MSG: usize = 128 << 20;
 const TIMEOUT_S: f64 = 3.0;

@@ -19,18 +19,13 @@
 //! `HETCCL_REQUIRE_VALGRIND=1` (set by `scripts/test.sh`): then it fails.
 //! See docs/testing.md.
 
-#[path = "support/coll.rs"]
-mod coll;
-mod common;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use coll::Job;
-use ranks::RankOutput;
+use hetccl_testkit::coll::Job;
+use hetccl_testkit::ranks::RankOutput;
+use hetccl_testkit::{cc, coll, hetccl_so, ranks, repo_root, tmp_dir};
 
 /// The exit code valgrind gives a process in which it found an error.
 const VG_ERROR: i32 = 97;
@@ -71,7 +66,7 @@ fn valgrind_available() -> bool {
 
 /// valgrind's options for every process.
 fn vg_args() -> Vec<String> {
-    let supp = common::repo_root().join("tests/valgrind.supp");
+    let supp = repo_root().join("tests/valgrind.supp");
     vec![
         "-q".into(),
         format!("--error-exitcode={VG_ERROR}"),
@@ -219,7 +214,7 @@ fn valgrind_catches_an_uninitialised_read() {
     if !valgrind_available() {
         return;
     }
-    let src = common::tmp_dir().join("vg_uninit.c");
+    let src = tmp_dir().join("vg_uninit.c");
     std::fs::write(
         &src,
         "#include <stdio.h>\n#include <stdlib.h>\n\
@@ -228,10 +223,10 @@ fn valgrind_catches_an_uninitialised_read() {
          free((void*)p); return 0; }\n",
     )
     .expect("write the C file");
-    let exe = common::compile_c(
+    let exe = cc::compile_c(
         src.to_str().expect("UTF-8 path"),
         "vg_uninit",
-        &common::CcOpts {
+        &cc::CcOpts {
             // gcc sees the uninitialised read too; that is the point.
             extra: vec!["-Wno-error".into()],
             ..Default::default()
@@ -264,7 +259,7 @@ fn coll_check_under_valgrind() {
         return;
     }
     let exe = coll::program("coll_check_sanitize");
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     // Rank 0 logs whether the single-copy probe passed under valgrind.
     let jobs = [
         job("valgrind shm_2").rank_env(|r, _| {
@@ -309,15 +304,15 @@ fn interpose_under_valgrind() {
     if !valgrind_available() {
         return;
     }
-    let exe = common::compile_c(
+    let exe = cc::compile_c(
         "tests/c/interpose.c",
         "interpose_sanitize",
-        &common::CcOpts {
+        &cc::CcOpts {
             link_nvidia_nccl: true,
             extra: vec!["-ldl".into()],
         },
     );
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let mut plain = Command::new(&exe);
     plain.arg("hetccl");
     ranks::clean_env(&mut plain);

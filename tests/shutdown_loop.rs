@@ -11,24 +11,22 @@
 //! algorithm, and shared memory with 2 and 4 ranks. Every launch must pass
 //! every iteration with exact results.
 
-mod common;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
+
+use hetccl_testkit::{cc, hetccl_so, ranks, tmp_dir};
 
 const ITERS: usize = 200;
 
 fn exe() -> &'static PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        common::compile_c(
+        cc::compile_c(
             "tests/c/lifecycle_loop.c",
             "lifecycle_loop",
-            &common::CcOpts {
+            &cc::CcOpts {
                 link_nvidia_nccl: true,
                 extra: vec!["-ldl".into()],
             },
@@ -47,8 +45,8 @@ fn launch(
     // One launch at a time: each is up to four busy processes already.
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-    let so = common::hetccl_so();
-    let dir = common::tmp_dir().join(format!("shutdown_loop_{label}"));
+    let so = hetccl_so();
+    let dir = tmp_dir().join(format!("shutdown_loop_{label}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("id dir");
     let cmds: Vec<Command> = (0..n)

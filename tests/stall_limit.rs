@@ -7,14 +7,12 @@
 //! call. The first large AllReduce on one node used to wait twice the limit:
 //! once in the single-copy probe, then again on the rings it fell back to.
 
-mod common;
-#[path = "support/ranks.rs"]
-mod ranks;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
+
+use hetccl_testkit::{cc, hetccl_so, ranks, tmp_dir};
 
 /// `HETCCL_TIMEOUT_S` of the children.
 const LIMIT_S: f64 = 2.0;
@@ -22,10 +20,10 @@ const LIMIT_S: f64 = 2.0;
 fn exe() -> &'static PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        common::compile_c(
+        cc::compile_c(
             "tests/c/stall_check.c",
             "stall_check",
-            &common::CcOpts {
+            &cc::CcOpts {
                 link_nvidia_nccl: true,
                 extra: vec!["-ldl".into()],
             },
@@ -41,8 +39,8 @@ fn case(
     warmup: usize,
     env: &[(&str, &str)],
 ) -> Vec<(i32, f64)> {
-    let so = common::hetccl_so();
-    let dir = common::tmp_dir().join(format!("stall_{label}"));
+    let so = hetccl_so();
+    let dir = tmp_dir().join(format!("stall_{label}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("id dir");
     let idle = (LIMIT_S as u64 + 4).to_string();

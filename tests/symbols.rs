@@ -2,11 +2,11 @@
 //! `readelf -d`): what a drop-in replacement for NVIDIA's libnccl.so.2 must
 //! export for PyTorch, nccl-tests and NCCL's own plugin loader.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
+
+use hetccl_testkit::{cc, hetccl_so};
 
 /// The `nccl*` symbols PyTorch's libtorch_cuda.so imports (a fact list,
 /// copied from the shared reference).
@@ -47,8 +47,8 @@ fn torch_imports() -> Vec<&'static str> {
 
 /// Defined dynamic symbols of `so`: name (without `@version`) -> nm type letter.
 fn defined_dynamic_symbols(so: &Path) -> BTreeMap<String, char> {
-    let out = common::run_ok(
-        Command::new(common::tool("nm"))
+    let out = cc::run_ok(
+        Command::new(cc::tool("nm"))
             .args(["-D", "--defined-only"])
             .arg(so),
     );
@@ -99,7 +99,7 @@ fn torch_import_list_is_intact() {
 
 #[test]
 fn nccl_functions_and_pnccl_twins_are_exported() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let syms = defined_dynamic_symbols(&so);
     let mut want: Vec<String> = Vec::new();
     for n in torch_imports().into_iter().chain(EXTRA_FUNCTIONS) {
@@ -119,7 +119,7 @@ fn nccl_functions_and_pnccl_twins_are_exported() {
 
 #[test]
 fn net_plugin_tables_are_exported_as_data() {
-    let so = common::hetccl_so();
+    let so = hetccl_so();
     let syms = defined_dynamic_symbols(&so);
     let want: Vec<String> = NET_PLUGIN_TABLES.iter().map(|s| s.to_string()).collect();
     let bad = check(&syms, &want, &['D', 'R']);
@@ -133,8 +133,8 @@ fn net_plugin_tables_are_exported_as_data() {
 
 #[test]
 fn soname_is_libhetccl() {
-    let so = common::hetccl_so();
-    let out = common::run_ok(Command::new(common::tool("readelf")).arg("-d").arg(&so));
+    let so = hetccl_so();
+    let out = cc::run_ok(Command::new(cc::tool("readelf")).arg("-d").arg(&so));
     let text = String::from_utf8(out.stdout).expect("readelf prints UTF-8");
     let sonames: Vec<&str> = text
         .lines()

@@ -17,8 +17,7 @@ use hetccl_collectives::api::comm_init::{ncclCommInitRank, ncclGetUniqueId};
 use hetccl_collectives::api::comm_life::{ncclCommDestroy, ncclCommGetAsyncError};
 use hetccl_collectives::api::version::ncclGetLastError;
 
-mod thread_ranks;
-use thread_ranks::{check, on_all, Comm};
+use hetccl_testkit::threads::{self, check, on_all, Comm};
 
 const FLOAT32: i32 = 7;
 const FLOAT64: i32 = 8;
@@ -34,12 +33,12 @@ const FRESH: u8 = 0xcd;
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        thread_ranks::setup();
+        threads::setup();
         std::env::set_var("HETCCL_TIMEOUT_S", "15");
     });
 }
 
-/// `n` ranks initialised concurrently (as `thread_ranks::comms`, with this
+/// `n` ranks initialised concurrently (as `threads::comms`, with this
 /// file's environment).
 fn comms(n: usize) -> Vec<Comm> {
     setup();

@@ -17,8 +17,7 @@ const PROD: i32 = 1;
 const MAX: i32 = 2;
 const AVG: i32 = 4;
 
-mod thread_ranks;
-use thread_ranks::{check, comms, on_all, Comm};
+use hetccl_testkit::threads::{check, comms, on_all, Comm};
 
 /// Rank `r`'s input element `i` (small integers: every sum is exact).
 fn val(r: usize, i: usize) -> i32 {

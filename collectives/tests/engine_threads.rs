@@ -12,8 +12,7 @@ use hetccl_collectives::api::comm_life::*;
 use hetccl_collectives::api::group::*;
 use hetccl_collectives::api::version::ncclGetLastError;
 
-mod thread_ranks;
-use thread_ranks::{check, comms, destroy, on_all, setup, Comm};
+use hetccl_testkit::threads::{check, comms, destroy, on_all, setup, Comm};
 
 const FLOAT: i32 = 7;
 const INT32: i32 = 2;

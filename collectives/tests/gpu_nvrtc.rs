@@ -11,9 +11,7 @@
 use hetccl_collectives::gpu::kernels::{self, CI_ARCHS};
 use hetccl_collectives::gpu::nvrtc::Nvrtc;
 
-#[path = "../../tests/support/nvrtc.rs"]
-mod nvrtc;
-use nvrtc::nvrtc_path;
+use hetccl_testkit::nvrtc::{self, nvrtc_path};
 
 fn open() -> Option<Nvrtc> {
     let required = nvrtc::required();

@@ -3,12 +3,11 @@
 //! mpirun-style environment with `--id-file`, and through an argv[0] alias.
 //! Every table must parse as nccl-tests output with #wrong == 0.
 
-mod common;
-
 use std::process::{Command, Output};
 
-use common::{hetccl_so, parse, perf_bin, run, run_env, Parsed};
 use hetccl_perf::coll::Coll;
+use hetccl_testkit::hetccl_so;
+use hetccl_testkit::perf::{parse, perf_bin, run, run_env, Parsed};
 
 fn text(o: &Output) -> (String, String) {
     (

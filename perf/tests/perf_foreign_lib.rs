@@ -4,32 +4,15 @@
 //! id from it and reaches communicator creation. Without a GPU that is where
 //! NVIDIA's library stops, and hetccl-perf must say so and stop every rank.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
+use hetccl_testkit::cc;
+
+/// NVIDIA's `libnccl.so.2` and its version.
 fn nvidia_lib() -> (PathBuf, String) {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-nvidia-headers.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .expect("run fetch-nvidia-headers.sh");
-    assert!(
-        out.status.success(),
-        "{} failed; it needs PyPI access or a populated cache:\n{}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let vars: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
-    let dir = PathBuf::from(vars.get("HETCCL_NCCL_LIB").expect("HETCCL_NCCL_LIB"));
-    (
-        dir.join("libnccl.so.2"),
-        vars.get("HETCCL_NCCL_VERSION")
-            .expect("HETCCL_NCCL_VERSION")
-            .to_string(),
-    )
+    let nv = cc::nvidia();
+    (nv.libnccl(), nv.version.clone())
 }
 
 #[test]

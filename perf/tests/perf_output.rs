@@ -1,11 +1,10 @@
 //! The report functions produce nccl-tests' exact lines, and a whole report
 //! assembled from them parses as nccl-tests output.
 
-mod common;
-
 use hetccl_perf::cli::parse as parse_flags;
 use hetccl_perf::coll::Coll;
 use hetccl_perf::report;
+use hetccl_testkit::perf;
 
 #[test]
 fn lines_match_nccl_tests_printf_formats() {
@@ -105,7 +104,7 @@ fn assembled_report_parses() {
             + &report::row_body(1.0, 2.0, 3.0, None),
     );
     out.extend(report::footer(0, 0.07, None, "all_gather_perf", ""));
-    let p = common::parse(&out.join("\n")).unwrap();
+    let p = perf::parse(&out.join("\n")).unwrap();
     assert_eq!(
         (p.ranks, p.rows.len(), p.out_of_bounds, p.oob_ok),
         (2, 3, 0, true)
@@ -137,17 +136,17 @@ fn parser_rejects_malformed_output() {
         v.extend(footer.clone());
         v.join("\n")
     };
-    assert!(common::parse(&assemble(&good_row)).is_ok());
+    assert!(perf::parse(&assemble(&good_row)).is_ok());
     assert!(
-        common::parse(&assemble(&good_row.replacen("  ", " ", 1))).is_err(),
+        perf::parse(&assemble(&good_row.replacen("  ", " ", 1))).is_err(),
         "misaligned"
     );
     assert!(
-        common::parse(&assemble(&good_row[..good_row.len() - 8])).is_err(),
+        perf::parse(&assemble(&good_row[..good_row.len() - 8])).is_err(),
         "missing column"
     );
     assert!(
-        common::parse(&assemble(&good_row.replace("   0", "   x"))).is_err(),
+        perf::parse(&assemble(&good_row.replace("   0", "   x"))).is_err(),
         "bad #wrong"
     );
     let no_footer = {
@@ -155,5 +154,5 @@ fn parser_rejects_malformed_output() {
         v.push(good_row.clone());
         v.join("\n")
     };
-    assert!(common::parse(&no_footer).is_err());
+    assert!(perf::parse(&no_footer).is_err());
 }

@@ -1,6 +1,6 @@
 /*
  * fake_cuda.c: an emulated CUDA driver (libcuda.so.1) for hetccl's tests on
- * machines without a GPU. Built by tests/support/fake_cuda.rs; a test puts
+ * machines without a GPU. Built by testkit/src/fake_cuda.rs; a test puts
  * its directory first in LD_LIBRARY_PATH, and hetccl (cudarc, dynamic
  * loading) finds it instead of NVIDIA's driver.
  *

@@ -18,16 +18,12 @@
 //! - `FAKE_CUDA_LOG=1`: one line per driver call on stderr;
 //! - `FAKE_CUDA_TIMEOUT_S` (default 120): any wait inside the fake aborts
 //!   the process after this long.
-//!
-//! Needs `mod common;` at the test crate's root, then
-//! `#[path = "support/fake_cuda.rs"] mod fake_cuda;`.
-#![allow(dead_code)]
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::common;
+use crate::{cc, repo_root, tmp_dir};
 
 /// The fake driver's C files, relative to the repository root.
 const FAKE_CUDA_SOURCES: &[&str] = &[
@@ -38,7 +34,7 @@ const FAKE_CUDA_SOURCES: &[&str] = &[
 ];
 
 /// Compiles the fake driver (first call only) into
-/// `CARGO_TARGET_TMPDIR/fake_cuda_<tag>/` and returns that directory, which
+/// [`tmp_dir`]`/fake_cuda_<tag>/` and returns that directory, which
 /// holds `libcuda.so.1` and `libcuda.so`. `tag` must differ between test
 /// binaries (they may compile at the same time); later calls in the same
 /// binary return the first directory whatever their tag.
@@ -46,19 +42,19 @@ pub fn fake_cuda_dir(tag: &str) -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let name = format!("fake_cuda_{tag}");
-        let dir = common::tmp_dir().join(&name);
+        let dir = tmp_dir().join(&name);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
         // fake_cuda.c first; the others share fake_cuda_internal.h (found
         // next to them) and export only the CUDA API.
         let mut extra: Vec<String> = FAKE_CUDA_SOURCES[1..]
             .iter()
-            .map(|f| common::repo_root().join(f).display().to_string())
+            .map(|f| repo_root().join(f).display().to_string())
             .collect();
         extra.extend(["-shared".into(), "-fPIC".into(), "-pthread".into()]);
-        common::compile_c(
+        cc::compile_c(
             FAKE_CUDA_SOURCES[0],
             &format!("{name}/libcuda.so.1"),
-            &common::CcOpts {
+            &cc::CcOpts {
                 link_nvidia_nccl: false,
                 extra,
             },

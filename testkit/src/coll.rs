@@ -1,17 +1,16 @@
 //! Running `tests/c/coll_check.c` as N ranks and judging the result; shared
-//! by `tests/collectives_mp.rs` and `tests/collectives_netns.rs`.
-//!
-//! Needs `mod common;` and `#[path = "support/ranks.rs"] mod ranks;` at the
-//! test crate's root, then `#[path = "support/coll.rs"] mod coll;`.
-#![allow(dead_code)]
+//! by `tests/collectives_mp.rs`, `tests/collectives_netns.rs` and the other
+//! tests that launch `coll_check` (the modes are listed in
+//! [`crate::modes`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::common;
+use crate::cc;
 use crate::ranks::{self, RankOutput};
+use crate::tmp_dir;
 
 /// What every child gets unless a job overrides it.
 pub const CHILD_TIMEOUT_S: &str = "60";
@@ -25,10 +24,10 @@ pub const JOB_DEADLINE: Duration = Duration::from_secs(100);
 pub fn program(name: &str) -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        common::compile_c(
+        cc::compile_c(
             "tests/c/coll_check.c",
             name,
-            &common::CcOpts {
+            &cc::CcOpts {
                 // Linked to NVIDIA's libnccl.so.2 like PyTorch; the preload
                 // must win for every nccl* symbol (the program checks).
                 link_nvidia_nccl: true,
@@ -40,7 +39,7 @@ pub fn program(name: &str) -> &'static Path {
 
 /// The scratch dir for unique-id files of this test binary.
 pub fn id_dir() -> PathBuf {
-    let d = common::tmp_dir().join("coll_ids");
+    let d = tmp_dir().join("coll_ids");
     std::fs::create_dir_all(&d).expect("create the id dir");
     d
 }
@@ -339,4 +338,13 @@ pub fn run_all(suite: &str, exe: &Path, so: &Path, jobs: Vec<Job>) -> Vec<Outcom
         );
     }
     done
+}
+
+/// The lines of `text` (a rank's stdout at `NCCL_DEBUG=INFO
+/// NCCL_DEBUG_SUBSYS=TUNING`) where hetccl logged its choice for an
+/// AllReduce (`algo=<Name>`).
+pub fn allreduce_algos(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.contains("algo=") && l.to_ascii_lowercase().contains("allreduce"))
+        .collect()
 }

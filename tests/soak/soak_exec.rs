@@ -1,5 +1,5 @@
 //! The soak's per-rank driver: runs the shared sequence of operations on one
-//! rank and checks each result (see `tests/soak.rs`).
+//! rank and checks each result (see `tests/soak/main.rs`).
 
 use std::ffi::c_void;
 use std::ptr::null_mut;

@@ -469,7 +469,6 @@ fn coll_rows(t: &mut Table, fx: Fx) {
     }
 }
 
-#[path = "support/bad_args_other.rs"]
 mod other;
 use other::other_rows;
 

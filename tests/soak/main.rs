@@ -44,10 +44,8 @@ use std::time::{Duration, Instant};
 use hetccl_abi::{ncclComm_t, ncclUniqueId};
 use hetccl_collectives::api::{comm_init::*, comm_life::*, version::*};
 
-#[path = "support/soak_ops.rs"]
 mod soak_ops;
 use soak_ops::*;
-#[path = "support/soak_exec.rs"]
 mod soak_exec;
 use soak_exec::*;
 

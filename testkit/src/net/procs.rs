@@ -15,9 +15,11 @@ pub const CHILD_TEST: &str = "child_role";
 
 /// A running child with line-based I/O.
 pub struct Proc {
+    /// The process.
     pub child: Child,
     stdin: Option<ChildStdin>,
     lines: Receiver<String>,
+    /// Its role, for messages.
     pub name: String,
 }
 
@@ -165,8 +167,11 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 /// Two network namespaces joined by a veth pair, removed on drop.
 pub struct Netns {
+    /// The two namespaces.
     pub ns: [String; 2],
+    /// The veth end in each.
     pub ifs: [String; 2],
+    /// The address of each end (no prefix length).
     pub addrs: [String; 2],
 }
 

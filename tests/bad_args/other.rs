@@ -1,5 +1,5 @@
 //! The bad-argument rows for every entry point but the collectives (see
-//! `tests/bad_args.rs` for the table and the collective rows).
+//! `tests/bad_args/main.rs` for the table and the collective rows).
 
 use super::*;
 

@@ -2,20 +2,14 @@
 //! `tests/c/coll_check.c` in mode `peer_fault`; when the victim announces
 //! its pid (file `<id>.victim`), the harness kills it (`SIGKILL`), stops it
 //! (`SIGSTOP`), or lets it idle, and then judges what the survivors saw.
-//!
-//! Needs `mod common;`, `#[path = "support/ranks.rs"] mod ranks;` and
-//! `#[path = "support/coll.rs"] mod coll;` at the crate root.
-#![allow(dead_code)]
 
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::coll::{self, Job};
-use crate::ranks;
+use crate::ranks::{self, reader};
 
 /// A rank process and the threads collecting its stdout and stderr.
 type Kid = (Child, JoinHandle<Vec<u8>>, JoinHandle<Vec<u8>>);
@@ -71,14 +65,6 @@ fn mono_ms() -> f64 {
     ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
 }
 
-fn reader<R: Read + Send + 'static>(mut r: R) -> JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = r.read_to_end(&mut v);
-        v
-    })
-}
-
 fn signal(pid: i32, sig: i32) {
     // SAFETY: kill(2) of a process this harness started.
     unsafe { libc::kill(pid, sig) };
@@ -105,22 +91,11 @@ pub fn trial(
     let _ = std::fs::remove_file(&vpath);
     let mut kids: Vec<Kid> = Vec::new();
     for mut cmd in coll::commands(exe, so, job, &idp) {
-        cmd.env("COLL_CHECK_VICTIM", victim.to_string())
-            .env(
-                "COLL_CHECK_VICTIM_IDLE",
-                if fault == Fault::Idle { "1" } else { "0" },
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                Ok(())
-            });
-        }
+        cmd.env("COLL_CHECK_VICTIM", victim.to_string()).env(
+            "COLL_CHECK_VICTIM_IDLE",
+            if fault == Fault::Idle { "1" } else { "0" },
+        );
+        ranks::prepare(&mut cmd);
         let mut c = cmd.spawn().expect("spawn a rank");
         let o = reader(c.stdout.take().expect("stdout"));
         let e = reader(c.stderr.take().expect("stderr"));

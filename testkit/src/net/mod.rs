@@ -1,7 +1,8 @@
-//! The net-plugin conformance harness's helpers: load `libhetccl.so` with
-//! dlopen as NCCL does, and drive it through the v8 or the v12 table with one
-//! version-independent API ([`Api`]).
-#![allow(dead_code, clippy::missing_safety_doc)]
+//! The net-plugin conformance harness's helpers (`tests/net_plugin*.rs`,
+//! `tests/peer_faults_net.rs`): load `libhetccl.so` with dlopen as NCCL
+//! does, and drive it through the v8 or the v12 table with one
+//! version-independent API ([`Api`]); [`procs`]: child processes and
+//! network namespaces.
 
 pub mod procs;
 
@@ -9,9 +10,9 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
-use hetccl::abi::net::v12::{ncclNetProperties_v12_t, ncclNet_v12_t};
-use hetccl::abi::net::v8::{ncclNetProperties_v8_t, ncclNet_v8_t};
-use hetccl::abi::net::NCCL_PTR_HOST;
+use hetccl_abi::net::v12::{ncclNetProperties_v12_t, ncclNet_v12_t};
+use hetccl_abi::net::v8::{ncclNetProperties_v8_t, ncclNet_v8_t};
+use hetccl_abi::net::NCCL_PTR_HOST;
 
 /// `ncclSuccess`, `ncclInternalError`, `ncclInvalidArgument`, `ncclInvalidUsage`.
 pub const OK: i32 = 0;
@@ -39,22 +40,14 @@ pub fn setup_env() {
     });
 }
 
-/// The path of the `libhetccl.so` built for this test run.
+/// The `libhetccl.so` under test: `HETCCL_LIB` (how a parent hands its
+/// library to the children it starts, see [`procs::Proc::spawn`]), else
+/// [`crate::hetccl_so`].
 pub fn so_path() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os("HETCCL_LIB") {
         return p.into();
     }
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("exe dir");
-    for c in [deps.join("libhetccl.so"), deps.join("../libhetccl.so")] {
-        if c.is_file() {
-            return c.canonicalize().expect("canonicalize");
-        }
-    }
-    panic!(
-        "libhetccl.so not found next to {}; run `cargo build -p hetccl` (same profile)",
-        exe.display()
-    );
+    crate::hetccl_so()
 }
 
 /// Opens the library as NCCL does (`RTLD_NOW | RTLD_LOCAL`).
@@ -95,9 +88,11 @@ pub enum Ver {
 
 /// One version-independent view of a plugin table (plus a v12 context).
 pub struct Api {
+    /// The table it drives.
     pub ver: Ver,
     v8: Option<&'static ncclNet_v8_t>,
     v12: Option<&'static ncclNet_v12_t>,
+    /// The v12 context from `init` (NULL for v8).
     pub ctx: *mut c_void,
 }
 
@@ -115,9 +110,11 @@ unsafe impl Send for P {}
 unsafe impl Sync for P {}
 
 impl P {
+    /// The NULL pointer (a post that asks for a retry returns it).
     pub fn null() -> Self {
         P(std::ptr::null_mut())
     }
+    /// Whether it is NULL.
     pub fn is_null(self) -> bool {
         self.0.is_null()
     }
@@ -172,11 +169,11 @@ impl Api {
     /// The v12 table of `lib`, with a fresh context initialised with `logger`.
     pub fn v12_with_logger(
         lib: &libloading::Library,
-        logger: hetccl::abi::net::ncclDebugLogger_t,
+        logger: hetccl_abi::net::ncclDebugLogger_t,
     ) -> Self {
         let t: &'static ncclNet_v12_t = table(lib, "ncclNetPlugin_v12");
         let mut ctx = std::ptr::null_mut();
-        let mut cfg = hetccl::abi::net::ncclNetCommConfig_t { trafficClass: -1 };
+        let mut cfg = hetccl_abi::net::ncclNetCommConfig_t { trafficClass: -1 };
         // SAFETY: valid out pointers.
         let rc = unsafe { (t.init.unwrap())(&mut ctx, 0x1234, &mut cfg, logger, None) };
         assert_eq!(rc, OK);
@@ -194,6 +191,7 @@ impl Api {
         vec![Self::v8_of(lib()), Self::v12_of(lib())]
     }
 
+    /// The table's `name`.
     pub fn name(&self) -> String {
         let p = match (self.v8, self.v12) {
             (Some(t), _) => t.name,
@@ -204,12 +202,14 @@ impl Api {
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 
+    /// `devices`: how many NICs the plugin offers.
     pub fn devices(&self) -> i32 {
         let mut n = -1;
         assert_eq!(call!(self, devices(&mut n)), OK);
         n
     }
 
+    /// `getProperties` of the v12 table.
     pub fn v12_props(&self, dev: i32) -> Result<ncclNetProperties_v12_t, i32> {
         // SAFETY: all-zero is a valid value of the plain-data properties struct.
         let mut p: ncclNetProperties_v12_t = unsafe { std::mem::zeroed() };
@@ -221,6 +221,7 @@ impl Api {
         .map(|_| p)
     }
 
+    /// `getProperties` of the v8 table.
     pub fn v8_props(&self, dev: i32) -> Result<ncclNetProperties_v8_t, i32> {
         // SAFETY: as above.
         let mut p: ncclNetProperties_v8_t = unsafe { std::mem::zeroed() };
@@ -240,6 +241,7 @@ impl Api {
         }
     }
 
+    /// `listen` on device 0: the handle and the listen comm.
     pub fn listen(&self) -> ([u8; 128], P) {
         let mut h = [0u8; 128];
         let mut l = std::ptr::null_mut();
@@ -252,6 +254,7 @@ impl Api {
         (h, P(l))
     }
 
+    /// `connect` on device 0 to handle `h`; `Ok(P::null())` means "retry".
     pub fn connect(&self, h: &mut [u8; 128]) -> Result<P, i32> {
         let mut s = std::ptr::null_mut();
         let mut dev = std::ptr::null_mut();
@@ -265,6 +268,7 @@ impl Api {
         check(rc, "connect").map(|_| P(s))
     }
 
+    /// `accept` on listen comm `l`; `Ok(P::null())` means "retry".
     pub fn accept(&self, l: P) -> Result<P, i32> {
         let mut r = std::ptr::null_mut();
         let mut dev = std::ptr::null_mut();
@@ -301,6 +305,7 @@ impl Api {
         (s, r)
     }
 
+    /// `regMr` of a host buffer; panics unless it succeeds.
     pub fn reg(&self, comm: P, ptr: *mut u8, len: usize) -> P {
         let mut mh = std::ptr::null_mut();
         let rc = match self.ver {
@@ -317,11 +322,13 @@ impl Api {
         P(mh)
     }
 
+    /// `regMr` with pointer type `ty`; returns the result code.
     pub fn reg_type(&self, comm: P, ptr: *mut u8, len: usize, ty: c_int) -> i32 {
         let mut mh = std::ptr::null_mut();
         call!(self, regMr(comm.0, ptr.cast(), len, ty, &mut mh))
     }
 
+    /// `deregMr`; panics unless it succeeds.
     pub fn dereg(&self, comm: P, mh: P) {
         assert_eq!(call!(self, deregMr(comm.0, mh.0)), OK, "deregMr");
     }
@@ -376,7 +383,7 @@ impl Api {
         mh.resize(bufs.len(), std::ptr::null_mut());
         let mut req: *mut c_void = if hint {
             std::ptr::without_provenance_mut::<c_void>(
-                hetccl::abi::net::NCCL_NET_OPTIONAL_RECV_COMPLETION,
+                hetccl_abi::net::NCCL_NET_OPTIONAL_RECV_COMPLETION,
             )
         } else {
             std::ptr::null_mut()
@@ -425,6 +432,7 @@ impl Api {
         check(call!(self, test(req.0, &mut done, sp)), "test").map(|_| done == 1)
     }
 
+    /// `iflush` of one buffer: the result code and the request.
     pub fn iflush(&self, comm: P, buf: *mut u8, size: c_int, mh: P) -> (i32, P) {
         let mut data = [buf.cast::<c_void>()];
         let mut sizes = [size];
@@ -444,12 +452,15 @@ impl Api {
         (rc, P(req))
     }
 
+    /// `closeSend`; panics unless it succeeds.
     pub fn close_send(&self, c: P) {
         assert_eq!(call!(self, closeSend(c.0)), OK, "closeSend");
     }
+    /// `closeRecv`; panics unless it succeeds.
     pub fn close_recv(&self, c: P) {
         assert_eq!(call!(self, closeRecv(c.0)), OK, "closeRecv");
     }
+    /// `closeListen`; panics unless it succeeds.
     pub fn close_listen(&self, c: P) {
         assert_eq!(call!(self, closeListen(c.0)), OK, "closeListen");
     }

@@ -1,9 +1,7 @@
 //! Where NVIDIA's NVRTC is for the tests: `HETCCL_NVRTC_LIB`, else the
 //! `nvidia-cuda-nvrtc-cu12` wheel that `scripts/fetch-nvrtc.sh` caches in
 //! `${HETCCL_CACHE:-~/.cache/hetccl}/nvrtc`. Shared by
-//! `collectives/tests/gpu_nvrtc.rs` and `tests/gpu_fake_driver.rs`
-//! (`#[path]`).
-#![allow(dead_code)]
+//! `collectives/tests/gpu_nvrtc.rs` and `tests/gpu_fake_driver.rs`.
 
 use std::path::PathBuf;
 

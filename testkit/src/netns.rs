@@ -14,9 +14,6 @@
 //! also during a panic's unwinding. Namespaces left behind by a test process
 //! that was killed (their pid no longer exists) are deleted on the next
 //! [`NetnsPair::create`].
-//!
-//! Included with `#[path = "support/netns.rs"] mod netns;`.
-#![allow(dead_code)]
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};

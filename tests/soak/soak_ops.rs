@@ -1,6 +1,6 @@
 //! The soak's operation model: the shared random sequence, the operations,
 //! their exact inputs and expected outputs, and resource counters. See
-//! `tests/soak.rs` for the driver.
+//! `tests/soak/main.rs` for the driver.
 
 use std::ffi::CStr;
 use std::ptr::null_mut;

@@ -1,30 +1,20 @@
-//! Helpers shared by the root crate's integration tests (`mod common;`).
+//! C programs of the tests: NVIDIA's real `nccl.h` (and the CUDA headers it
+//! includes) and `libnccl.so.2`, compiling against them, running the
+//! programs and reading what they print.
 //!
-//! - [`nvidia`]: NVIDIA's real `nccl.h` (and the CUDA headers it includes)
-//!   and `libnccl.so.2`, fetched once per test process by
+//! - [`nvidia`]: the headers and library, fetched once per test process by
 //!   `scripts/fetch-nvidia-headers.sh` into `${HETCCL_CACHE:-~/.cache/hetccl}`.
 //!   A failed fetch fails the test: CI has PyPI access.
-//! - [`hetccl_so`]: the `libhetccl.so` cargo built for this test run.
 //! - [`compile_c`]: compiles a C program against the real headers with gcc.
 //! - [`run_ok`], [`parse_kv`]: run a program and read its `key value` lines.
-#![allow(dead_code)]
+//! - [`tool`]: the path of a host tool (`nm`, `readelf`), overridable.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// The workspace root (the root crate's manifest dir).
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A scratch directory for build products of tests (`target/tmp`).
-pub fn tmp_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&d).expect("create CARGO_TARGET_TMPDIR");
-    d
-}
+use crate::{repo_root, tmp_dir};
 
 /// NVIDIA's headers and library, as `scripts/fetch-nvidia-headers.sh` reports them.
 #[derive(Debug, Clone)]
@@ -90,46 +80,6 @@ pub fn nvidia() -> &'static Nvidia {
     })
 }
 
-/// The cargo profile output dir this test binary was built into
-/// (`target/debug`, `target/release`, `target/<triple>/<profile>`, ...).
-/// Integration tests live in `<profile dir>/deps/`.
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test binary has a parent dir");
-    assert_eq!(
-        deps.file_name().and_then(|n| n.to_str()),
-        Some("deps"),
-        "test binary {} is not in a cargo deps/ dir",
-        exe.display()
-    );
-    deps.parent().expect("deps/ has a parent").to_path_buf()
-}
-
-/// The `libhetccl.so` of this build.
-///
-/// `cargo test` builds it: the root crate's lib is `crate-type = ["cdylib",
-/// "rlib"]`, so compiling the rlib that the integration tests link emits the
-/// cdylib in the same rustc invocation, as `<profile>/deps/libhetccl.so`.
-/// That file is exactly as fresh as this test binary, so it is preferred.
-/// (`cargo test` does not copy it up to `<profile>/libhetccl.so`; only
-/// `cargo build` does, and that copy may be stale.) Calling `cargo build`
-/// from here is no option: it would block on the build-dir lock that the
-/// running `cargo test` holds.
-pub fn hetccl_so() -> PathBuf {
-    let dir = profile_dir();
-    let candidates = [dir.join("deps/libhetccl.so"), dir.join("libhetccl.so")];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "none of {candidates:?} exists; build it with `cargo build -p hetccl` (same profile)"
-            )
-        })
-        .canonicalize()
-        .expect("canonicalize libhetccl.so path")
-}
-
 /// Options for [`compile_c`].
 #[derive(Debug, Default, Clone)]
 pub struct CcOpts {
@@ -141,7 +91,7 @@ pub struct CcOpts {
 
 /// Compiles `src` (relative to the repo root, e.g. `tests/c/x.c`) with gcc
 /// against NVIDIA's real headers, warnings as errors, into
-/// `CARGO_TARGET_TMPDIR/<name>`, and returns the executable's path.
+/// [`tmp_dir`]`/<name>`, and returns the executable's path.
 /// Panics with gcc's output on failure.
 pub fn compile_c(src: &str, name: &str, opts: &CcOpts) -> PathBuf {
     let nv = nvidia();

@@ -1,11 +1,7 @@
 //! Launching the ranks of a multi-process test (`tests/collectives_mp.rs`,
-//! `tests/collectives_netns.rs`): every rank is a child process with a hard
-//! deadline, its stdout and stderr captured, and the whole set is killed
-//! when one rank fails (after a grace period) or the deadline passes.
-//!
-//! Included with `#[path = "support/ranks.rs"] mod ranks;` (cargo does not
-//! build files under `tests/support/` as test targets).
-#![allow(dead_code)]
+//! `tests/collectives_netns.rs`, ...): every rank is a child process with a
+//! hard deadline, its stdout and stderr captured, and the whole set is
+//! killed when one rank fails (after a grace period) or the deadline passes.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -127,7 +123,8 @@ pub fn clean_env(cmd: &mut Command) {
     }
 }
 
-fn reader<R: Read + Send + 'static>(mut r: R) -> JoinHandle<Vec<u8>> {
+/// A thread that reads `r` to its end and returns the bytes.
+pub fn reader<R: Read + Send + 'static>(mut r: R) -> JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
         let mut v = Vec::new();
         let _ = r.read_to_end(&mut v);
@@ -156,28 +153,34 @@ fn kill_group(c: &Child) {
     }
 }
 
-/// Starts `cmds` (rank i is `cmds[i]`), each in its own process group with
-/// stdout and stderr captured, and waits for all of them. A rank still
-/// running at `deadline` is killed; once a rank has failed, the others get
-/// [`PEER_GRACE`] and are then killed.
+/// Makes `cmd` a rank: stdin from `/dev/null`, stdout and stderr piped, its
+/// own process group (so that killing the group kills what it started), and
+/// `PR_SET_PDEATHSIG`: if the test process dies (killed, or its thread
+/// ends), the rank goes too instead of lingering until its own timeouts.
+pub fn prepare(cmd: &mut Command) {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork
+    // and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            Ok(())
+        });
+    }
+}
+
+/// Starts `cmds` (rank i is `cmds[i]`), each prepared by [`prepare`], and
+/// waits for all of them. A rank still running at `deadline` is killed;
+/// once a rank has failed, the others get [`PEER_GRACE`] and are then
+/// killed.
 pub fn run_ranks(cmds: Vec<Command>, deadline: Duration) -> Vec<RankOutput> {
     let start = Instant::now();
     let mut running: Vec<Running> = Vec::new();
     for (rank, mut cmd) in cmds.into_iter().enumerate() {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        // If the test process dies (killed, or its thread ends), the rank
-        // goes too instead of lingering until its own timeouts.
-        // SAFETY: prctl is async-signal-safe; nothing else runs between
-        // fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                Ok(())
-            });
-        }
+        prepare(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {

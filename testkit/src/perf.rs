@@ -1,10 +1,11 @@
-//! Shared helpers of hetccl-perf's tests: an nccl-tests output parser (as
-//! strict as a script reading nccl-tests' tables would be) and the paths of
-//! the binary and of the libhetccl.so under test.
-#![allow(dead_code)]
+//! hetccl-perf's tests: an nccl-tests output parser (as strict as a script
+//! reading nccl-tests' tables would be), the binary of this build, and runs
+//! of it against this build's libhetccl.so.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
+
+use crate::{hetccl_so, profile_dir};
 
 /// One variant's columns.
 #[derive(Debug, Clone, PartialEq)]
@@ -290,22 +291,17 @@ pub fn parse(out: &str) -> Result<Parsed, String> {
     })
 }
 
-/// The hetccl-perf binary of this build.
+/// The hetccl-perf binary of this build (`<profile dir>/hetccl-perf`, where
+/// cargo puts it before it runs hetccl-perf's integration tests, the path
+/// they get as `CARGO_BIN_EXE_hetccl-perf`).
 pub fn perf_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_hetccl-perf"))
-}
-
-/// The libhetccl.so of this build (a dev-dependency, so cargo builds the
-/// cdylib into `<profile>/deps/`).
-pub fn hetccl_so() -> PathBuf {
-    let bin = perf_bin();
-    let dir = bin.parent().expect("binary dir");
-    for c in [dir.join("deps/libhetccl.so"), dir.join("libhetccl.so")] {
-        if c.exists() {
-            return c;
-        }
-    }
-    panic!("libhetccl.so not found next to {}", bin.display());
+    let p = profile_dir().join("hetccl-perf");
+    assert!(
+        p.is_file(),
+        "{} is missing: build it with `cargo build -p hetccl-perf` (same profile)",
+        p.display()
+    );
+    p
 }
 
 /// Runs hetccl-perf with `args` against this build's libhetccl.so.

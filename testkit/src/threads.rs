@@ -1,7 +1,11 @@
 //! Ranks as threads of the test process, through the exported C entry
 //! points: shared by the engine tests that need a few initialised
-//! communicators (`engine_threads.rs`, `direct_paths.rs`).
-#![allow(dead_code)]
+//! communicators (`collectives/tests/engine_threads.rs`, `direct_paths.rs`,
+//! `direct_bounds.rs`).
+//!
+//! The functions are called through `hetccl_collectives`' Rust paths, so a
+//! test binary that links the engine drives the same statics as these
+//! helpers.
 
 use std::ffi::CStr;
 use std::ptr::null_mut;
@@ -20,6 +24,8 @@ pub fn setup() {
 /// Panics with `ncclGetLastError`'s text unless `r` is `ncclSuccess`.
 pub fn check(r: i32) {
     if r != 0 {
+        // SAFETY: ncclGetLastError accepts NULL and returns a NUL-terminated
+        // string that stays valid until the next call on this thread.
         let msg = unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) };
         panic!("nccl call failed: {r}: {}", msg.to_string_lossy());
     }
@@ -28,18 +34,22 @@ pub fn check(r: i32) {
 /// A communicator handle that may cross threads.
 #[derive(Clone, Copy)]
 pub struct Comm(pub ncclComm_t);
+// SAFETY: a handle is an opaque token; the library serialises what each
+// call does with the communicator behind it.
 unsafe impl Send for Comm {}
 
 /// `n` ranks initialised concurrently, one thread each.
 pub fn comms(n: usize) -> Vec<Comm> {
     setup();
     let mut id = ncclUniqueId::default();
+    // SAFETY: a valid out pointer.
     check(unsafe { ncclGetUniqueId(&mut id) });
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
                 s.spawn(move || {
                     let mut c: ncclComm_t = null_mut();
+                    // SAFETY: a valid out pointer; rank and size in range.
                     check(unsafe { ncclCommInitRank(&mut c, n as i32, id, r as i32) });
                     Comm(c)
                 })
@@ -65,6 +75,7 @@ pub fn on_all<T: Send>(cs: &[Comm], f: impl Fn(usize, Comm) -> T + Sync) -> Vec<
 /// Destroys every communicator.
 pub fn destroy(cs: Vec<Comm>) {
     for c in cs {
+        // SAFETY: a communicator from `comms`, destroyed once.
         check(unsafe { ncclCommDestroy(c.0) });
     }
 }
