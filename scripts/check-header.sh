@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that include/hetccl.h is what cbindgen generates from
-# collectives/src/api/ext.rs with cbindgen.toml; exits non-zero on any
+# collectives/src/api/ext/mod.rs with cbindgen.toml; exits non-zero on any
 # difference. With --update, rewrites include/hetccl.h instead.
 #
 # Usage: scripts/check-header.sh [--update]
@@ -24,7 +24,7 @@
 set -euo pipefail
 
 CBINDGEN_VERSION=0.29.4
-SRC=collectives/src/api/ext.rs
+SRC=collectives/src/api/ext/mod.rs
 HEADER=include/hetccl.h
 
 update=0

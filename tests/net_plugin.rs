@@ -15,8 +15,8 @@ use hetccl_testkit::net::{
 fn exports_and_properties() {
     let lib = net::lib();
     for v in 6..=12 {
-        // SAFETY: only checks that the data symbol exists.
         assert!(
+            // SAFETY: only checks that the data symbol exists.
             unsafe { lib.get::<*const u8>(format!("ncclNetPlugin_v{v}").as_bytes()) }.is_ok(),
             "v{v} missing"
         );

@@ -322,8 +322,8 @@ fn kill_9_of_the_peer_fails_requests_cleanly() {
         assert_eq!(api.test(rq, None), Ok(false));
         assert_eq!(api.test(sq, None), Ok(false));
     }
-    // SAFETY: plain kill(2) of our own child.
     assert_eq!(
+        // SAFETY: plain kill(2) of our own child.
         unsafe { libc::kill(victim.child.id() as i32, libc::SIGKILL) },
         0
     );

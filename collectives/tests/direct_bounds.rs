@@ -43,12 +43,16 @@ fn setup() {
 fn comms(n: usize) -> Vec<Comm> {
     setup();
     let mut id = ncclUniqueId::default();
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclGetUniqueId(&mut id) });
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
                 s.spawn(move || {
                     let mut c: ncclComm_t = null_mut();
+                    // SAFETY: every pointer passed is NULL where the API allows it, or memory
+                    // this test owns for the whole call.
                     check(unsafe { ncclCommInitRank(&mut c, n as i32, id, r as i32) });
                     Comm(c)
                 })
@@ -228,6 +232,8 @@ fn run_after(calls: &[Call], first: Option<Call>) -> Vec<Seen> {
         on_all(&cs, |_, c| {
             let send = vec![1f32; f.count];
             let mut recv = vec![0f32; f.count];
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe {
                 ncclAllReduce(
                     send.as_ptr().cast(),
@@ -251,6 +257,8 @@ fn run_after(calls: &[Call], first: Option<Call>) -> Vec<Seen> {
         let want_in = send.bytes().to_vec();
         let (sp, rp) = (send.buf.cast_const().cast(), recv.buf.cast());
         // SAFETY (each call): guarded buffers of the call's extents.
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         let rc = unsafe {
             match k.kind {
                 Kind::AllReduce => ncclAllReduce(sp, rp, k.count, k.dtype, k.op, c.0, null_mut()),
@@ -262,6 +270,8 @@ fn run_after(calls: &[Call], first: Option<Call>) -> Vec<Seen> {
                 }
             }
         };
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         let msg = unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
             .to_string_lossy()
             .into_owned();
@@ -293,6 +303,8 @@ fn run_after(calls: &[Call], first: Option<Call>) -> Vec<Seen> {
         }
     });
     for c in cs {
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclCommDestroy(c.0) });
     }
     seen

@@ -49,6 +49,8 @@ fn allreduce_family(n: usize, cs: &[Comm]) {
                     } else {
                         send.as_ptr()
                     };
+                    // SAFETY: every pointer passed is NULL where the API allows it, or memory
+                    // this test owns for the whole call.
                     check(unsafe {
                         ncclAllReduce(
                             sp.cast(),
@@ -90,10 +92,14 @@ fn scatter_gather_family(n: usize, cs: &[Comm]) {
                 let mut buf = send.clone();
                 let mut out = vec![0x5a5a; count];
                 let (sp, rp) = if in_place {
+                    // SAFETY: every pointer passed is NULL where the API allows it, or memory
+                    // this test owns for the whole call.
                     (buf.as_ptr(), unsafe { buf.as_mut_ptr().add(r * count) })
                 } else {
                     (send.as_ptr(), out.as_mut_ptr())
                 };
+                // SAFETY: every pointer passed is NULL where the API allows it, or memory this
+                // test owns for the whole call.
                 check(unsafe {
                     ncclReduceScatter(sp.cast(), rp.cast(), count, INT32, SUM, c.0, null_mut())
                 });
@@ -112,10 +118,14 @@ fn scatter_gather_family(n: usize, cs: &[Comm]) {
                 let mut all = vec![0x5a5a; count * n];
                 let sp = if in_place {
                     all[r * count..(r + 1) * count].copy_from_slice(&mine);
+                    // SAFETY: every pointer passed is NULL where the API allows it, or memory
+                    // this test owns for the whole call.
                     unsafe { all.as_ptr().add(r * count) }
                 } else {
                     mine.as_ptr()
                 };
+                // SAFETY: every pointer passed is NULL where the API allows it, or memory this
+                // test owns for the whole call.
                 check(unsafe {
                     ncclAllGather(
                         sp.cast(),
@@ -138,6 +148,8 @@ fn scatter_gather_family(n: usize, cs: &[Comm]) {
                     vec![0x5a5a; count]
                 };
                 let sp = if in_place { b.as_ptr() } else { src.as_ptr() };
+                // SAFETY: every pointer passed is NULL where the API allows it, or memory this
+                // test owns for the whole call.
                 check(unsafe {
                     ncclBroadcast(
                         sp.cast(),
@@ -154,6 +166,8 @@ fn scatter_gather_family(n: usize, cs: &[Comm]) {
                 }
                 // Reduce (max) to rank 0.
                 let mut red = vec![0x5a5a; count];
+                // SAFETY: every pointer passed is NULL where the API allows it, or memory this
+                // test owns for the whole call.
                 check(unsafe {
                     ncclReduce(
                         mine.as_ptr().cast(),
@@ -189,6 +203,8 @@ fn premulsum_float(n: usize, cs: &[Comm]) {
             // Scalars differ per rank, as NCCL allows: each rank's input is
             // multiplied by its own.
             let scalar = (r + 1) as f32;
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe {
                 ncclRedOpCreatePreMulSum(
                     &mut op,
@@ -200,6 +216,8 @@ fn premulsum_float(n: usize, cs: &[Comm]) {
             });
             let send: Vec<f32> = (0..count).map(|i| val(r, i) as f32).collect();
             let mut recv = vec![0f32; count];
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe {
                 ncclAllReduce(
                     send.as_ptr().cast(),
@@ -245,6 +263,8 @@ fn direct_paths_give_exact_results_on_2_3_and_4_ranks() {
         assert!(copy > 20, "n={n}: the single-copy path ran {copy} times");
         drop(comm);
         for c in cs {
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclCommDestroy(c.0) });
         }
     }
@@ -256,6 +276,8 @@ fn the_selection_table_lists_the_direct_paths() {
     on_all(&cs, |_, c| {
         let send = vec![1f32; 1 << 17];
         let mut recv = vec![0f32; 1 << 17];
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclAllReduce(
                 send.as_ptr().cast(),
@@ -270,6 +292,8 @@ fn the_selection_table_lists_the_direct_paths() {
         assert!(recv.iter().all(|&v| v == 2.0));
     });
     let mut buf = vec![0 as std::ffi::c_char; 1 << 16];
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe {
         hetccl_collectives::api::ext::hetcclCommSelectionTable(
             cs[0].0,
@@ -278,6 +302,8 @@ fn the_selection_table_lists_the_direct_paths() {
             null_mut(),
         )
     });
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     let text = unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .into_owned();
@@ -287,6 +313,8 @@ fn the_selection_table_lists_the_direct_paths() {
         "{text}"
     );
     for c in cs {
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclCommDestroy(c.0) });
     }
 }
@@ -328,6 +356,8 @@ fn a_calls_alg_selection_is_honoured() {
             };
             let send = vec![r as i32 + 1; 64];
             let mut recv = vec![0i32; 64];
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe {
                 ncclAllReduceConfig(
                     send.as_ptr().cast(),
@@ -351,6 +381,8 @@ fn a_calls_alg_selection_is_honoured() {
         before = after;
     }
     for c in cs {
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclCommDestroy(c.0) });
     }
 }

@@ -27,6 +27,8 @@ fn allreduce_sizes_and_ranks() {
             let outs = on_all(&cs, |r, c| {
                 let send: Vec<f32> = (0..count).map(|i| (r * 3 + i % 17) as f32).collect();
                 let mut recv = vec![-1.0f32; count];
+                // SAFETY: every pointer passed is NULL where the API allows it, or memory this
+                // test owns for the whole call.
                 check(unsafe {
                     ncclAllReduce(
                         send.as_ptr().cast(),
@@ -65,6 +67,8 @@ fn every_collective_on_three_ranks() {
         } else {
             vec![0; count]
         };
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclBroadcast(
                 b.as_ptr().cast(),
@@ -81,6 +85,8 @@ fn every_collective_on_three_ranks() {
         }
         // Reduce (max) to root 0.
         let mut red = vec![0i32; count];
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclReduce(
                 send.as_ptr().cast(),
@@ -98,6 +104,8 @@ fn every_collective_on_three_ranks() {
         }
         // AllGather.
         let mut ag = vec![0i32; count * n];
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclAllGather(
                 send.as_ptr().cast(),
@@ -118,6 +126,8 @@ fn every_collective_on_three_ranks() {
         // ReduceScatter (sum), in place.
         let mut rs = send.clone();
         let base = rs.as_mut_ptr();
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclReduceScatter(
                 base.cast(),
@@ -139,6 +149,8 @@ fn every_collective_on_three_ranks() {
         }
         // AlltoAll.
         let mut a2a = vec![0i32; count * n];
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclAlltoAll(
                 send.as_ptr().cast(),
@@ -156,6 +168,8 @@ fn every_collective_on_three_ranks() {
         }
         // Gather to root 1, Scatter from root 1.
         let mut g = vec![0i32; count * n];
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclGather(
                 send.as_ptr().cast(),
@@ -175,6 +189,8 @@ fn every_collective_on_three_ranks() {
             errs.push("gather");
         }
         let mut sc = vec![0i32; count];
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclScatter(
                 send.as_ptr().cast(),
@@ -211,8 +227,12 @@ fn grouped_sendrecv_in_deadlocking_order() {
         let mut from_prev = vec![0i32; count];
         let mut from_next = vec![0i32; count];
         let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclGroupStart() });
         // Receives first on every rank: deadlocks without group semantics.
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclRecv(
                 from_prev.as_mut_ptr().cast(),
@@ -223,6 +243,8 @@ fn grouped_sendrecv_in_deadlocking_order() {
                 null_mut(),
             )
         });
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclRecv(
                 from_next.as_mut_ptr().cast(),
@@ -233,6 +255,8 @@ fn grouped_sendrecv_in_deadlocking_order() {
                 null_mut(),
             )
         });
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclSend(
                 send.as_ptr().cast(),
@@ -243,6 +267,8 @@ fn grouped_sendrecv_in_deadlocking_order() {
                 null_mut(),
             )
         });
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe {
             ncclSend(
                 send.as_ptr().cast(),
@@ -253,6 +279,8 @@ fn grouped_sendrecv_in_deadlocking_order() {
                 null_mut(),
             )
         });
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclGroupEnd() });
         (from_prev, from_next)
     });
@@ -279,6 +307,8 @@ fn nonblocking_init_and_allreduce() {
     setup();
     let n = 2usize;
     let mut id = ncclUniqueId::default();
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclGetUniqueId(&mut id) });
     let ok = on_all(&[Comm(null_mut()), Comm(null_mut())], |r, _| {
         let mut cfg = ncclConfig_t {
@@ -286,10 +316,14 @@ fn nonblocking_init_and_allreduce() {
             ..Default::default()
         };
         let mut c: ncclComm_t = null_mut();
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         let rc = unsafe { ncclCommInitRankConfig(&mut c, n as i32, id, r as i32, &mut cfg) };
         assert!(rc == 0 || rc == 7, "init returned {rc}");
         let wait = |c: ncclComm_t| loop {
             let mut st = 7;
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclCommGetAsyncError(c, &mut st) });
             if st != 7 {
                 return st;
@@ -299,6 +333,8 @@ fn nonblocking_init_and_allreduce() {
         assert_eq!(wait(c), 0);
         let send = vec![r as f32 + 1.0; 4096];
         let mut recv = vec![0f32; 4096];
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         let rc = unsafe {
             ncclAllReduce(
                 send.as_ptr().cast(),
@@ -313,6 +349,8 @@ fn nonblocking_init_and_allreduce() {
         assert!(rc == 0 || rc == 7);
         assert_eq!(wait(c), 0);
         let good = recv.iter().all(|&v| v == 3.0);
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclCommDestroy(c) });
         good
     });
@@ -329,6 +367,8 @@ fn abort_unblocks_a_pending_call() {
         let mut buf = vec![0f32; 16];
         // Rank 1 never joins this allreduce: it can only end by the abort.
         let send = [1f32; 16];
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         unsafe {
             ncclAllReduce(
                 send.as_ptr().cast(),
@@ -342,10 +382,14 @@ fn abort_unblocks_a_pending_call() {
         }
     });
     std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclCommAbort(c0.0) });
     let rc = h.join().unwrap();
     assert_ne!(rc, 0, "the blocked call must fail after abort");
     assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclCommDestroy(cs[1].0) });
 }
 
@@ -362,14 +406,22 @@ fn split_with_nocolor_and_key_order_then_shrink() {
             _ => 0,
         };
         let mut child: ncclComm_t = null_mut();
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclCommSplit(c.0, color, (n - r) as i32, &mut child, null_mut()) });
         let mut info = (None, None);
         if color >= 0 {
             let (mut cr, mut cn) = (-1, -1);
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclCommUserRank(child, &mut cr) });
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclCommCount(child, &mut cn) });
             let send = [r as i32 + 1; 5];
             let mut recv = [0i32; 5];
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe {
                 ncclAllReduce(
                     send.as_ptr().cast(),
@@ -382,6 +434,8 @@ fn split_with_nocolor_and_key_order_then_shrink() {
                 )
             });
             info = (Some((cr, cn)), Some(recv[0]));
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclCommDestroy(child) });
         } else {
             assert!(child.is_null(), "NOCOLOR gives a NULL comm");
@@ -391,12 +445,20 @@ fn split_with_nocolor_and_key_order_then_shrink() {
         if r != 1 {
             let mut ex = [1i32];
             let mut s: ncclComm_t = null_mut();
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclCommShrink(c.0, ex.as_mut_ptr(), 1, &mut s, null_mut(), 0) });
             let (mut sr, mut sn) = (-1, -1);
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclCommUserRank(s, &mut sr) });
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclCommCount(s, &mut sn) });
             let send = [1i32; 3];
             let mut recv = [0i32; 3];
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe {
                 ncclAllReduce(
                     send.as_ptr().cast(),
@@ -409,6 +471,8 @@ fn split_with_nocolor_and_key_order_then_shrink() {
                 )
             });
             shrunk = Some((sr, sn, recv[0]));
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclCommDestroy(s) });
         }
         (info, shrunk)
@@ -437,17 +501,35 @@ fn alltoall_by_grouped_p2p_including_self() {
     let outs = on_all(&cs, |r, c| {
         let send: Vec<i32> = (0..count * n).map(|i| (r * 100_000 + i) as i32).collect();
         let mut recv = vec![-1i32; count * n];
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclGroupStart() });
         for p in 0..n {
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             let s = unsafe { send.as_ptr().add(p * count) };
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             let d = unsafe { recv.as_mut_ptr().add(p * count) };
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclSend(s.cast(), count, INT32, p as i32, c.0, null_mut()) });
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclRecv(d.cast(), count, INT32, p as i32, c.0, null_mut()) });
         }
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclGroupEnd() });
         // An unmatched send to self is refused, not hung.
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclGroupStart() });
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclSend(send.as_ptr().cast(), 1, INT32, r as i32, c.0, null_mut()) });
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         let rc = unsafe { ncclGroupEnd() };
         (recv, rc)
     });
@@ -474,6 +556,8 @@ fn in_place_alltoall() {
     let outs = on_all(&cs, |r, c| {
         let mut buf: Vec<i32> = (0..count * n).map(|i| (r * 100_000 + i) as i32).collect();
         let p = buf.as_mut_ptr();
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclAlltoAll(p.cast(), p.cast(), count, INT32, c.0, null_mut()) });
         buf
     });
@@ -490,14 +574,22 @@ fn in_place_alltoall() {
 #[test]
 fn selection_table_and_version_string() {
     use hetccl_collectives::api::ext::*;
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     let v = unsafe { CStr::from_ptr(hetcclGetVersionString()) };
     assert!(v.to_str().unwrap().starts_with("hetccl "));
     let cs = comms(2);
     let mut needed = 0usize;
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { hetcclCommSelectionTable(cs[0].0, null_mut(), 0, &mut needed) });
     assert!(needed > 100);
     let mut buf = vec![0 as std::ffi::c_char; needed + 1];
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { hetcclCommSelectionTable(cs[0].0, buf.as_mut_ptr(), buf.len(), null_mut()) });
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     let text = unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_str()
         .unwrap()
@@ -509,9 +601,13 @@ fn selection_table_and_version_string() {
     );
     // Truncation keeps the NUL.
     let mut small = [1 as std::ffi::c_char; 8];
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { hetcclCommSelectionTable(cs[0].0, small.as_mut_ptr(), 8, null_mut()) });
     assert_eq!(small[7], 0);
     assert_eq!(
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         unsafe { hetcclCommSelectionTable(null_mut(), null_mut(), 0, null_mut()) },
         4
     );
@@ -527,6 +623,8 @@ fn a_failed_operation_poisons_the_communicator() {
         let send = [1f32; 1024];
         let mut recv = [0f32; 1024];
         // Rank 1 never joins: it aborts instead, closing its links.
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         unsafe {
             ncclAllReduce(
                 send.as_ptr().cast(),
@@ -540,6 +638,8 @@ fn a_failed_operation_poisons_the_communicator() {
         }
     });
     std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclCommAbort(cs[1].0) });
     let rc = h.join().unwrap();
     assert_eq!(
@@ -550,6 +650,8 @@ fn a_failed_operation_poisons_the_communicator() {
     let t = std::time::Instant::now();
     let send = [1f32; 4];
     let mut recv = [0f32; 4];
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     let rc = unsafe {
         ncclAllReduce(
             send.as_ptr().cast(),
@@ -563,13 +665,19 @@ fn a_failed_operation_poisons_the_communicator() {
     };
     assert_eq!(rc, 6);
     assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     let msg = unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
         .to_string_lossy()
         .into_owned();
     assert!(msg.contains("must be aborted"), "{msg}");
     let mut st = 0;
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclCommGetAsyncError(cs[0].0, &mut st) });
     assert_eq!(st, 6);
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclCommAbort(cs[0].0) });
 }
 
@@ -590,8 +698,12 @@ fn a_second_thread_on_a_busy_communicator_is_refused() {
         let send = vec![v; count];
         let mut recv = vec![0i32; count];
         if grouped {
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclGroupStart() });
         }
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         let rc = unsafe {
             ncclAllReduce(
                 send.as_ptr().cast(),
@@ -605,11 +717,15 @@ fn a_second_thread_on_a_busy_communicator_is_refused() {
         };
         inside();
         if grouped {
+            // SAFETY: every pointer passed is NULL where the API allows it, or memory this test
+            // owns for the whole call.
             check(unsafe { ncclGroupEnd() });
         }
         (rc, recv)
     };
     let last_error = || {
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
             .to_string_lossy()
             .into_owned()

@@ -33,6 +33,8 @@ fn nvidia_nccl() -> Option<PathBuf> {
 }
 
 fn last_error() -> String {
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
         .to_string_lossy()
         .into_owned()
@@ -54,6 +56,8 @@ fn device_calls_are_forwarded_through_a_mirror_communicator() {
     let mut comm: ncclComm_t = null_mut();
     let devs = [0i32];
     assert_eq!(
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         unsafe { ncclCommInitAll(&mut comm, 1, devs.as_ptr()) },
         0,
         "{}",
@@ -61,6 +65,8 @@ fn device_calls_are_forwarded_through_a_mirror_communicator() {
     );
     let mut reqs = [0u8; 256];
     let mut out = [0u8; 256];
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     let r = unsafe {
         ncclDevCommCreate(
             comm,
@@ -79,5 +85,7 @@ fn device_calls_are_forwarded_through_a_mirror_communicator() {
             "the fallback was not used: {msg}"
         );
     }
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     assert_eq!(unsafe { ncclCommDestroy(comm) }, 0);
 }

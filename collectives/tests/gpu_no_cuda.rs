@@ -19,6 +19,8 @@ const SUM: i32 = 0;
 const INVALID_ARGUMENT: i32 = 4;
 
 fn last_error() -> String {
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
         .to_string_lossy()
         .into_owned()
@@ -29,6 +31,8 @@ fn one_rank() -> ncclComm_t {
     std::env::set_var("HETCCL_TIMEOUT_S", "60");
     let mut c: ncclComm_t = null_mut();
     let devs = [0i32];
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     let r = unsafe { ncclCommInitAll(&mut c, 1, devs.as_ptr()) };
     assert_eq!(r, 0, "{}", last_error());
     c
@@ -42,6 +46,8 @@ fn device_like_pointers_are_refused_with_a_message_and_host_still_works() {
     let fake = 0x10000usize as *mut c_void;
     let host = vec![1.0f32; 16];
     let mut out = vec![0.0f32; 16];
+    // SAFETY: `fake` is an address the library must classify and refuse
+    // before any access; the other buffers are this test's.
     let r = unsafe {
         ncclAllReduce(
             fake,
@@ -60,10 +66,14 @@ fn device_like_pointers_are_refused_with_a_message_and_host_still_works() {
         assert!(msg.contains("device buffers need the CUDA driver"), "{msg}");
         assert!(msg.contains("libcuda.so.1"), "{msg}");
     }
+    // SAFETY: `fake` is an address the library must classify and refuse
+    // before any access; the other buffers are this test's.
     let r = unsafe { ncclAllReduce(host.as_ptr().cast(), fake, 16, FLOAT, SUM, comm, null_mut()) };
     assert_eq!(r, INVALID_ARGUMENT);
     assert!(last_error().contains("recvbuff"));
     // The host path is untouched.
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     let r = unsafe {
         ncclAllReduce(
             host.as_ptr().cast(),
@@ -80,13 +90,23 @@ fn device_like_pointers_are_refused_with_a_message_and_host_still_works() {
     // Without CUDA, ncclMemAlloc hands out host memory and the device query says -1.
     if !driver::available() {
         let mut p: *mut c_void = null_mut();
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         assert_eq!(unsafe { ncclMemAlloc(&mut p, 4096) }, 0);
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         let r = unsafe { ncclAllReduce(p, p, 16, FLOAT, SUM, comm, null_mut()) };
         assert_eq!(r, 0, "{}", last_error());
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         assert_eq!(unsafe { ncclMemFree(p) }, 0);
         let mut dev = 7;
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         assert_eq!(unsafe { ncclCommCuDevice(comm, &mut dev) }, 0);
         assert_eq!(dev, -1);
     }
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     assert_eq!(unsafe { ncclCommDestroy(comm) }, 0);
 }

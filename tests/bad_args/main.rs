@@ -139,6 +139,8 @@ struct Args {
 /// Calls the entry point for `c` (or its `*Config` variant).
 unsafe fn call(c: Coll, a: Args) -> i32 {
     let s = null_mut();
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     unsafe {
         match (c, a.config) {
             (Coll::AllReduce, None) => {
@@ -346,6 +348,8 @@ fn coll_rows(t: &mut Table, fx: Fx) {
                 config: cfg,
             };
             let mut row = |what: &str, substr: &'static str, a: Args| {
+                // SAFETY: a bad-argument row: the bad argument must be refused before any access,
+                // and every other pointer is a live fixture (leaked for the test's life).
                 t.add(format!("{fname}: {what}"), e, substr, move || unsafe {
                     call(c, a)
                 });
@@ -486,16 +490,23 @@ fn bad_arguments_are_refused_with_a_message() {
     // rank 1 lives on another thread.
     let mut c1: ncclComm_t = null_mut();
     check(
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         unsafe { ncclCommInitAll(&mut c1, 1, null()) },
         "ncclCommInitAll",
     );
     let mut dead: ncclComm_t = null_mut();
     check(
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         unsafe { ncclCommInitAll(&mut dead, 1, null()) },
         "ncclCommInitAll",
     );
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     check(unsafe { ncclCommDestroy(dead) }, "ncclCommDestroy");
     let mut id = ncclUniqueId::default();
+    // SAFETY: a writable id on this stack frame.
     check(unsafe { ncclGetUniqueId(&mut id) }, "ncclGetUniqueId");
     let pair: Vec<SendComm> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
@@ -503,6 +514,9 @@ fn bad_arguments_are_refused_with_a_message() {
                 s.spawn(move || {
                     let mut c: ncclComm_t = null_mut();
                     check(
+                        // SAFETY: a bad-argument row: the bad argument must be refused before any
+                        // access, and every other pointer is a live fixture (leaked for the
+                        // test's life).
                         unsafe { ncclCommInitRank(&mut c, 2, id, r) },
                         "ncclCommInitRank",
                     );
@@ -542,6 +556,8 @@ fn bad_arguments_are_refused_with_a_message() {
     }
     // The 1-rank comm still works after all that.
     let (s, r) = (fx.sbuf, fx.rbuf);
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     let ok = unsafe { ncclAllReduce(s, r, 64, FLOAT, SUM, c1, null_mut()) };
     if ok != 0 {
         failures.push(format!(
@@ -550,17 +566,25 @@ fn bad_arguments_are_refused_with_a_message() {
         ));
     }
     // Sanity rows for the two entry points that return strings.
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     let unknown = unsafe { CStr::from_ptr(ncclGetErrorString(99)) };
     if unknown.to_bytes().is_empty() {
         failures.push("  ncclGetErrorString(99): empty".into());
     }
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     let unknown = unsafe { CStr::from_ptr(ncclGetErrorString(-1)) };
     if unknown.to_bytes().is_empty() {
         failures.push("  ncclGetErrorString(-1): empty".into());
     }
 
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     check(unsafe { ncclCommDestroy(c1) }, "ncclCommDestroy");
     for c in &pair {
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         check(unsafe { ncclCommDestroy(c.0) }, "ncclCommDestroy");
     }
     eprintln!("bad_args: {} rows, {} failed", t.0.len(), failures.len());

@@ -8,6 +8,7 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
     let e = INVALID_ARGUMENT;
     let u = INVALID_USAGE;
     let mut id = ncclUniqueId::default();
+    // SAFETY: a writable id on this stack frame.
     check(unsafe { ncclGetUniqueId(&mut id) }, "ncclGetUniqueId");
     let out: *mut ncclComm_t = leak(null_mut());
     let iout: *mut c_int = leak(0);
@@ -19,19 +20,29 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
     bad_family.internal[5] = 9;
 
     // Version, errors, memory.
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclGetVersion: version NULL", e, "version", || unsafe {
         ncclGetVersion(null_mut())
     });
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclGetUniqueId: uniqueId NULL", e, "uniqueId", || unsafe {
         ncclGetUniqueId(null_mut())
     });
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclMemAlloc: ptr NULL", e, "ptr", || unsafe {
         ncclMemAlloc(null_mut(), 64)
     });
     let pslot: *mut *mut c_void = leak(null_mut());
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclMemAlloc: size 0", e, "size", move || unsafe {
         ncclMemAlloc(pslot, 0)
     });
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclMemAlloc: size usize::MAX", e, "size", move || unsafe {
         ncclMemAlloc(pslot, usize::MAX)
     });
@@ -39,10 +50,14 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclMemFree: pointer not from ncclMemAlloc",
         e,
         "ncclMemAlloc",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclMemFree(fx.sbuf) },
     );
 
     // Init.
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommInitRank: comm NULL", e, "comm", move || unsafe {
         ncclCommInitRank(null_mut(), 2, id, 0)
     });
@@ -57,6 +72,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclCommInitRank: nranks {n} rank {r}"),
             e,
             sub,
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclCommInitRank(out, n, id, r) },
         );
     }
@@ -69,6 +86,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclCommInitRank: {what}"),
             e,
             sub,
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclCommInitRank(out, 2, bad, 0) },
         );
     }
@@ -78,9 +97,13 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclCommInitRankConfig: config {what}"),
             e,
             sub,
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclCommInitRankConfig(out, 2, id, 0, k) },
         );
     }
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommInitAll: comms NULL", e, "comms", || unsafe {
         ncclCommInitAll(null_mut(), 1, null())
     });
@@ -89,6 +112,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclCommInitAll: ndev {n}"),
             e,
             "nranks",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclCommInitAll(out, n, null()) },
         );
     }
@@ -96,30 +121,40 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommInitRankScalable: newcomm NULL",
         e,
         "newcomm",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommInitRankScalable(null_mut(), 2, 0, 1, ids, null_mut()) },
     );
     t.add(
         "ncclCommInitRankScalable: commIds NULL",
         e,
         "commIds",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommInitRankScalable(out, 2, 0, 1, null_mut(), null_mut()) },
     );
     t.add(
         "ncclCommInitRankScalable: nId 0",
         e,
         "nId",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommInitRankScalable(out, 2, 0, 0, ids, null_mut()) },
     );
     t.add(
         "ncclCommInitRankScalable: nId > nranks",
         e,
         "nId",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommInitRankScalable(out, 2, 0, 3, ids, null_mut()) },
     );
     t.add(
         "ncclCommInitRankScalable: myrank 2 of 2",
         e,
         "myrank",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommInitRankScalable(out, 2, 2, 1, ids, null_mut()) },
     );
     let zero_ids = leak(zero_id);
@@ -127,6 +162,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommInitRankScalable: garbage id",
         e,
         "unique id",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommInitRankScalable(out, 2, 0, 1, zero_ids, null_mut()) },
     );
     for (what, k, sub) in bad_comm_configs() {
@@ -135,6 +172,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclCommInitRankScalable: config {what}"),
             e,
             sub,
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclCommInitRankScalable(out, 2, 0, 1, ids, k) },
         );
     }
@@ -152,101 +191,151 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
     let comm_fns: Vec<(&str, CommFn)> = vec![
         (
             "ncclCommCount",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommCount(c, iout) }),
         ),
         (
             "ncclCommUserRank",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommUserRank(c, iout) }),
         ),
         (
             "ncclCommCuDevice",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommCuDevice(c, iout) }),
         ),
         (
             "ncclCommGetAsyncError",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommGetAsyncError(c, res_out) }),
         ),
         (
             "ncclCommGetUniqueId",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommGetUniqueId(c, uid_out) }),
         ),
         (
             "ncclCommFinalize",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(|c| unsafe { ncclCommFinalize(c) }),
         ),
         (
             "ncclCommRevoke",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(|c| unsafe { ncclCommRevoke(c, 0) }),
         ),
         (
             "ncclCommSuspend",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(|c| unsafe { ncclCommSuspend(c, 0) }),
         ),
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         ("ncclCommResume", Box::new(|c| unsafe { ncclCommResume(c) })),
         (
             "ncclCommMemStats",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommMemStats(c, 0, u64_out) }),
         ),
         (
             "ncclCommSplit",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommSplit(c, 0, 0, out, null_mut()) }),
         ),
         (
             "ncclCommShrink",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommShrink(c, null_mut(), 0, out, null_mut(), 0) }),
         ),
         (
             "ncclCommRegister",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommRegister(c, fx.sbuf, 64, handle_out) }),
         ),
         (
             "ncclCommDeregister",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommDeregister(c, 0x1000 as *mut c_void) }),
         ),
         (
             "ncclCommWindowRegister",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommWindowRegister(c, fx.sbuf, 64, win_out, 0) }),
         ),
         (
             "ncclCommWindowDeregister",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommWindowDeregister(c, fx.dummy) }),
         ),
         (
             "ncclWinGetUserPtr",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclWinGetUserPtr(c, fx.dummy, win_out) }),
         ),
         (
             "ncclDevCommCreate",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclDevCommCreate(c, fx.dummy, fx.dummy) }),
         ),
         (
             "ncclDevCommDestroy",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclDevCommDestroy(c, fx.dummy) }),
         ),
         (
             "ncclPutSignal",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe {
                 ncclPutSignal(fx.sbuf, 4, FLOAT, 0, fx.dummy, 0, 0, 0, 0, c, null_mut())
             }),
         ),
         (
             "ncclSignal",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(|c| unsafe { ncclSignal(0, 0, 0, 0, c, null_mut()) }),
         ),
         (
             "ncclWaitSignal",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclWaitSignal(1, desc, c, null_mut()) }),
         ),
         (
             "ncclRedOpCreatePreMulSum",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclRedOpCreatePreMulSum(op_out, scalar, FLOAT, 1, c) }),
         ),
         (
             "ncclRedOpDestroy",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(|c| unsafe { ncclRedOpDestroy(5, c) }),
         ),
         (
             "ncclCommGrow",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             Box::new(move |c| unsafe { ncclCommGrow(c, 2, ids, 0, out, null_mut()) }),
         ),
     ];
@@ -283,33 +372,45 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommDestroy: double destroy",
         e,
         "destroyed",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommDestroy(fx.dead) },
     );
     t.add(
         "ncclCommDestroy: never a comm",
         e,
         "not a communicator",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommDestroy(fx.foreign) },
     );
     t.add(
         "ncclCommAbort: destroyed comm",
         e,
         "destroyed",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommAbort(fx.dead) },
     );
     t.add(
         "ncclCommAbort: never a comm",
         e,
         "not a communicator",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommAbort(fx.foreign) },
     );
 
     // NULL outputs and bad values on a live comm.
     let c1 = fx.c1;
     let c2 = fx.c2;
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommCount: count NULL", e, "count", move || unsafe {
         ncclCommCount(c1, null_mut())
     });
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommUserRank: rank NULL", e, "rank", move || unsafe {
         ncclCommUserRank(c1, null_mut())
     });
@@ -317,26 +418,36 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommCuDevice: device NULL",
         e,
         "device",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommCuDevice(c1, null_mut()) },
     );
     t.add(
         "ncclCommGetAsyncError: asyncError NULL",
         e,
         "asyncError",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommGetAsyncError(c1, null_mut()) },
     );
     t.add(
         "ncclCommGetUniqueId: uniqueId NULL",
         e,
         "uniqueId",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommGetUniqueId(c1, null_mut()) },
     );
     t.add(
         "ncclCommRevoke: flags 1",
         e,
         "revokeFlags",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommRevoke(c1, 1) },
     );
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommSuspend: flags 2", e, "flags", move || unsafe {
         ncclCommSuspend(c1, 2)
     });
@@ -344,6 +455,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommResume: not suspended",
         u,
         "not suspended",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommResume(c1) },
     );
     for stat in [7, -1, 4] {
@@ -351,9 +464,13 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclCommMemStats: stat {stat}"),
             e,
             "ncclCommMemStat_t",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclCommMemStats(c1, stat, u64_out) },
         );
     }
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommMemStats: value NULL", e, "value", move || unsafe {
         ncclCommMemStats(c1, 0, null_mut())
     });
@@ -361,8 +478,12 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommSplit: newcomm NULL",
         e,
         "newcomm",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommSplit(c1, 0, 0, null_mut(), null_mut()) },
     );
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommSplit: color -2", e, "color", move || unsafe {
         ncclCommSplit(c1, -2, 0, out, null_mut())
     });
@@ -372,6 +493,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclCommSplit: config {what}"),
             e,
             sub,
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclCommSplit(c1, 0, 0, out, k) },
         );
     }
@@ -379,8 +502,12 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommShrink: newcomm NULL",
         e,
         "newcomm",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommShrink(c1, null_mut(), 0, null_mut(), null_mut(), 0) },
     );
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommShrink: flags 2", e, "flags", move || unsafe {
         ncclCommShrink(c1, null_mut(), 0, out, null_mut(), 2)
     });
@@ -388,18 +515,24 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommShrink: excludeRanksCount -1",
         e,
         "excludeRanksCount",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommShrink(c2, null_mut(), -1, out, null_mut(), 0) },
     );
     t.add(
         "ncclCommShrink: excludeRanksCount = nranks",
         e,
         "excludeRanksCount",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommShrink(c2, null_mut(), 2, out, null_mut(), 0) },
     );
     t.add(
         "ncclCommShrink: excludeRanksList NULL",
         e,
         "excludeRanksList",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommShrink(c2, null_mut(), 1, out, null_mut(), 0) },
     );
     let excl_bad: *mut c_int = leak(2);
@@ -407,6 +540,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommShrink: excluded rank = nranks",
         e,
         "excluded rank",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommShrink(c2, excl_bad, 1, out, null_mut(), 0) },
     );
     let excl_neg: *mut c_int = leak(-1);
@@ -414,6 +549,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommShrink: excluded rank -1",
         e,
         "excluded rank",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommShrink(c2, excl_neg, 1, out, null_mut(), 0) },
     );
     for (what, k, sub) in bad_comm_configs() {
@@ -423,15 +560,23 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclCommShrink: config {what}"),
             e,
             sub,
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclCommShrink(c2, excl, 1, out, k, 0) },
         );
     }
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommGrow: newcomm NULL", e, "newcomm", move || unsafe {
         ncclCommGrow(c1, 2, ids, 0, null_mut(), null_mut())
     });
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommGrow: nranks 0", e, "nranks", move || unsafe {
         ncclCommGrow(c1, 0, ids, 0, out, null_mut())
     });
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommGrow: rank -1", e, "rank", move || unsafe {
         ncclCommGrow(c1, 2, ids, -1, out, null_mut())
     });
@@ -439,6 +584,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommGrow: uniqueId NULL",
         e,
         "uniqueId",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommGrow(c1, 2, null(), 0, out, null_mut()) },
     );
     for (what, k, sub) in bad_comm_configs() {
@@ -447,6 +594,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclCommGrow: config {what}"),
             e,
             sub,
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclCommGrow(c1, 2, ids, 0, out, k) },
         );
     }
@@ -456,8 +605,12 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommRegister: handle NULL",
         e,
         "handle",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommRegister(c1, fx.sbuf, 64, null_mut()) },
     );
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclCommRegister: buff NULL", e, "buff", move || unsafe {
         ncclCommRegister(c1, null_mut(), 64, handle_out)
     });
@@ -465,38 +618,52 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclCommRegister: size usize::MAX",
         e,
         "size",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommRegister(c1, fx.sbuf, usize::MAX, handle_out) },
     );
     t.add(
         "ncclCommDeregister: never registered",
         e,
         "not registered",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommDeregister(c1, 0x7777 as *mut c_void) },
     );
     t.add(
         "ncclCommDeregister: handle NULL",
         e,
         "not registered",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommDeregister(c1, null_mut()) },
     );
     t.add(
         "ncclCommWindowRegister: win NULL",
         e,
         "win",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommWindowRegister(c1, fx.sbuf, 64, null_mut(), 0) },
     );
     t.add(
         "ncclCommWindowRegister: buff NULL",
         e,
         "buff",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommWindowRegister(c1, null_mut(), 64, win_out, 0) },
     );
     t.add(
         "ncclCommWindowDeregister: win NULL",
         e,
         "win",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommWindowDeregister(c1, null_mut()) },
     );
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclWinGetUserPtr: win NULL", e, "win", move || unsafe {
         ncclWinGetUserPtr(c1, null_mut(), win_out)
     });
@@ -504,10 +671,14 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclWinGetUserPtr: outUserPtr NULL",
         e,
         "outUserPtr",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclWinGetUserPtr(c1, fx.dummy, null_mut()) },
     );
 
     // Device-side API: argument errors come before "device-only".
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclDevCommCreate: reqs NULL", e, "reqs", move || unsafe {
         ncclDevCommCreate(c1, null(), fx.dummy)
     });
@@ -515,38 +686,52 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclDevCommCreate: outDevComm NULL",
         e,
         "outDevComm",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclDevCommCreate(c1, fx.dummy, null_mut()) },
     );
     t.add(
         "ncclDevCommDestroy: devComm NULL",
         e,
         "devComm",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclDevCommDestroy(c1, null()) },
     );
     t.add(
         "ncclGetLsaMultimemDevicePointer: window NULL",
         e,
         "window",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclGetLsaMultimemDevicePointer(null_mut(), 0, win_out) },
     );
     t.add(
         "ncclGetLsaMultimemDevicePointer: outPtr NULL",
         e,
         "outPtr",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclGetLsaMultimemDevicePointer(fx.dummy, 0, null_mut()) },
     );
     t.add(
         "ncclGetPeerDevicePointer: window NULL",
         e,
         "window",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclGetPeerDevicePointer(null_mut(), 0, 0, win_out) },
     );
     t.add(
         "ncclGetPeerDevicePointer: outPtr NULL",
         e,
         "outPtr",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclGetPeerDevicePointer(fx.dummy, 0, 0, null_mut()) },
     );
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     let put = move |buf: *const c_void, count: usize, dt: i32, peer: i32, win: *mut c_void| unsafe {
         ncclPutSignal(buf, count, dt, peer, win, 0, 0, 0, 0, c1, null_mut())
     };
@@ -576,9 +761,13 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclSignal: peer {peer}"),
             e,
             "peer",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclSignal(peer, 0, 0, 0, c1, null_mut()) },
         );
     }
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclWaitSignal: nDesc -1", e, "nDesc", move || unsafe {
         ncclWaitSignal(-1, desc, c1, null_mut())
     });
@@ -586,6 +775,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclWaitSignal: signalDescs NULL",
         e,
         "signalDescs",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclWaitSignal(1, null_mut(), c1, null_mut()) },
     );
     let bad_desc = leak(ncclWaitSignalDesc_t {
@@ -594,6 +785,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         sigIdx: 0,
         ctx: 0,
     });
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
     t.add("ncclWaitSignal: desc peer 3", e, "peer", move || unsafe {
         ncclWaitSignal(1, bad_desc, c1, null_mut())
     });
@@ -603,12 +796,16 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclRedOpCreatePreMulSum: op NULL",
         e,
         "op",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclRedOpCreatePreMulSum(null_mut(), scalar, FLOAT, 1, c1) },
     );
     t.add(
         "ncclRedOpCreatePreMulSum: scalar NULL",
         e,
         "scalar",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclRedOpCreatePreMulSum(op_out, null_mut(), FLOAT, 1, c1) },
     );
     for dt in [12, -1] {
@@ -616,6 +813,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclRedOpCreatePreMulSum: datatype {dt}"),
             e,
             "datatype",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclRedOpCreatePreMulSum(op_out, scalar, dt, 1, c1) },
         );
     }
@@ -624,6 +823,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclRedOpCreatePreMulSum: residence {res}"),
             e,
             "ncclScalarResidence_t",
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclRedOpCreatePreMulSum(op_out, scalar, FLOAT, res, c1) },
         );
     }
@@ -633,6 +834,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
             format!("ncclRedOpDestroy: op {op}"),
             e,
             sub,
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             move || unsafe { ncclRedOpDestroy(op, c1) },
         );
     }
@@ -640,6 +843,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclRedOpDestroy: built-in op (sum)",
         e,
         "op 0",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclRedOpDestroy(SUM, c1) },
     );
 
@@ -648,12 +853,16 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclGroupEnd: without ncclGroupStart",
         u,
         "ncclGroupStart",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         || unsafe { ncclGroupEnd() },
     );
     t.add(
         "ncclGroupSimulateEnd: simInfo NULL",
         e,
         "simInfo",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         || unsafe { ncclGroupSimulateEnd(null_mut()) },
     );
     let si_bad_magic = leak(ncclSimInfo_t {
@@ -666,6 +875,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclGroupSimulateEnd: bad magic",
         e,
         "magic",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclGroupSimulateEnd(si_bad_magic) },
     );
     let si_bad_size = leak(ncclSimInfo_t {
@@ -678,6 +889,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclGroupSimulateEnd: bad size",
         e,
         "size",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclGroupSimulateEnd(si_bad_size) },
     );
 
@@ -686,9 +899,13 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
     let revoked = {
         let mut c: ncclComm_t = null_mut();
         check(
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             unsafe { ncclCommInitAll(&mut c, 1, null()) },
             "ncclCommInitAll",
         );
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         check(unsafe { ncclCommRevoke(c, 0) }, "ncclCommRevoke");
         c
     };
@@ -696,20 +913,28 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclAllReduce: revoked comm",
         u,
         "revoked",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclAllReduce(fx.sbuf, fx.rbuf, 4, FLOAT, SUM, revoked, null_mut()) },
     );
     t.add(
         "ncclCommSplit: revoked comm",
         u,
         "revoked",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclCommSplit(revoked, 0, 0, out, null_mut()) },
     );
     let suspended = {
         let mut c: ncclComm_t = null_mut();
         check(
+            // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+            // every other pointer is a live fixture (leaked for the test's life).
             unsafe { ncclCommInitAll(&mut c, 1, null()) },
             "ncclCommInitAll",
         );
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         check(unsafe { ncclCommSuspend(c, 1) }, "ncclCommSuspend");
         c
     };
@@ -717,6 +942,8 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         "ncclBroadcast: suspended comm",
         u,
         "suspended",
+        // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
+        // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclBroadcast(fx.sbuf, fx.rbuf, 4, FLOAT, 0, suspended, null_mut()) },
     );
 }

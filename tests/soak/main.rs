@@ -76,6 +76,8 @@ fn threads_lifecycle(
     sweep: bool,
 ) -> (Vec<RankReport>, bool, u64, u64, usize) {
     let mut id = ncclUniqueId::default();
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclGetUniqueId(&mut id) }, "ncclGetUniqueId");
     let sh = Arc::new(Shared {
         progress: AtomicU64::new(0),
@@ -103,6 +105,8 @@ fn threads_lifecycle(
                     hung.store(true, Ordering::Release);
                     sh.stop.store(true, Ordering::Release);
                     for c in comms.lock().unwrap().iter() {
+                        // SAFETY: every pointer passed is NULL where the API allows it, or memory
+                        // this test owns for the whole call.
                         unsafe { ncclCommAbort(c.0) };
                     }
                     return;
@@ -117,6 +121,8 @@ fn threads_lifecycle(
                 let (sh, comms) = (sh.clone(), comms.clone());
                 s.spawn(move || {
                     let mut c: ncclComm_t = null_mut();
+                    // SAFETY: every pointer passed is NULL where the API allows it, or memory
+                    // this test owns for the whole call.
                     let rc = unsafe { ncclCommInitRank(&mut c, NRANKS as i32, id, r as i32) };
                     if rc != 0 {
                         return (
@@ -152,6 +158,8 @@ fn threads_lifecycle(
             .map(|(rep, h)| {
                 if !h.0.is_null() {
                     // After an abort the handle is gone: destroy may refuse it.
+                    // SAFETY: every pointer passed is NULL where the API allows it, or memory
+                    // this test owns for the whole call.
                     let _ = unsafe { ncclCommDestroy(h.0) };
                 }
                 rep
@@ -318,10 +326,14 @@ fn soak_child() {
     let seed = env_num("HETCCL_SOAK_SEED", 0x5eed_0002);
     // One-time lazy state (logging) first, so that it does not count.
     let mut v = 0;
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclGetVersion(&mut v) }, "ncclGetVersion");
     let fd_before = fd_count();
     let mut c: ncclComm_t = null_mut();
     check(
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         unsafe { ncclCommInitRank(&mut c, NRANKS as i32, id, rank as i32) },
         "ncclCommInitRank",
     );
@@ -335,6 +347,8 @@ fn soak_child() {
     let rep = run_rank(c, rank, nops, seed, &sh, nops >= 600);
     let end_rss = rss_bytes();
     if rep.error.is_none() {
+        // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
+        // for the whole call.
         check(unsafe { ncclCommDestroy(c) }, "ncclCommDestroy");
     }
     std::thread::sleep(Duration::from_millis(200));
@@ -366,6 +380,8 @@ fn soak_processes() {
     let hang_s = env_num("HETCCL_SOAK_HANG_S", 60);
     let shm_before = shm_entries();
     let mut id = ncclUniqueId::default();
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     check(unsafe { ncclGetUniqueId(&mut id) }, "ncclGetUniqueId");
     let exe = std::env::current_exe().unwrap();
     let t0 = Instant::now();

@@ -67,6 +67,8 @@ pub fn run_rank(
                 rep.error = Some(format!("rank {rank} {}: code {code}: {msg}", op.describe()));
                 sh.stop.store(true, Ordering::Release);
                 // Release the other ranks at once instead of at the timeout.
+                // SAFETY: every pointer passed is NULL where the API allows it, or memory this
+                // test owns for the whole call.
                 unsafe { ncclCommAbort(comm) };
                 return rep;
             }
@@ -136,6 +138,8 @@ pub fn run_op(
     let code;
     // SAFETY (all calls): buffers hold MAX_BYTES + GUARD bytes and every
     // extent below is at most MAX_BYTES.
+    // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns for
+    // the whole call.
     unsafe {
         match op.kind {
             Kind::AllReduce | Kind::Broadcast | Kind::Reduce => {

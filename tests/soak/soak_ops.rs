@@ -288,6 +288,7 @@ pub struct RankReport {
 pub struct Handle(pub ncclComm_t);
 // SAFETY: a handle is an opaque token, usable from any thread.
 unsafe impl Send for Handle {}
+// SAFETY: as above; a shared handle is only copied.
 unsafe impl Sync for Handle {}
 
 /// Shared between the ranks of one process and the watchdog.

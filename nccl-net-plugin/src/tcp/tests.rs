@@ -116,6 +116,7 @@ fn round_trip(nsocks: usize, nthreads: usize, sizes: &[usize]) {
     for (k, &len) in sizes.iter().enumerate() {
         let src = pattern(len, k as u8);
         let mut dst = vec![0u8; len + 100];
+        // SAFETY: the buffers outlive their requests, which the test waits for.
         let rq = unsafe {
             r.irecv(
                 &[RecvBuf {
@@ -128,6 +129,7 @@ fn round_trip(nsocks: usize, nthreads: usize, sizes: &[usize]) {
         }
         .unwrap()
         .unwrap();
+        // SAFETY: the buffers outlive their requests, which the test waits for.
         let sq = unsafe { s.isend(src.as_ptr(), len, 7) }.unwrap().unwrap();
         let mut got = None;
         let mut sent = None;
@@ -175,6 +177,7 @@ fn grouped_tags_and_oversize() {
     let sqs: Vec<_> = msgs
         .iter()
         .zip(tags)
+        // SAFETY: the buffers outlive their requests, which the test waits for.
         .map(|(m, t)| unsafe { s.isend(m.as_ptr(), m.len(), t) }.unwrap().unwrap())
         .collect();
     let mut bufs = vec![vec![0u8; 300_000]; 3];
@@ -187,6 +190,7 @@ fn grouped_tags_and_oversize() {
             tag,
         })
         .collect();
+    // SAFETY: the buffers outlive their requests, which the test waits for.
     let rq = unsafe { r.irecv(&rb, false) }.unwrap().unwrap();
     let (sent, got) = drive(&s, &sqs, &r, rq);
     assert_eq!(got.unwrap(), vec![200_000, 100, 300]);
@@ -198,6 +202,7 @@ fn grouped_tags_and_oversize() {
     for len in [100usize, 100_000] {
         let src = pattern(len, 9);
         let mut small = vec![0u8; 10];
+        // SAFETY: the buffers outlive their requests, which the test waits for.
         let rq = unsafe {
             r.irecv(
                 &[RecvBuf {
@@ -210,6 +215,7 @@ fn grouped_tags_and_oversize() {
         }
         .unwrap()
         .unwrap();
+        // SAFETY: the buffers outlive their requests, which the test waits for.
         let sq = unsafe { s.isend(src.as_ptr(), len, 0) }.unwrap().unwrap();
         let (sent, got) = drive(&s, &[sq], &r, rq);
         let e = got.unwrap_err();
@@ -222,6 +228,7 @@ fn grouped_tags_and_oversize() {
     }
     let src = pattern(64, 1);
     let mut dst = vec![0u8; 64];
+    // SAFETY: the buffers outlive their requests, which the test waits for.
     let rq = unsafe {
         r.irecv(
             &[RecvBuf {
@@ -234,6 +241,7 @@ fn grouped_tags_and_oversize() {
     }
     .unwrap()
     .unwrap();
+    // SAFETY: the buffers outlive their requests, which the test waits for.
     let sq = unsafe { s.isend(src.as_ptr(), 64, 0) }.unwrap().unwrap();
     let (sent, got) = drive(&s, &[sq], &r, rq);
     assert_eq!(got.unwrap(), vec![64]);
@@ -246,6 +254,7 @@ fn peer_close_fails_pending_requests() {
     let net = lo_net(2, 1);
     let (s, r) = pair(&net);
     let mut dst = vec![0u8; 1 << 20];
+    // SAFETY: the buffers outlive their requests, which the test waits for.
     let rq = unsafe {
         r.irecv(
             &[RecvBuf {
@@ -261,6 +270,7 @@ fn peer_close_fails_pending_requests() {
     s.close();
     let e = wait_recv(&r, rq).unwrap_err();
     assert!(matches!(e, NetError::Remote(_)), "{e}");
+    // SAFETY: the buffers outlive their requests, which the test waits for.
     let again = unsafe {
         r.irecv(
             &[RecvBuf {
@@ -304,6 +314,7 @@ fn sender_close_after_completion_still_delivers() {
         let (s, r) = pair(&net);
         let mut dst = vec![0u8; 4 << 20];
         // Posted first, so the payload goes by CTS over lanes or control socket.
+        // SAFETY: the buffers outlive their requests, which the test waits for.
         let rq = unsafe {
             r.irecv(
                 &[RecvBuf {
@@ -318,9 +329,11 @@ fn sender_close_after_completion_still_delivers() {
         .unwrap();
         let src = pattern(4 << 20, 3);
         let small = pattern(50, 4);
+        // SAFETY: the buffers outlive their requests, which the test waits for.
         let q1 = unsafe { s.isend(src.as_ptr(), src.len(), 0) }
             .unwrap()
             .unwrap();
+        // SAFETY: the buffers outlive their requests, which the test waits for.
         let q2 = unsafe { s.isend(small.as_ptr(), small.len(), 1) }
             .unwrap()
             .unwrap();
@@ -330,6 +343,7 @@ fn sender_close_after_completion_still_delivers() {
         s.close();
         // The small message arrived before the close: still receivable.
         let mut b = vec![0u8; 64];
+        // SAFETY: the buffers outlive their requests, which the test waits for.
         let rq = unsafe {
             r.irecv(
                 &[RecvBuf {
@@ -427,6 +441,7 @@ fn silent_connections_do_not_crowd_out_a_real_peer() {
     }];
     // SAFETY: both buffers outlive the requests.
     let rq = unsafe { r.irecv(&bufs, false) }.unwrap().unwrap();
+    // SAFETY: both buffers outlive the requests.
     let sq = unsafe { s.isend(out.as_ptr(), out.len(), 5) }
         .unwrap()
         .unwrap();

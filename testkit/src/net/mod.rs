@@ -132,6 +132,7 @@ macro_rules! call {
         match ($api.v8, $api.v12) {
             // SAFETY: calling the plugin with arguments that follow its contract.
             (Some(t), _) => unsafe { (t.$f.expect(stringify!($f)))($($a),*) },
+            // SAFETY: as above.
             (_, Some(t)) => unsafe { (t.$f.expect(stringify!($f)))($($a),*) },
             _ => unreachable!(),
         }

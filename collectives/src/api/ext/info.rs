@@ -2,9 +2,8 @@
 //! this process's hetccl sees, as JSON, and the algorithm table for a rank
 //! count and node count without a communicator.
 //!
-//! A submodule of `ext` (declared there with `#[path]`) so that cbindgen,
-//! which reads `ext.rs` and the modules it declares, puts both functions in
-//! `include/hetccl.h`. Both write snprintf-style: the text goes into `buf`
+//! A submodule of `ext`, so that cbindgen, which reads `ext/mod.rs` and the
+//! modules it declares, puts both functions in `include/hetccl.h`. Both write snprintf-style: the text goes into `buf`
 //! of `len` bytes, NUL-terminated and truncated if needed, and `*needed` (if
 //! not NULL) receives its full length without the NUL.
 #![allow(clippy::missing_safety_doc)]

@@ -6,7 +6,6 @@
 //! does not expand macros, and every name starts with `hetccl`.
 #![allow(clippy::missing_safety_doc)]
 
-#[path = "info.rs"]
 pub mod info;
 
 use std::ffi::{c_char, CStr};
