@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lays out the install tree described in docs/usage.md:
+# Lays out the install tree (see README.md):
 #   dist/lib/libhetccl.so            the library (soname libhetccl.so)
 #   dist/lib/libnccl-net-hetccl.so   -> libhetccl.so  (NCCL_NET_PLUGIN=hetccl)
 #   dist/lib/libnccl.so.2            -> libhetccl.so  (LD_LIBRARY_PATH users)

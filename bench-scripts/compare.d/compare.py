@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Driver, parser and reporter of bench-scripts/compare (issue 5).
+"""Driver, parser and reporter of bench-scripts/compare.
 
     compare.py run    [options]      launches A/B rounds, writes CSV/JSON/plots
     compare.py report RESULTS.json   re-prints tables/targets, redraws plots
@@ -542,7 +542,7 @@ def report(res, outdir, plot_prefix, md_path=None):
             f"{human(hi)}: {fmt(z['h_busbw'])} / {fmt(z['o_busbw'])} | {fmt(z['ratio'])} | "
             f"{fmt(z['h_mem'], 3)} |")
     lines.append("")
-    lines.append("## Issue 5 targets (from the medians above)")
+    lines.append("## Targets (from the medians above)")
     lines.append("")
     lines.append("| target | measured | goal | holds |")
     lines.append("|---|---:|---:|:-:|")

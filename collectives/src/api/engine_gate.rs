@@ -1,10 +1,7 @@
-//! Where the C API hands validated work to the engine.
-//!
-//! The host-memory engine (bootstrap, transports, executor) is the subject of
-//! the engine issue and is not in this build yet. Until it lands, every entry
-//! point that needs it validates its arguments fully and then returns
-//! `ncclInvalidUsage` through [`unavailable`], with a message for
-//! `ncclGetLastError`. `docs/api-status.md` lists these entry points.
+//! The errors of entry points hetccl does not serve: each validates its
+//! arguments fully, then returns `ncclInvalidUsage` through [`unavailable`]
+//! or [`device_only`], with a message for `ncclGetLastError`.
+//! `docs/api-status.md` lists these entry points.
 
 use crate::error::Error;
 

@@ -14,7 +14,7 @@
 //!
 //! Every word is written by the board's owner only and read by the other
 //! local ranks, except the work line's claim counter, which every rank
-//! advances with compare-and-swap (see `direct::copy`). A slot's header
+//! advances with compare-and-swap (see `intranode::copy`). A slot's header
 //! (the call's shape and the bytes posted) and data are written before its
 //! `seq` is published with `Release`; a reader that sees `seq == s` with
 //! `Acquire` may read the header and data of operation `s`. The data starts
@@ -50,7 +50,7 @@ const _: () = assert!(std::mem::size_of::<Extents>() == 64);
 const _: () = assert!(SLOT_HEADER + FAST_BYTES <= SLOT_STRIDE && SLOT0 % 64 == 0);
 
 /// The control line: what a rank tells the others about its current
-/// single-copy operation (see `direct::copy`).
+/// single-copy operation (see `intranode::copy`).
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct Control {
@@ -78,7 +78,7 @@ pub struct Control {
     pub scalar: AtomicU64,
     /// One more than the CPU the owner ran on when it posted its current
     /// operation (0 = unknown): ranks that share a CPU leave the work items
-    /// to one of them (see `direct::copy`).
+    /// to one of them (see `intranode::copy`).
     pub cpu: AtomicU64,
 }
 
