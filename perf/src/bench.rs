@@ -157,8 +157,10 @@ const ID_ERR: &[u8] = b"ER";
 /// `ncclMemAlloc` may return device memory, as on a GPU machine).
 fn open_gpu(alloc: Alloc, rank: usize) -> Result<Option<Gpu>, RankError> {
     match alloc {
-        Alloc::Device => Ok(Some(Gpu::open(cuda::local_rank(rank))?)),
-        Alloc::Nccl if cuda::driver_present() => Ok(Gpu::open(cuda::local_rank(rank)).ok()),
+        Alloc::Device => Ok(Some(Gpu::open(crate::launcher::local_rank(rank))?)),
+        Alloc::Nccl if cuda::driver_present() => {
+            Ok(Gpu::open(crate::launcher::local_rank(rank)).ok())
+        }
         _ => Ok(None),
     }
 }

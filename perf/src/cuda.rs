@@ -37,15 +37,6 @@ fn check(r: cu::CUresult, what: &str) -> Result<(), String> {
     }
 }
 
-/// The local rank: `LOCAL_RANK` (torchrun), `OMPI_COMM_WORLD_LOCAL_RANK`,
-/// `SLURM_LOCALID`, else the global rank (one host).
-pub fn local_rank(rank: usize) -> usize {
-    ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
-        .unwrap_or(rank)
-}
-
 /// Whether the CUDA driver library can be loaded.
 pub fn driver_present() -> bool {
     // SAFETY: probing loads libcuda, whose initialisers only set up its state.

@@ -13,37 +13,7 @@ use crate::cli::{self, Options};
 use crate::nccl::Nccl;
 use crate::store::{poll, write_atomic, Channel, FileStore, MemStore, Store};
 
-/// Rank of a process started by `-np` (set by the supervisor).
-pub const ENV_RANK: &str = "HETCCL_PERF_RANK";
-/// Number of ranks of a `-np` run.
-pub const ENV_NRANKS: &str = "HETCCL_PERF_NRANKS";
-/// Store directory of a `-np` run.
-pub const ENV_STORE: &str = "HETCCL_PERF_STORE";
-/// Library to test when `--lib` is not given.
-pub const ENV_LIB: &str = "HETCCL_PERF_LIB";
-
-/// Rank/size variables of the launchers hetccl-perf understands, in order.
-pub const LAUNCHER_VARS: [(&str, &str, &str); 5] = [
-    (ENV_RANK, ENV_NRANKS, "hetccl-perf -np"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"),
-    ("PMI_RANK", "PMI_SIZE", "PMI (MPICH, Intel MPI)"),
-    ("RANK", "WORLD_SIZE", "torchrun"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "Slurm"),
-];
-
-/// `(rank, size, launcher)` from the environment, if a launcher set them.
-pub fn env_rank(get: impl Fn(&str) -> Option<String>) -> Option<(usize, usize, &'static str)> {
-    for (r, s, name) in LAUNCHER_VARS {
-        let rank = get(r).and_then(|v| v.trim().parse::<usize>().ok());
-        let size = get(s).and_then(|v| v.trim().parse::<usize>().ok());
-        if let (Some(rank), Some(size)) = (rank, size) {
-            if size >= 1 && rank < size {
-                return Some((rank, size, name));
-            }
-        }
-    }
-    None
-}
+pub use crate::launcher::{env_rank, ENV_LIB, ENV_NRANKS, ENV_RANK, ENV_STORE, LAUNCHER_VARS};
 
 /// The library to test: `--lib`, `$HETCCL_PERF_LIB`, else `libhetccl.so`
 /// next to this binary (`<target>/<profile>/`, its `deps/`, or `../lib/`).
@@ -122,8 +92,8 @@ pub fn main_entry(argv: Vec<String>) -> i32 {
             return 64;
         }
     };
-    let from_env = env_rank(|k| std::env::var(k).ok());
-    if opts.np > 1 && std::env::var_os(ENV_RANK).is_none() {
+    let from_env = crate::launcher::rank_and_size();
+    if opts.np > 1 && !crate::launcher::spawned_by_np() {
         return supervise(&opts, &argv);
     }
     let lib = match find_library(opts.lib.as_deref()) {
@@ -150,7 +120,7 @@ pub fn main_entry(argv: Vec<String>) -> i32 {
     let (rank, nranks, source) = from_env.unwrap_or((0, 1, "single process"));
     let (store, cleanup): (Arc<dyn Store>, Option<PathBuf>) = if nranks == 1 {
         (Arc::new(MemStore::default()), None)
-    } else if let Some(dir) = std::env::var_os(ENV_STORE) {
+    } else if let Some(dir) = crate::launcher::np_store() {
         match FileStore::new(Path::new(&dir)) {
             Ok(s) => (Arc::new(s), None),
             Err(e) => {
@@ -174,12 +144,7 @@ pub fn main_entry(argv: Vec<String>) -> i32 {
     };
     // Ranks of a -np run share this host; launcher ranks may not, so count
     // the local ones from the launcher's variables when it gives them.
-    let local = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
-        .or_else(|_| std::env::var("LOCAL_WORLD_SIZE"))
-        .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(nranks);
+    let local = crate::launcher::local_size().unwrap_or(nranks);
     crate::store::set_spin(local);
     let ch = Channel::new(store.clone(), rank, nranks, timeout);
     let args = RankArgs {
@@ -263,34 +228,12 @@ fn run_threads(
     codes.into_iter().max().unwrap_or(0)
 }
 
-/// A job key from the launcher's environment, so that ranks ignore a
-/// rendezvous file left behind by another job.
-fn job_key() -> String {
-    for k in [
-        "SLURM_JOB_ID",
-        "PMIX_NAMESPACE",
-        "OMPI_MCA_ess_base_jobid",
-        "TORCHELASTIC_RUN_ID",
-        "PMI_JOBID",
-    ] {
-        if let Ok(v) = std::env::var(k) {
-            let step = if k == "SLURM_JOB_ID" {
-                std::env::var("SLURM_STEP_ID").unwrap_or_default()
-            } else {
-                String::new()
-            };
-            return format!("{k}={v}.{step}");
-        }
-    }
-    String::new()
-}
-
 /// `--id-file` rendezvous: rank 0 creates a fresh store directory next to
 /// the file and publishes its name (with the job key) in the file, written
 /// atomically; the others poll for a file of this job, no older than 60 s
 /// before they started.
 fn rendezvous(idf: &Path, rank: usize, timeout: Duration) -> Result<(FileStore, PathBuf), String> {
-    let key = job_key();
+    let key = crate::launcher::job_key();
     if rank == 0 {
         let _ = std::fs::remove_file(idf);
         let nonce = SystemTime::now()

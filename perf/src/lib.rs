@@ -5,7 +5,8 @@
 //! Modules follow nccl-tests' own split: [`cli`] (flags), [`coll`] (per
 //! collective counts, bandwidth formulas and data), [`verifiable`] (exact
 //! data generation), [`report`] (the output format), [`bench`] (one rank's
-//! run), [`launch`] and [`store`] (how ranks start and talk out of band),
+//! run), [`launch`], [`launcher`] and [`store`] (how ranks start, what their
+//! launcher told them, and how they talk out of band),
 //! [`nccl`] (the dynamically loaded API), [`buffers`] and [`cuda`] (host
 //! or device buffers, and the CUDA driver for the latter).
 
@@ -17,6 +18,7 @@ pub mod coll;
 pub mod cuda;
 pub mod dtype;
 pub mod launch;
+pub mod launcher;
 pub mod nccl;
 pub mod report;
 pub mod store;
