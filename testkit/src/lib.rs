@@ -34,6 +34,7 @@ pub mod netns;
 pub mod nvrtc;
 pub mod perf;
 pub mod ranks;
+pub mod revoke;
 pub mod threads;
 
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
 //! The part of a communicator that moves data: its bootstrap, topology,
 //! links, and the lock that serialises operations on it.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -32,8 +31,8 @@ pub struct Engine {
     pub arena: Option<Arc<Arena>>,
     /// Held while an operation runs on this communicator.
     pub exec_lock: Mutex<()>,
-    /// Shared with `links.aborted`.
-    pub aborted: Arc<AtomicBool>,
+    /// Why operations must stop (abort, revoke); shared with `links.stop`.
+    pub stop: Arc<crate::exec::stop::Stop>,
     /// Number of operations run so far (the sequence part of trace ids).
     pub seq: std::sync::atomic::AtomicU64,
     /// Scratch buffers kept between operations (plans never read scratch

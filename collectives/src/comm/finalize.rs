@@ -35,7 +35,7 @@ pub fn finalize(c: &Comm) -> Result<()> {
             "ncclCommFinalize: an operation on another thread did not finish in time".into(),
         ));
     };
-    if c.has_failed() || e.aborted.load(Ordering::Acquire) {
+    if c.has_failed() || e.stop.is_set() {
         return Ok(());
     }
     e.links.finish(deadline);

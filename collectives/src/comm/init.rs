@@ -4,7 +4,7 @@
 //! one rank (say, the shm arena cannot be created) reaches the others as an
 //! error or a timeout rather than a hang.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -132,7 +132,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     for (p, conns) in net::setup(&mut bs, &tcp_peers, NCHAN, &net_params)? {
         peers[p] = Some(conns);
     }
-    let aborted = Arc::new(AtomicBool::new(false));
+    let stop: Arc<crate::exec::stop::Stop> = Arc::default();
     let hw = topo::host::host_info();
     if local.len() > hw.pus {
         settings.patience.spin = std::time::Duration::ZERO;
@@ -153,7 +153,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
             Some(crate::intranode::Node::new(
                 a.clone(),
                 me_local,
-                aborted.clone(),
+                stop.clone(),
                 crate::intranode::Options {
                     patience: settings.patience,
                     copy_min: settings.copy_min_bytes,
@@ -179,7 +179,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         label: settings.label(comm_hash),
         peers,
         bell,
-        aborted: aborted.clone(),
+        stop: stop.clone(),
         watch,
     };
     let kinds: Vec<&str> = links
@@ -201,7 +201,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         links,
         arena,
         exec_lock: Mutex::new(()),
-        aborted,
+        stop,
         seq: AtomicU64::new(0),
         plans: Mutex::new(Default::default()),
         scratch_pool: Mutex::new(Vec::new()),

@@ -15,10 +15,11 @@
 pub mod clock;
 pub mod self_p2p;
 mod step;
+pub mod stop;
 pub mod watch;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,8 +50,9 @@ pub struct Links {
     pub peers: Vec<Option<Vec<Conn>>>,
     /// This rank's doorbell, if any of its links ring one.
     pub bell: Option<Doorbell>,
-    /// Set when the communicator is aborted: every wait ends with an error.
-    pub aborted: Arc<AtomicBool>,
+    /// Set when the communicator is aborted or revoked: every wait ends
+    /// with an error saying which.
+    pub stop: Arc<stop::Stop>,
     /// The node's progress board: peer liveness and hang summaries
     /// ([`watch::Watch::none`] when there is none).
     pub watch: watch::Watch,
@@ -298,7 +300,7 @@ impl Links {
     /// Marks every link dead (abort): this rank's waits end and peers see
     /// the links closed.
     pub fn close_all(&self) {
-        self.aborted.store(true, Ordering::Release);
+        self.stop.abort();
         self.close_links();
     }
 
@@ -309,6 +311,16 @@ impl Links {
         for c in self.peers.iter().flatten().flatten() {
             c.tx.finish(deadline);
             c.rx.finish(deadline);
+        }
+    }
+
+    /// Marks every link dead because rank `by` revoked the communicator:
+    /// this rank's waits end, and peers learn who revoked it.
+    pub fn revoke(&self, by: usize) {
+        self.stop.revoke(by);
+        for c in self.peers.iter().flatten().flatten() {
+            c.tx.revoke(by);
+            c.rx.revoke(by);
         }
     }
 
@@ -440,17 +452,19 @@ fn drive_loop(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clock) 
         let mut progressed = false;
         for b in batches.iter_mut() {
             if !b.finished() {
-                progressed |= b.poll()?;
+                // A link that fails because this communicator was stopped
+                // (its own links closed) reports why it was stopped.
+                match b.poll() {
+                    Ok(moved) => progressed |= moved,
+                    Err(e) => return Err(b.links.stop.error().unwrap_or(e)),
+                }
             }
         }
         if batches.iter().all(Batch::finished) {
             return Ok(());
         }
-        if batches
-            .iter()
-            .any(|b| b.links.aborted.load(Ordering::Acquire))
-        {
-            return Err(Error::Remote("the communicator was aborted".into()));
+        if let Some(e) = batches.iter().find_map(|b| b.links.stop.error()) {
+            return Err(e);
         }
         if progressed {
             if stall.moved() {
@@ -571,7 +585,7 @@ fn wait(
         if !b.finished() {
             match b.poll() {
                 Ok(m) => moved = moved.map(|x| x | m),
-                Err(e) => moved = Err(e),
+                Err(e) => moved = Err(b.links.stop.error().unwrap_or(e)),
             }
         }
     }

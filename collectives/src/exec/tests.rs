@@ -19,7 +19,7 @@ fn links_to_silent_peer() -> (Links, Vec<Conn>) {
         label: "comm 0000000000000abc".into(),
         peers: vec![None, Some(mine)],
         bell: None,
-        aborted: Arc::new(AtomicBool::new(false)),
+        stop: Arc::default(),
         watch: watch::Watch::none(),
     };
     (links, theirs)
@@ -120,12 +120,12 @@ fn a_late_message_within_the_stall_limit_completes() {
 fn abort_flag_ends_the_wait() {
     let (links, _theirs) = links_to_silent_peer();
     let mut buf = vec![0u8; 8];
-    let aborted = links.aborted.clone();
+    let stop = links.stop.clone();
     let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
     let t = Instant::now();
     let h = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
-        aborted.store(true, std::sync::atomic::Ordering::Release);
+        stop.abort();
     });
     let p = Patience {
         spin: Duration::ZERO,
@@ -155,7 +155,7 @@ fn a_failed_operation_closes_its_links() {
         .try_send(&[1, 2, 3])
         .unwrap_err();
     assert_eq!(e.code(), hetccl_abi::NcclResult::RemoteError, "{e}");
-    assert!(!links.aborted.load(std::sync::atomic::Ordering::Acquire));
+    assert!(!links.stop.is_set());
     drop(theirs);
 }
 
@@ -245,7 +245,7 @@ fn a_dead_local_peer_is_noticed_at_the_first_check_on_a_manual_clock() {
         label: "comm 0000000000000abc".into(),
         peers: vec![None, Some(mine)],
         bell: None,
-        aborted: Arc::new(AtomicBool::new(false)),
+        stop: Arc::default(),
         watch: me,
     };
     let mut buf = vec![0u8; 8];
@@ -296,7 +296,7 @@ fn a_peer_that_left_after_its_part_is_not_reported_dead() {
         label: "comm 0000000000000abc".into(),
         peers: vec![None, Some(to(1)), Some(to(2))],
         bell: None,
-        aborted: Arc::new(AtomicBool::new(false)),
+        stop: Arc::default(),
         watch: me,
     };
     let mut buf = vec![0u8; 16];

@@ -34,7 +34,7 @@ mod work;
 
 pub(crate) use wait::Op as WaitOp;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ pub struct Node {
     boards: Vec<Board>,
     bells: Vec<Doorbell>,
     bell: Doorbell,
-    aborted: Arc<AtomicBool>,
+    stop: Arc<crate::exec::stop::Stop>,
     spin: Duration,
     hang_report: Option<Duration>,
     stall_timeout: Duration,
@@ -130,7 +130,12 @@ impl Node {
     /// Sets up this rank's board. Every rank of the communicator must be a
     /// local rank of `arena`, in rank order. Call before the last init
     /// barrier, so that peers see the control line once init completes.
-    pub fn new(arena: Arc<Arena>, me: usize, aborted: Arc<AtomicBool>, o: Options<'_>) -> Self {
+    pub fn new(
+        arena: Arc<Arena>,
+        me: usize,
+        stop: Arc<crate::exec::stop::Stop>,
+        o: Options<'_>,
+    ) -> Self {
         let Options {
             patience,
             copy_min,
@@ -161,7 +166,7 @@ impl Node {
             me,
             boards,
             bells,
-            aborted,
+            stop,
             spin: patience.spin,
             hang_report: patience.hang_report,
             stall_timeout: patience.stall_timeout,

@@ -138,7 +138,18 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
 /// Records a failed operation on `c`: its asynchronous error, and the reason
 /// every later operation fails (messages may have moved part-way, so no later
 /// operation may read the stray bytes).
-pub fn poison(c: &Comm, e: &Error) {
+pub fn poison(c: &Arc<Comm>, e: &Error) {
+    if let Error::Revoked(by) = e {
+        // A peer's revoke reached this rank: this communicator is revoked
+        // too, and the news goes on over its links.
+        crate::comm::revoke::revoke(c, *by);
+    }
+    if c.revoked.load(Ordering::Acquire) {
+        // The revoke owns the asynchronous state (in progress, then
+        // success once quiescent).
+        c.record_failure(|| e.to_string());
+        return;
+    }
     let code = match e {
         Error::Timeout(_) | Error::Remote(_) => NcclResult::RemoteError.raw(),
         other => other.code().raw(),

@@ -44,6 +44,12 @@ pub trait SendLink: Send + Sync + std::fmt::Debug {
     fn wait_source(&self) -> WaitSource;
     /// Marks the link dead (abort); the peer's calls then fail.
     fn close(&self);
+    /// Marks the link dead because rank `by` revoked the communicator; the
+    /// peer's calls then fail saying so.
+    fn revoke(&self, by: usize) {
+        let _ = by;
+        self.close();
+    }
     /// Prepares a graceful close after the last operation: returns once
     /// every byte this link sent is safe from the link being closed, or at
     /// `deadline`. Transports whose close cannot lose data do nothing.
@@ -73,6 +79,11 @@ pub trait RecvLink: Send + Sync + std::fmt::Debug {
     fn wait_source(&self) -> WaitSource;
     /// Marks the link dead (abort).
     fn close(&self);
+    /// As [`SendLink::revoke`], for the receiving half.
+    fn revoke(&self, by: usize) {
+        let _ = by;
+        self.close();
+    }
     /// As [`SendLink::finish`], for the receiving half.
     fn finish(&self, _deadline: std::time::Instant) {}
 }

@@ -40,6 +40,7 @@ fn mismatched(what: String) -> Error {
 
 fn net_err(e: NetError) -> Error {
     match e {
+        NetError::Revoked(by) => Error::Revoked(by as usize),
         NetError::Timeout(m) => Error::Timeout(format!("tcp: {m}")),
         NetError::InvalidUsage(m) if m.contains(TOO_LARGE) => mismatched(format!("tcp: {m}")),
         NetError::InvalidArgument(m) | NetError::InvalidUsage(m) | NetError::Internal(m) => {
@@ -187,6 +188,10 @@ impl SendLink for NetSend {
         // it gracefully, the others find it closed.
         self.comm.finish(deadline);
     }
+    fn revoke(&self, by: usize) {
+        self.comm.revoke(u32::try_from(by).unwrap_or(u32::MAX));
+        self.closed.store(true, Ordering::Release);
+    }
 }
 
 impl RecvLink for NetRecv {
@@ -235,6 +240,10 @@ impl RecvLink for NetRecv {
     }
     fn finish(&self, deadline: std::time::Instant) {
         self.comm.finish(deadline);
+    }
+    fn revoke(&self, by: usize) {
+        self.comm.revoke(u32::try_from(by).unwrap_or(u32::MAX));
+        self.closed.store(true, Ordering::Release);
     }
 }
 
