@@ -92,8 +92,8 @@ pub fn revoke_reaches_blocked_peers(count: usize) -> Vec<Blocked> {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(settle(cs[2]), 0, "the revoking rank becomes quiescent");
-    // SAFETY: a live handle.
     assert_eq!(
+        // SAFETY: a live handle.
         unsafe { ncclCommFinalize(cs[2].0) },
         5,
         "finalize after revoke"
