@@ -177,15 +177,15 @@ fn wrong_uses_are_refused() {
     let mut out: ncclComm_t = null_mut();
     let id = ncclUniqueId::default();
     // An existing rank passing its rank number.
-    // SAFETY: live handle and slots; the call must refuse before using them.
     assert_eq!(
+        // SAFETY: live handle and slots; the call must refuse before using them.
         unsafe { ncclCommGrow(old[0].0, 4, null(), 0, &mut out, null_mut()) },
         4
     );
     assert!(last_error().contains("passes rank -1"), "{}", last_error());
     // A new rank without an id.
-    // SAFETY: as above.
     assert_eq!(
+        // SAFETY: as above.
         unsafe { ncclCommGrow(null_mut(), 4, null(), 2, &mut out, null_mut()) },
         4
     );
@@ -221,8 +221,8 @@ fn wrong_uses_are_refused() {
     let mut id2 = ncclUniqueId::default();
     // SAFETY: as above.
     assert_eq!(unsafe { ncclCommGetUniqueId(old[0].0, &mut id2) }, 0);
-    // SAFETY: as above.
     assert_eq!(
+        // SAFETY: as above.
         unsafe { ncclCommGrow(old[0].0, 2, &id2, -1, &mut out, null_mut()) },
         4
     );
