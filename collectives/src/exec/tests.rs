@@ -1,6 +1,5 @@
 //! Executor tests over real TCP links with a silent peer.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
