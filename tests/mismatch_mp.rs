@@ -1,16 +1,18 @@
 //! Mismatched calls between processes: 2 ranks of `tests/c/coll_check.c`
-//! (mode `mismatch`) call one AllReduce where rank 1 passes twice rank 0's
-//! count, or the same count in float64 instead of float32, with every
-//! buffer ending at a `PROT_NONE` page (or, for `ncclMemAlloc` buffers,
-//! followed by canary bytes in the same allocation, which peers map whole).
+//! (mode `mismatch`) make one call where rank 1 passes twice rank 0's
+//! count, another datatype, another op, another collective or another root,
+//! with every buffer ending at a `PROT_NONE` page (or, for `ncclMemAlloc`
+//! buffers, followed by canary bytes in the same allocation, which peers
+//! map whole).
 //!
 //! On every direct path (board slots, single copy with
 //! `process_vm_readv`/`writev`, single copy through mapped `ncclMemAlloc`
 //! buffers) both ranks must return `ncclInvalidUsage` naming the
-//! disagreement, with no buffer touched and no canary changed. Over TCP the
-//! rank that sees the wrong message size returns `ncclInvalidUsage`; the
-//! other may instead see its peer go (`ncclRemoteError`) within the stall
-//! limit. Afterwards the communicator is failed on every rank: a
+//! disagreement. On the executor's links (TCP, pipelined rings over shared
+//! memory) both ranks must return `ncclInvalidUsage` naming both calls,
+//! from the collective fingerprints. No canary next to any buffer changes
+//! and no guard page is hit; on the direct paths the buffers themselves
+//! are untouched, on the executor's links the input is. Afterwards the communicator is failed on every rank: a
 //! well-formed AllReduce returns an error at once, and `ncclCommDestroy`
 //! succeeds.
 
@@ -29,19 +31,25 @@ fn exe() -> &'static Path {
 /// The path a case takes, as its label and environment say.
 #[derive(Clone, Copy, PartialEq)]
 enum Route {
+    /// The single-node direct paths (board slots, single copy).
     Direct,
+    /// The executor's links over TCP.
     Tcp,
+    /// The executor's pipelined rings over shared memory.
+    Rings,
 }
 
-fn job(label: &str, what: &str, count: usize, alloc: &str, tcp: bool) -> Job {
+fn job(label: &str, what: &str, count: usize, alloc: &str, route: Route) -> Job {
     let mut j = Job::new(label, 2, "mismatch")
         .env("COLL_CHECK_MM_WHAT", what)
         .env("COLL_CHECK_MM_COUNT", &count.to_string())
         .env("COLL_CHECK_MM_ALLOC", alloc)
         // A rank left waiting shows up as a slow error, not a long hang.
         .env("HETCCL_TIMEOUT_S", "10");
-    if tcp {
-        j = j.env("NCCL_SHM_DISABLE", "1");
+    match route {
+        Route::Tcp => j = j.env("NCCL_SHM_DISABLE", "1"),
+        Route::Rings => j = j.env("NCCL_ALGO", "Ring"),
+        Route::Direct => {}
     }
     j
 }
@@ -66,11 +74,22 @@ fn problems(label: &str, path: Route, outs: &[ranks::RankOutput]) -> Vec<String>
             Route::Direct if get("out_untouched") != "1" || get("in_untouched") != "1" => p.push(
                 format!("{label}: rank {r}: a buffer was touched by the rejected call"),
             ),
-            Route::Tcp if !detected && rc != REMOTE_ERROR => p.push(format!(
-                "{label}: rank {r}: rc {rc} ({msg}), want ncclInvalidUsage or ncclRemoteError"
+            // The executor's links: every rank gets its peer's fingerprint
+            // first and names both calls.
+            Route::Tcp | Route::Rings if !detected => p.push(format!(
+                "{label}: rank {r}: rc {rc} ({msg}), want {INVALID_USAGE} (ncclInvalidUsage)"
             )),
-            Route::Tcp if detected && !msg.contains("mismatched") => p.push(format!(
-                "{label}: rank {r}: the message does not name mismatched operations: {msg}"
+            Route::Tcp | Route::Rings
+                if !(msg.contains(" called ") && msg.contains(" but rank ")) =>
+            {
+                p.push(format!(
+                    "{label}: rank {r}: the message does not name both calls: {msg}"
+                ))
+            }
+            // Data of a peer whose call matched, or a root's own copy, may
+            // reach the output before the mismatch is found; nothing else.
+            Route::Tcp | Route::Rings if get("in_untouched") != "1" => p.push(format!(
+                "{label}: rank {r}: the input buffer was written by the rejected call"
             )),
             _ => {}
         }
@@ -100,33 +119,64 @@ fn problems(label: &str, path: Route, outs: &[ranks::RankOutput]) -> Vec<String>
 #[test]
 fn mismatched_calls_fail_on_every_rank_without_touching_memory() {
     let so = hetccl_so();
-    // (label, what, count, alloc, over TCP)
-    let cases: &[(&str, &str, usize, &str, bool)] = &[
-        ("board slots count", "count", 100, "guard", false),
-        ("board slots dtype", "dtype", 100, "guard", false),
-        ("single copy (CMA) count", "count", 100_000, "guard", false),
-        ("single copy (CMA) dtype", "dtype", 100_000, "guard", false),
+    // (label, what, count, alloc, route)
+    let mut cases: Vec<(String, &str, usize, &str, Route)> = vec![
         (
-            "single copy (mapped ncclMemAlloc) count",
+            "board slots count".into(),
+            "count",
+            100,
+            "guard",
+            Route::Direct,
+        ),
+        (
+            "board slots dtype".into(),
+            "dtype",
+            100,
+            "guard",
+            Route::Direct,
+        ),
+        (
+            "single copy (CMA) count".into(),
+            "count",
+            100_000,
+            "guard",
+            Route::Direct,
+        ),
+        (
+            "single copy (CMA) dtype".into(),
+            "dtype",
+            100_000,
+            "guard",
+            Route::Direct,
+        ),
+        (
+            "single copy (mapped ncclMemAlloc) count".into(),
             "count",
             100_000,
             "memalloc",
-            false,
+            Route::Direct,
         ),
         (
-            "single copy (mapped ncclMemAlloc) dtype",
+            "single copy (mapped ncclMemAlloc) dtype".into(),
             "dtype",
             100_000,
             "memalloc",
-            false,
+            Route::Direct,
         ),
-        ("tcp count", "count", 100_000, "guard", true),
-        ("tcp dtype", "dtype", 100_000, "guard", true),
     ];
+    // Every kind of mismatch on the executor's links (fingerprints).
+    for (name, route) in [("tcp", Route::Tcp), ("rings", Route::Rings)] {
+        for what in ["count", "dtype", "op", "kind", "root"] {
+            cases.push((format!("{name} {what}"), what, 100_000, "guard", route));
+        }
+    }
+    let cases: Vec<(&str, &str, usize, &str, Route)> = cases
+        .iter()
+        .map(|(l, w, c, a, r)| (l.as_str(), *w, *c, *a, *r))
+        .collect();
     let mut failures = Vec::new();
-    for &(label, what, count, alloc, tcp) in cases {
-        let j = job(label, what, count, alloc, tcp);
-        let path = if tcp { Route::Tcp } else { Route::Direct };
+    for &(label, what, count, alloc, path) in &cases {
+        let j = job(label, what, count, alloc, path);
         match coll::run(exe(), &so, &j) {
             Ok(o) => {
                 let p = problems(label, path, &o.outs);
@@ -156,4 +206,30 @@ fn mismatched_calls_fail_on_every_rank_without_touching_memory() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// `HETCCL_CHECK=0` on one rank turns fingerprints off on every rank of the
+/// communicator, with a warning, so that their messages still agree: the
+/// allreduces over TCP are exact.
+#[test]
+fn ranks_that_disagree_on_the_check_turn_it_off_together() {
+    let so = hetccl_so();
+    let j = Job::new("tcp, HETCCL_CHECK=0 on rank 0", 2, "allreduce")
+        .args(["--counts", "1,1000,100000"])
+        .env("NCCL_SHM_DISABLE", "1")
+        .env("NCCL_DEBUG", "WARN")
+        .rank_env(|r, _| {
+            if r == 0 {
+                vec![("HETCCL_CHECK".into(), "0".into())]
+            } else {
+                Vec::new()
+            }
+        });
+    let o = coll::run(exe(), &so, &j).unwrap_or_else(|e| panic!("{e}"));
+    assert!(o.checks > 0);
+    let warned = &o.outs[1].stdout;
+    assert!(
+        warned.contains("HETCCL_CHECK is off on some ranks"),
+        "rank 1 did not warn:\n{warned}"
+    );
 }

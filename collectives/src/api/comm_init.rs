@@ -74,7 +74,11 @@ fn process_params() -> bootstrap::Params {
         .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |d| {
             d.addr
         });
-    bootstrap::Params { ip, timeout }
+    bootstrap::Params {
+        ip,
+        timeout,
+        ..Default::default()
+    }
 }
 
 fn decode_id(raw: &ncclUniqueId) -> Result<UniqueId> {

@@ -33,6 +33,10 @@ pub struct Engine {
     pub exec_lock: Mutex<()>,
     /// Why operations must stop (abort, revoke); shared with `links.stop`.
     pub stop: Arc<crate::exec::stop::Stop>,
+    /// Collectives run so far (the sequence number in fingerprints: the
+    /// same on every rank, unlike `seq`, which counts point-to-point calls
+    /// too).
+    pub coll_seq: std::sync::atomic::AtomicU64,
     /// Number of operations run so far (the sequence part of trace ids).
     pub seq: std::sync::atomic::AtomicU64,
     /// Scratch buffers kept between operations (plans never read scratch

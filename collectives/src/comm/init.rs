@@ -36,6 +36,7 @@ pub fn bootstrap_params(s: &Settings) -> Params {
     Params {
         ip: s.bootstrap_ip(),
         timeout: s.timeout,
+        checks: s.check,
     }
 }
 
@@ -64,6 +65,13 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         topo::host_hash(settings.host_id.as_deref()),
         bootstrap_params(&settings),
     )?;
+    // Fingerprints change every plan's messages: the ranks must agree.
+    if settings.check && bs.cards.iter().any(|c| !c.checks) {
+        tracing::warn!(target: "hetccl::INIT",
+            "rank {rank}: HETCCL_CHECK is off on some ranks of this communicator: collective \
+             fingerprints are off on every rank");
+        settings.check = false;
+    }
     let hashes: Vec<u64> = bs.cards.iter().map(|c| c.host_hash).collect();
     let node_of = topo::node_of_ranks(&hashes);
     let procs: Vec<u32> = {
@@ -203,6 +211,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         exec_lock: Mutex::new(()),
         stop,
         seq: AtomicU64::new(0),
+        coll_seq: AtomicU64::new(0),
         plans: Mutex::new(Default::default()),
         scratch_pool: Mutex::new(Vec::new()),
         intranode: direct,

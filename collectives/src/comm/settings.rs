@@ -46,6 +46,9 @@ pub struct Settings {
     pub comm_name: Option<String>,
     /// `HETCCL_NVRTC_LIB`: the NVRTC that compiles the GPU kernels.
     pub nvrtc_lib: Option<String>,
+    /// `HETCCL_CHECK`: collectives on the executor's links exchange
+    /// fingerprints (`exec::fingerprint`).
+    pub check: bool,
 }
 
 /// A positive, finite number of seconds, or `None`.
@@ -80,6 +83,7 @@ impl Settings {
             host_id: cfg.host_id.clone(),
             comm_name: comm.comm_name.clone(),
             nvrtc_lib: cfg.nvrtc_lib.clone(),
+            check: cfg.check,
         })
     }
 

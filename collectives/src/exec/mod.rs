@@ -13,6 +13,8 @@
 //! at the deadline or when the communicator is aborted.
 
 pub mod clock;
+pub mod fingerprint;
+mod mismatch;
 pub mod self_p2p;
 mod step;
 pub mod stop;
@@ -86,6 +88,9 @@ pub struct Job {
     /// A send to, or receive from, this rank itself: it has no steps until
     /// `self_p2p::pair` matches it with its counterpart.
     pub self_p2p: bool,
+    /// Where the plan's collective fingerprints are (`fingerprint`), when
+    /// the plan exchanges them.
+    pub fingerprint: Option<fingerprint::Layout>,
 }
 
 /// The identity of one operation across ranks: the same on every rank.
@@ -456,7 +461,12 @@ fn drive_loop(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clock) 
                 // (its own links closed) reports why it was stopped.
                 match b.poll() {
                     Ok(moved) => progressed |= moved,
-                    Err(e) => return Err(b.links.stop.error().unwrap_or(e)),
+                    Err(e) => {
+                        return Err(match b.links.stop.error() {
+                            Some(stopped) => stopped,
+                            None => b.explain_failure(e),
+                        })
+                    }
                 }
             }
         }

@@ -58,6 +58,7 @@ fn recv_job(buf: &mut [u8]) -> Job {
             seq: 7,
         },
         self_p2p: false,
+        fingerprint: None,
     }
 }
 

@@ -14,6 +14,7 @@ use crate::comm::engine::Engine;
 use crate::comm::plan_cache::PlanKey;
 use crate::comm::redop_table::Scalar as OpScalar;
 use crate::error::{Error, Result};
+use crate::exec::fingerprint::{self, Fingerprint};
 use crate::exec::{self_p2p, Job, OpBuffers, Trace};
 use crate::reduce::{ReduceOp, Scalar};
 use crate::user_ptr::UserPtr;
@@ -84,6 +85,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
         root: a.root as u32,
         in_place: inp,
         allowed: a.filter(&engine.settings.algo_filter).mask(coll),
+        checked: engine.settings.check && !matches!(coll, Collective::Send | Collective::Recv),
     };
     let self_p2p = matches!(coll, Collective::Send | Collective::Recv) && a.root == a.comm.rank;
     if self_p2p {
@@ -108,9 +110,10 @@ pub fn make_job(a: &Call) -> Result<Job> {
                 seq,
             },
             self_p2p: true,
+            fingerprint: None,
         });
     }
-    let (algorithm, plan) = engine.plans.lock().get_or_try_insert(key, || {
+    let (algorithm, plan, fp) = engine.plans.lock().get_or_try_insert(key, || {
         let algorithm = choose(engine, coll, bytes, a.filter(&engine.settings.algo_filter))?;
         let args = algo::PlanArgs {
             collective: key.collective,
@@ -128,13 +131,29 @@ pub fn make_job(a: &Call) -> Result<Job> {
             &Chunking::default(),
         )
         .map_err(|e| Error::Internal(format!("plan for {coll}: {e}")))?;
-        Ok::<_, Error>((algorithm, plan))
+        if key.checked {
+            let (plan, layout) = fingerprint::add(&plan);
+            return Ok::<_, Error>((algorithm, plan, Some(layout)));
+        }
+        Ok::<_, Error>((algorithm, plan, None))
     })?;
     let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
+    let coll_seq = if key.collective == Collective::Send || key.collective == Collective::Recv {
+        0
+    } else {
+        engine.coll_seq.fetch_add(1, Ordering::Relaxed)
+    };
     tracing::info!(target: "hetccl::TUNING",
         "comm {:016x} seq {seq} rank {}: {coll} count {} {} bytes {bytes} algo={}",
         engine.comm_hash, a.comm.rank, a.count, a.dtype.name(), algorithm.name());
-    let scratch = take_scratch(engine, plan.scratch_bytes);
+    let mut scratch = take_scratch(engine, plan.scratch_bytes);
+    if let Some(l) = fp {
+        let mine = Fingerprint::new(coll, a.count, a.dtype, op, a.root as u32, coll_seq);
+        let mine = mine.encode();
+        for at in l.out_slots() {
+            scratch[at..at + fingerprint::BYTES].copy_from_slice(&mine);
+        }
+    }
     Ok(Job {
         plan,
         bufs: OpBuffers {
@@ -154,6 +173,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
             seq,
         },
         self_p2p: false,
+        fingerprint: fp,
     })
 }
 

@@ -120,6 +120,10 @@ pub struct Config {
     /// finishes for a while. 0 (default): one per online processing unit,
     /// so every rank works unless ranks outnumber processing units.
     pub copy_workers: u32,
+    /// `HETCCL_CHECK`: collectives on the executor's links exchange
+    /// fingerprints, and ranks that called different collectives fail with
+    /// `ncclInvalidUsage` instead of mixing data. Default on.
+    pub check: bool,
     /// `HETCCL_COMM_SECRET`: mixed into the secret of ids derived from
     /// `NCCL_COMM_ID`, so that they cannot be guessed from the address.
     /// Never printed. Default unset.
@@ -171,6 +175,7 @@ impl Default for Config {
             spin_us: 50,
             copy_min_bytes: 32 << 10,
             copy_workers: 0,
+            check: true,
             comm_secret: None,
             from_env: 0,
         }

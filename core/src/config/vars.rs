@@ -306,6 +306,12 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| c.comm_secret.as_ref().map(|_| "<redacted>".to_string()),
     },
     Var {
+        name: "HETCCL_CHECK",
+        field: "check",
+        apply: |c, v| ok(parse::boolean(v), |b| c.check = b),
+        show: |c| Some(u8::from(c.check).to_string()),
+    },
+    Var {
         name: "HETCCL_COPY_WORKERS",
         field: "copy_workers",
         apply: |c, v| {
