@@ -120,50 +120,17 @@ fn problems(label: &str, path: Route, outs: &[ranks::RankOutput]) -> Vec<String>
 fn mismatched_calls_fail_on_every_rank_without_touching_memory() {
     let so = hetccl_so();
     // (label, what, count, alloc, route)
-    let mut cases: Vec<(String, &str, usize, &str, Route)> = vec![
-        (
-            "board slots count".into(),
-            "count",
-            100,
-            "guard",
-            Route::Direct,
-        ),
-        (
-            "board slots dtype".into(),
-            "dtype",
-            100,
-            "guard",
-            Route::Direct,
-        ),
-        (
-            "single copy (CMA) count".into(),
-            "count",
-            100_000,
-            "guard",
-            Route::Direct,
-        ),
-        (
-            "single copy (CMA) dtype".into(),
-            "dtype",
-            100_000,
-            "guard",
-            Route::Direct,
-        ),
-        (
-            "single copy (mapped ncclMemAlloc) count".into(),
-            "count",
-            100_000,
-            "memalloc",
-            Route::Direct,
-        ),
-        (
-            "single copy (mapped ncclMemAlloc) dtype".into(),
-            "dtype",
-            100_000,
-            "memalloc",
-            Route::Direct,
-        ),
-    ];
+    let mut cases: Vec<(String, &str, usize, &str, Route)> = Vec::new();
+    // Every kind of mismatch on the direct paths (shapes on the board).
+    for (name, count, alloc) in [
+        ("board slots", 100, "guard"),
+        ("single copy (CMA)", 100_000, "guard"),
+        ("single copy (mapped ncclMemAlloc)", 100_000, "memalloc"),
+    ] {
+        for what in ["count", "dtype", "op", "kind", "root"] {
+            cases.push((format!("{name} {what}"), what, count, alloc, Route::Direct));
+        }
+    }
     // Every kind of mismatch on the executor's links (fingerprints).
     for (name, route) in [("tcp", Route::Tcp), ("rings", Route::Rings)] {
         for what in ["count", "dtype", "op", "kind", "root"] {

@@ -131,7 +131,12 @@ mod tests {
             pid: 42,
             proc_nonce: 7,
             addr: "[::1]:99".parse().unwrap(),
+            checks: r_checks(rank),
         }
+    }
+
+    fn r_checks(rank: u32) -> bool {
+        rank != 2
     }
 
     #[test]
@@ -146,5 +151,10 @@ mod tests {
         assert!(decode_table(&bad, 3).is_err());
         assert!(Card::decode(&card(3, 3).encode()).is_err());
         assert!(Card::decode(&[0u8; 5]).is_err());
+        // The flags byte holds one bit.
+        let mut flags = card(1, 3).encode();
+        flags[31] = 2;
+        assert!(Card::decode(&flags).is_err());
+        assert!(!Card::decode(&card(2, 3).encode()).unwrap().checks);
     }
 }
