@@ -925,13 +925,14 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclAllReduce(fx.sbuf, fx.rbuf, 4, FLOAT, SUM, revoked, null_mut()) },
     );
+    // A revoked comm may be split or shrunk (NCCL's contract), not finalized.
     t.add(
-        "ncclCommSplit: revoked comm",
+        "ncclCommFinalize: revoked comm",
         u,
         "revoked",
         // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
         // every other pointer is a live fixture (leaked for the test's life).
-        move || unsafe { ncclCommSplit(revoked, 0, 0, out, null_mut()) },
+        move || unsafe { ncclCommFinalize(revoked) },
     );
     let suspended = {
         let mut c: ncclComm_t = null_mut();
