@@ -200,3 +200,35 @@ fn ranks_that_disagree_on_the_check_turn_it_off_together() {
         "rank 1 did not warn:\n{warned}"
     );
 }
+
+/// A mismatch across paths: rank 0 calls AllReduce (single copy on one
+/// node), rank 1 Reduce (the executor). Neither sees the other's shape, so
+/// neither can name it, but both must fail within the stall limit, with no
+/// canary or guard page touched.
+#[test]
+fn a_mismatch_across_paths_fails_on_every_rank_within_the_stall_limit() {
+    let so = hetccl_so();
+    let j = job(
+        "allreduce against reduce",
+        "reduce",
+        100_000,
+        "guard",
+        Route::Direct,
+    )
+    .env("HETCCL_TIMEOUT_S", "3");
+    let o = coll::run(exe(), &so, &j).unwrap_or_else(|e| panic!("{e}"));
+    for x in &o.outs {
+        let get = |k: &str| x.get(&format!("mismatch.{k}")).unwrap_or_default();
+        eprintln!(
+            "rank {}: rc {} in {} ms: {}",
+            x.rank,
+            get("rc"),
+            get("ms"),
+            get("last_error")
+        );
+        assert_ne!(get("rc"), "0", "rank {} returned ncclSuccess", x.rank);
+        let ms: f64 = get("ms").parse().unwrap_or(f64::MAX);
+        assert!(ms < 5000.0, "rank {} took {ms} ms", x.rank);
+        assert_eq!(get("destroy_rc"), "0", "rank {}: destroy", x.rank);
+    }
+}

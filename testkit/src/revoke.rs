@@ -118,6 +118,10 @@ pub fn revoke_reaches_blocked_peers(count: usize) -> Vec<Blocked> {
 /// Checks what [`revoke_reaches_blocked_peers`] returned.
 pub fn assert_told(seen: &[Blocked], within: Duration) {
     for (r, b) in seen.iter().enumerate() {
+        eprintln!(
+            "[revoke] peer rank {r}: returned {:?} after the revoke",
+            b.after_revoke
+        );
         assert_eq!(b.rc, 6, "rank {r}: {b:?}");
         assert!(
             b.msg.contains("rank 2 revoked the communicator"),
