@@ -57,6 +57,7 @@ fn every_variable_parses() {
         ("NCCL_IB_HCA", "mlx5_0:1"),
         ("NCCL_NET_GDR_LEVEL", "PHB"),
         ("HETCCL_COMM_SECRET", "s3cret"),
+        ("HETCCL_CHECK", "1"),
     ]);
     // Only the ignored variables warn, one line each.
     let ignored: Vec<&str> = vars::IGNORED.iter().map(|(n, _)| *n).collect();
@@ -95,6 +96,7 @@ fn every_variable_parses() {
     assert_eq!(c.ib_hca.as_deref(), Some("mlx5_0:1"));
     assert_eq!(c.net_gdr_level.as_deref(), Some("PHB"));
     assert_eq!(c.comm_secret, Some(Secret("s3cret".into())));
+    assert!(c.check);
     assert!(
         !format!("{c:?}").contains("s3cret"),
         "Debug redacts the secret"
