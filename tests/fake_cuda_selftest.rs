@@ -1,14 +1,19 @@
 //! Self-test of the emulated CUDA driver (`tests/c/fake_cuda*.c`): its
 //! exported symbols, and every emulated behaviour as seen by a C program
 //! (`tests/c/fake_cuda_selftest*.c`) built against NVIDIA's real `cuda.h`
-//! and linked to the fake.
+//! and linked to the fake: what it emulates, what makes it as strict as
+//! CUDA (contexts, synchronising calls, host functions, images, the
+//! watchdogs), and its narrow-float kernels against hetccl's host kernels.
 
 use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use hetccl_testkit::{cc, fake_cuda, repo_root};
+use hetccl_abi::DataType;
+use hetccl_collectives::reduce::{self, ReduceOp, Scalar};
+use hetccl_testkit::{cc, fake_cuda, repo_root, tmp_dir};
 
 const TAG: &str = "selftest";
 
@@ -69,6 +74,7 @@ const EXPORTS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamEndCapture",
+    "cuStreamGetCtx",
     "cuStreamIsCapturing",
     "cuStreamQuery",
     "cuStreamSynchronize",
@@ -85,6 +91,7 @@ fn selftest_exe() -> &'static Path {
         let mut extra: Vec<String> = [
             "tests/c/fake_cuda_selftest_streams.c",
             "tests/c/fake_cuda_selftest_kernels.c",
+            "tests/c/fake_cuda_selftest_strict.c",
         ]
         .iter()
         .map(|f| repo_root().join(f).display().to_string())
@@ -107,21 +114,32 @@ fn selftest_exe() -> &'static Path {
     })
 }
 
-/// Runs the self-test in `mode` with only `env` from the fake's switches.
-fn run(mode: &str, env: &[(&str, &str)]) -> (BTreeMap<String, String>, Output) {
+/// The self-test program in `mode` (with `args`) with only `env` from the
+/// fake's switches.
+fn command(mode: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(selftest_exe());
     cmd.arg(mode)
+        .args(args)
         .env("LD_LIBRARY_PATH", fake_cuda::ld_library_path(TAG))
         .env("FAKE_CUDA_TIMEOUT_S", "60");
     for k in [
         "FAKE_CUDA_DEVICES",
         "FAKE_CUDA_NO_STREAM_MEMOPS",
         "FAKE_CUDA_LOG",
+        "FAKE_CUDA_DEADLOCK_S",
+        "FAKE_CUDA_HOSTFN_LIMIT_S",
+        "FAKE_CUDA_DRIVER_VERSION",
+        "FAKE_CUDA_REJECT_CUBIN",
     ] {
         cmd.env_remove(k);
     }
     cmd.envs(env.iter().copied());
-    let out = cc::run_ok(&mut cmd);
+    cmd
+}
+
+/// Runs the self-test in `mode` with only `env` from the fake's switches.
+fn run(mode: &str, env: &[(&str, &str)]) -> (BTreeMap<String, String>, Output) {
+    let out = cc::run_ok(&mut command(mode, &[], env));
     let kv = cc::parse_kv(&String::from_utf8_lossy(&out.stdout));
     (kv, out)
 }
@@ -277,9 +295,12 @@ fn emulated_driver_behaves() {
         ("event.fresh", "0"),
         ("event.destroy_pending", "0"),
         ("event.destroy_pending_sync", "0"),
+        // A free waits until the streams are idle (here for a flag that a
+        // thread sets 50 ms later), so queued work has run.
         ("free.pending_rc", "0"),
-        ("free.pending_sync", "0"),
+        ("free.waited_for_stream", "1"),
         ("free.pending_data", "1"),
+        ("free.pending_sync", "0"),
         // Host functions: on the worker thread, in stream order.
         ("hostfn.ran_before", "0"),
         ("hostfn.order", "12"),
@@ -317,10 +338,9 @@ fn emulated_driver_behaves() {
         ("capture.null_stream", "0"),
         ("capture.begin_null", "900"),
         ("capture.copy_after", "0"),
-        // Kernels: modules of hetccl's PTX only; the 62 emulated entry
-        // points of reduce.cu (reduce/premul/postdiv for the integer, f32
-        // and f64 types); other entries NOT_SUPPORTED (801), absent
-        // NOT_FOUND (500).
+        // Kernels: modules of hetccl's kernels only; all 90 entry points
+        // of reduce.cu; names that are no entry of reduce.cu
+        // NOT_SUPPORTED (801), absent NOT_FOUND (500).
         ("kernel.load_garbage", "200"), // CUDA_ERROR_INVALID_IMAGE
         ("kernel.load_elf", "200"),
         ("kernel.load_null", "1"),
@@ -328,13 +348,13 @@ fn emulated_driver_behaves() {
         ("kernel.module_nonnull", "1"),
         ("kernel.get_f32_sum", "0"),
         ("kernel.same_handle", "1"),
-        ("kernel.get_f16_sum", "801"),
+        ("kernel.get_f16_sum", "0"),
         ("kernel.get_f32_avg", "0"),
         ("kernel.get_premul", "0"),
         ("kernel.get_postdiv", "0"),
         ("kernel.premul_own_handle", "1"),
-        ("kernel.get_f16_premul", "801"),
-        ("kernel.get_bf16_avg", "801"),
+        ("kernel.get_f16_premul", "0"),
+        ("kernel.get_bf16_avg", "0"),
         ("kernel.get_f32_postdiv", "801"), // not an entry of reduce.cu
         ("kernel.get_missing", "500"),
         ("kernel.get_prefix", "500"),
@@ -396,6 +416,48 @@ fn emulated_driver_behaves() {
         ("kernel.launch_capturing", "900"),
         ("kernel.unload", "0"),
         ("kernel.unload_again", "400"),
+        // Contexts: streams and events carry theirs; an event recorded on
+        // another context's stream is INVALID_HANDLE (400), as a kernel
+        // launched on one; a kernel whose module is of another context
+        // than the current one INVALID_CONTEXT (201). Waits on events and
+        // copies cross contexts.
+        ("ctxrule.stream_ctx", "1"),
+        ("ctxrule.default_stream_ctx", "1"),
+        ("ctxrule.record_other_ctx", "400"),
+        ("ctxrule.record_other_default", "400"),
+        ("ctxrule.record_same", "0"),
+        ("ctxrule.record_own_stream_other_current", "0"),
+        ("ctxrule.wait_event_cross", "0"),
+        ("ctxrule.copy_other_ctx_stream", "0"),
+        ("ctxrule.launch_other_stream", "400"),
+        ("ctxrule.launch_other_module", "201"),
+        ("ctxrule.launch_same", "0"),
+        // Synchronising calls: cuMemFree waits for its context's streams,
+        // cuMemFreeHost for every context's, cuModuleLoadData for the
+        // current one's.
+        ("quiesce.free_other_ctx", "0"),
+        ("quiesce.free_other_ctx_did_not_wait", "1"),
+        ("quiesce.freehost", "0"),
+        ("quiesce.freehost_waited", "1"),
+        ("quiesce.load", "0"),
+        ("quiesce.load_waited", "1"),
+        // Host functions: one thread for all, one at a time; a CUDA call
+        // inside one is CUDA_ERROR_NOT_PERMITTED (800).
+        ("hostfn.shared_thread", "1"),
+        ("hostfn.serialised", "1"),
+        ("hostfn.cuda_call", "800"),
+        // Images: a CUBIN for sm_90 (the device's) loads with its global
+        // functions as entries; sm_80's is NO_BINARY_FOR_GPU (209); PTX of
+        // ISA 9.9 (newer than the 12.9 driver's 8.8) is
+        // UNSUPPORTED_PTX_VERSION (222), for sm_100 NO_BINARY_FOR_GPU.
+        ("cubin.load", "0"),
+        ("cubin.get_f32_sum", "0"),
+        ("cubin.get_f16_premul", "0"),
+        ("cubin.get_absent", "500"),
+        ("cubin.runs", "1"),
+        ("cubin.other_arch", "209"),
+        ("ptx.newer_isa", "222"),
+        ("ptx.newer_target", "209"),
         // Error names.
         ("err.name_600", "CUDA_ERROR_NOT_READY"),
         ("err.name_900", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"),
@@ -416,15 +478,17 @@ fn emulated_driver_behaves() {
         ("ipc.child_range_closed", "500"),
         ("ipc.child_read_ok", "1"),
         ("ipc.child_close", "0"),
+        ("ipc.child_close_waited", "1"),
         ("ipc.child_close_again", "1"),
         ("ipc.child_exit", "0"),
         ("ipc.parent_sees_child", "1"),
         ("done", "1"),
     ];
     expect(&kv, want, &out);
-    // CUDA_VERSION of the fetched cuda.h (12090 for CUDA 12.9).
+    // CUDA_VERSION of the fetched cuda.h (12090 for CUDA 12.9); the PTX of
+    // `kernel.load` is ISA 8.5 (CUDA 12.5).
     let ver: u32 = kv["drv.version"].parse().expect("drv.version is a number");
-    assert!(ver >= 12000, "drv.version {ver}");
+    assert!(ver >= 12050, "drv.version {ver}");
     let unchecked: Vec<&String> = kv
         .keys()
         .filter(|k| *k != "drv.version" && !want.iter().any(|(w, _)| w == k))
@@ -483,5 +547,279 @@ fn zero_devices_fail_init() {
             ("init.count_after_failure", "3"),
         ],
         &out,
+    );
+}
+
+/// Runs `mode`, which must be aborted by the fake (SIGABRT) with a message
+/// containing every one of `words` on stderr, after printing `started`.
+fn expect_abort(mode: &str, env: &[(&str, &str)], started: &str, words: &[&str]) {
+    let t0 = std::time::Instant::now();
+    let out = command(mode, &[], env)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the self-test: {e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.signal(),
+        Some(6),
+        "{mode}: want SIGABRT, got {}\nstdout:\n{stdout}\nstderr:\n{err}",
+        out.status
+    );
+    assert!(
+        stdout.contains(started),
+        "{mode}: never reached the wait:\n{stdout}"
+    );
+    assert!(
+        !stdout.contains("returned 1"),
+        "{mode}: the call returned:\n{stdout}"
+    );
+    for w in words {
+        assert!(err.contains(w), "{mode}: stderr lacks {w:?}:\n{err}");
+    }
+    assert!(
+        t0.elapsed().as_secs() < 30,
+        "{mode}: the watchdog took {:?}",
+        t0.elapsed()
+    );
+}
+
+/// The watchdogs: a free made while a stream waits for a flag nobody sets
+/// aborts after FAKE_CUDA_DEADLOCK_S naming the call and what the stream
+/// waits on; a host function that waits past FAKE_CUDA_HOSTFN_LIMIT_S
+/// aborts too.
+#[test]
+fn watchdogs_abort_deadlocks_and_waiting_host_functions() {
+    expect_abort(
+        "deadlock",
+        &[("FAKE_CUDA_DEADLOCK_S", "1")],
+        "freeing 1",
+        &[
+            "cuMemFreeHost: deadlock",
+            "cuStreamWaitValue32",
+            "FAKE_CUDA_DEADLOCK_S",
+        ],
+    );
+    expect_abort(
+        "hostfn_wait",
+        &[("FAKE_CUDA_HOSTFN_LIMIT_S", "1")],
+        "waiting 1",
+        &["a host function has run for 1 s", "must not wait"],
+    );
+}
+
+/// An old driver: `FAKE_CUDA_DRIVER_VERSION` is what cuDriverGetVersion
+/// reports and bounds the PTX ISA it takes (12.2: 8.2);
+/// `FAKE_CUDA_REJECT_CUBIN` refuses every CUBIN.
+#[test]
+fn old_driver_and_rejected_cubins() {
+    let (kv, out) = run(
+        "oldcuda",
+        &[
+            ("FAKE_CUDA_DRIVER_VERSION", "12020"),
+            ("FAKE_CUDA_REJECT_CUBIN", "1"),
+        ],
+    );
+    expect(
+        &kv,
+        &[
+            ("old.version", "12020"),
+            ("old.ptx_8_5", "222"), // CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+            ("old.ptx_8_2", "0"),
+            ("old.cubin_rejected", "209"), // CUDA_ERROR_NO_BINARY_FOR_GPU
+            ("done", "1"),
+        ],
+        &out,
+    );
+}
+
+/// One kernel's cases: its name, and how hetccl's host kernels compute it.
+enum Reference {
+    /// `dst = op(a, b)`.
+    Binary(ReduceOp),
+    /// `dst = a*s + b` (avg, premulsum).
+    MulAdd,
+    /// `dst = a*s`.
+    Premul,
+}
+
+/// One case: a kernel, its inputs, and how the host computes it.
+struct Case {
+    kernel: String,
+    reference: Reference,
+    dt: DataType,
+    scalar: Scalar,
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+/// What the host kernels give for one case.
+fn host_result(dt: DataType, r: &Reference, a: &[u8], b: &[u8], s: Scalar) -> Vec<u8> {
+    let mut d = vec![0u8; a.len()];
+    match r {
+        Reference::Binary(op) => reduce::reduce3(&mut d, a, b, dt, *op).unwrap(),
+        Reference::MulAdd => {
+            let mut x = a.to_vec();
+            reduce::scale(&mut x, dt, s).unwrap();
+            reduce::reduce3(&mut d, &x, b, dt, ReduceOp::Sum).unwrap();
+        }
+        Reference::Premul => {
+            d.copy_from_slice(a);
+            reduce::scale(&mut d, dt, s).unwrap();
+        }
+    }
+    d
+}
+
+/// Whether `v` (an element of `dt`) is a NaN, or a zero.
+fn nan_or_zero(dt: DataType, v: u16) -> (bool, bool) {
+    match dt {
+        DataType::Float16 => (v & 0x7c00 == 0x7c00 && v & 0x3ff != 0, v & 0x7fff == 0),
+        DataType::Bfloat16 => (v & 0x7f80 == 0x7f80 && v & 0x7f != 0, v & 0x7fff == 0),
+        DataType::Float8e4m3 => (v & 0x7f == 0x7f, v & 0x7f == 0),
+        _ => (v & 0x7c == 0x7c && v & 3 != 0, v & 0x7f == 0),
+    }
+}
+
+/// The emulated f16, bf16 and fp8 kernels against hetccl's host kernels:
+/// every pair of fp8 values, every float16/bfloat16 value against a
+/// pseudo-random partner, for sum, prod, max, min, a*s + b (avg,
+/// premulsum) and a*s (premul) with several scalars; bit for bit, except
+/// that any NaN equals any NaN (the GPU's cvt gives a canonical NaN) and
+/// max/min of +0 and -0 may keep either zero (host order differs).
+#[test]
+fn narrow_kernels_match_the_host_reference() {
+    let dts = [
+        (DataType::Float16, "f16"),
+        (DataType::Bfloat16, "bf16"),
+        (DataType::Float8e4m3, "f8e4m3"),
+        (DataType::Float8e5m2, "f8e5m2"),
+    ];
+    let ops = [
+        ("sum", ReduceOp::Sum),
+        ("prod", ReduceOp::Prod),
+        ("max", ReduceOp::Max),
+        ("min", ReduceOp::Min),
+    ];
+    let mut cases: Vec<Case> = Vec::new();
+    for (dt, sfx) in dts {
+        let es = dt.size();
+        let n = 1usize << 16;
+        let (mut a, mut b) = (Vec::with_capacity(n * es), Vec::with_capacity(n * es));
+        for i in 0..n {
+            if es == 1 {
+                a.push(i as u8);
+                b.push((i >> 8) as u8);
+            } else {
+                let partner = (i as u32).wrapping_mul(0x9E37_79B1).rotate_left(13) as u16;
+                a.extend_from_slice(&(i as u16).to_le_bytes());
+                b.extend_from_slice(&partner.to_le_bytes());
+            }
+        }
+        let mut add = |kernel: String, reference: Reference, scalar: Scalar| {
+            cases.push(Case {
+                kernel,
+                reference,
+                dt,
+                scalar,
+                a: a.clone(),
+                b: b.clone(),
+            })
+        };
+        for (name, op) in ops {
+            let k = format!("hetccl_reduce_{sfx}_{name}");
+            add(k, Reference::Binary(op), Scalar::default());
+        }
+        for v in [0.5, 1.5, -0.3, 3.0, 1e-3] {
+            let s = Scalar::from_f64(dt, v);
+            for name in ["avg", "premulsum"] {
+                add(format!("hetccl_reduce_{sfx}_{name}"), Reference::MulAdd, s);
+            }
+            add(format!("hetccl_premul_{sfx}"), Reference::Premul, s);
+        }
+    }
+    let dir = tmp_dir().join("fake_cuda_narrow");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (inp, outp) = (dir.join("cases.bin"), dir.join("out.bin"));
+    let mut file = Vec::new();
+    for Case {
+        kernel: k,
+        dt,
+        scalar: s,
+        a,
+        b,
+        ..
+    } in &cases
+    {
+        file.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        file.extend_from_slice(k.as_bytes());
+        file.extend_from_slice(&(dt.size() as u32).to_le_bytes());
+        file.extend_from_slice(&((a.len() / dt.size()) as u64).to_le_bytes());
+        let mut raw = [0u8; 8];
+        raw[..dt.size()].copy_from_slice(s.bytes(*dt));
+        file.extend_from_slice(&raw);
+        file.extend_from_slice(a);
+        file.extend_from_slice(b);
+    }
+    std::fs::write(&inp, &file).unwrap();
+    let (ip, op) = (inp.display().to_string(), outp.display().to_string());
+    let out = cc::run_ok(&mut command("narrow", &[&ip, &op], &[]));
+    let kv = cc::parse_kv(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        kv.get("narrow.cases").map(String::as_str),
+        Some(&*cases.len().to_string())
+    );
+    let got = std::fs::read(&outp).unwrap();
+    let mut at = 0;
+    let mut bad = Vec::new();
+    for Case {
+        kernel: k,
+        reference: r,
+        dt,
+        scalar: s,
+        a,
+        b,
+    } in &cases
+    {
+        let want = host_result(*dt, r, a, b, *s);
+        let dev = &got[at..at + want.len()];
+        at += want.len();
+        let es = dt.size();
+        let minmax = matches!(r, Reference::Binary(ReduceOp::Max | ReduceOp::Min));
+        let mut wrong = 0;
+        for i in 0..want.len() / es {
+            let word = |v: &[u8]| {
+                if es == 1 {
+                    u16::from(v[i])
+                } else {
+                    u16::from_le_bytes([v[2 * i], v[2 * i + 1]])
+                }
+            };
+            let (x, y) = (word(dev), word(&want));
+            let ((xn, xz), (yn, yz)) = (nan_or_zero(*dt, x), nan_or_zero(*dt, y));
+            if x == y || (xn && yn) || (minmax && xz && yz) {
+                continue;
+            }
+            if wrong < 3 {
+                let ai = word(a);
+                let bi = word(b);
+                bad.push(format!(
+                    "{k} (s = {:02x?}): a {ai:#x}, b {bi:#x}: device {x:#x}, host {y:#x}",
+                    s.bytes(*dt)
+                ));
+            }
+            wrong += 1;
+        }
+        if wrong > 0 {
+            bad.push(format!(
+                "{k}: {wrong} of {} elements differ",
+                want.len() / es
+            ));
+        }
+    }
+    assert_eq!(at, got.len(), "output size");
+    assert!(
+        bad.is_empty(),
+        "emulated kernels differ from the host's:\n{}",
+        bad.join("\n")
     );
 }

@@ -105,11 +105,16 @@
 
 /* ---------------------------------------------------------------- basics */
 
-int g_log;          /* FAKE_CUDA_LOG */
-int g_no_memops;    /* FAKE_CUDA_NO_STREAM_MEMOPS */
-int g_no_peer;      /* FAKE_CUDA_NO_PEER_ACCESS */
+int g_log;                 /* FAKE_CUDA_LOG */
+int g_no_memops;           /* FAKE_CUDA_NO_STREAM_MEMOPS */
+int g_no_peer;             /* FAKE_CUDA_NO_PEER_ACCESS */
+int g_reject_cubin;        /* FAKE_CUDA_REJECT_CUBIN */
+int g_driver_version = CUDA_VERSION; /* FAKE_CUDA_DRIVER_VERSION */
+int g_deadlock_s = 30;     /* FAKE_CUDA_DEADLOCK_S */
+int g_hostfn_limit_s = 10; /* FAKE_CUDA_HOSTFN_LIMIT_S */
 static int g_timeout_s = 120;
-int g_inited;       /* cuInit succeeded (atomic access) */
+int g_inited;              /* cuInit succeeded (atomic access) */
+__thread int t_in_hostfn;  /* set by the host-function worker around each call */
 static int g_ndev = 1;
 
 __attribute__((format(printf, 1, 2))) void say(const char *fmt, ...) {
@@ -135,12 +140,14 @@ void cond_init(pthread_cond_t *cv) {
     pthread_condattr_destroy(&a);
 }
 
-struct timespec deadline(void) {
+struct timespec deadline_in(int s) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    t.tv_sec += g_timeout_s;
+    t.tv_sec += s;
     return t;
 }
+
+struct timespec deadline(void) { return deadline_in(g_timeout_s); }
 
 int past(const struct timespec *dl) {
     struct timespec t;
@@ -161,8 +168,14 @@ size_t page_round(size_t n) {
 
 /* ------------------------------------------------------------- contexts */
 
-static struct fake_ctx g_ctx[MAX_DEV];
+struct fake_ctx g_ctx[MAX_DEV];
 __thread struct fake_ctx *t_ctx; /* the calling thread's current context */
+
+/* A positive integer from the environment, or `dflt`. */
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && atoi(e) > 0 ? atoi(e) : dflt;
+}
 
 __attribute__((constructor)) static void fake_cuda_load(void) {
     const char *e = getenv("FAKE_CUDA_LOG");
@@ -171,8 +184,12 @@ __attribute__((constructor)) static void fake_cuda_load(void) {
     g_no_memops = e && *e && strcmp(e, "0") != 0;
     e = getenv("FAKE_CUDA_NO_PEER_ACCESS");
     g_no_peer = e && *e && strcmp(e, "0") != 0;
-    e = getenv("FAKE_CUDA_TIMEOUT_S");
-    if (e && atoi(e) > 0) g_timeout_s = atoi(e);
+    e = getenv("FAKE_CUDA_REJECT_CUBIN");
+    g_reject_cubin = e && *e && strcmp(e, "0") != 0;
+    g_timeout_s = env_int("FAKE_CUDA_TIMEOUT_S", g_timeout_s);
+    g_deadlock_s = env_int("FAKE_CUDA_DEADLOCK_S", g_deadlock_s);
+    g_hostfn_limit_s = env_int("FAKE_CUDA_HOSTFN_LIMIT_S", g_hostfn_limit_s);
+    g_driver_version = env_int("FAKE_CUDA_DRIVER_VERSION", g_driver_version);
     for (int i = 0; i < MAX_DEV; i++) g_ctx[i] = (struct fake_ctx){CTX_MAGIC, i};
     cond_init(&g_ev_cv);
 }
@@ -191,9 +208,9 @@ CUresult cuInit(unsigned int flags) {
 }
 
 CUresult cuDriverGetVersion(int *v) {
-    LOG("cuDriverGetVersion");
+    LOG("cuDriverGetVersion -> %d", g_driver_version);
     NEED_PTR(v);
-    *v = CUDA_VERSION;
+    *v = g_driver_version;
     return CUDA_SUCCESS;
 }
 
@@ -232,8 +249,8 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attr, CUdevice dev) {
     NEED_PTR(pi);
     NEED_DEV(dev);
     switch (attr) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = DEVICE_SM / 10; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = DEVICE_SM % 10; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
@@ -365,6 +382,10 @@ static const struct {
     E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
     E(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"),
     E(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
+    E(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device"),
+    E(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "the provided PTX was compiled with an unsupported toolchain"),
+    E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted"),
+    E(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"),
     E(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported between these two devices"),
     E(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
     E(CUDA_ERROR_NOT_READY, "device not ready"),

@@ -14,16 +14,21 @@
 //! - [`p2p`]: sends and receives inside a node through a mailbox per pair;
 //! - [`stage`]: host staging on the proxy's stream, large calls pipelined;
 //! - [`pinned`]: the pool of pinned host buffers;
-//! - [`kernels`] and [`nvrtc`]: reduction kernels compiled at first use.
+//! - [`safe`]: safe points for the calls that wait for the device (frees,
+//!   IPC closes, module loads): never while a stream waits on a flag;
+//! - [`kernels`], [`module`] and [`nvrtc`]: reduction kernels compiled at
+//!   first use (a CUBIN for the device, else PTX) and loaded at a safe point.
 
 pub mod driver;
 pub mod ipc;
 pub mod kernels;
 pub mod memory;
+pub mod module;
 pub mod nvrtc;
 pub mod p2p;
 pub mod peer;
 pub mod pinned;
+pub mod safe;
 pub mod stage;
 pub mod stream;
 

@@ -4,6 +4,12 @@
 //! copies into and out of it on the user's stream, the host engine reads
 //! and writes it like any host buffer, and its first [`HEADER`] bytes hold a
 //! 32-bit completion flag that a stream can wait on (`cuStreamWaitValue32`).
+//!
+//! A dropped buffer always goes back to the pool: `cuMemFreeHost`
+//! synchronises with the device, so it is never called while a stream may
+//! wait on a flag the proxy has yet to set. The pool is trimmed to
+//! [`POOL_MAX`] buffers (the most recently used) at safe points only
+//! ([`super::safe`]).
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -17,40 +23,54 @@ use crate::error::Result;
 /// Bytes before the payload: the flag, padded to a cache line.
 pub const HEADER: usize = 64;
 
-/// The most idle buffers kept for reuse.
-const POOL_MAX: usize = 32;
+/// The most idle buffers a trim keeps.
+pub const POOL_MAX: usize = 32;
 
 /// One pinned buffer: `len` payload bytes after the header.
 #[derive(Debug)]
 pub struct Pinned {
     base: *mut u8,
     len: usize,
+    /// The context current at the allocation (its free is made there).
+    ctx: usize,
 }
 
 // SAFETY: pinned host memory owned by this value; any thread may use it.
 unsafe impl Send for Pinned {}
 
-/// Idle buffers: (address, payload length).
-static POOL: Lazy<Mutex<Vec<(usize, usize)>>> = Lazy::new(|| Mutex::new(Vec::new()));
+/// An idle buffer.
+struct Idle {
+    base: usize,
+    len: usize,
+    ctx: usize,
+}
+
+/// Idle buffers, the most recently returned last.
+static POOL: Lazy<Mutex<Vec<Idle>>> = Lazy::new(|| Mutex::new(Vec::new()));
 
 impl Pinned {
-    /// A buffer of at least `len` payload bytes, flag cleared.
+    /// A buffer of at least `len` payload bytes, flag cleared: the
+    /// smallest idle one that fits, else a new one in the current context
+    /// (an allocation does not synchronise).
     pub fn take(len: usize) -> Result<Pinned> {
         let found = {
             let mut pool = POOL.lock();
-            pool.iter()
+            let best = pool
+                .iter()
                 .enumerate()
-                .filter(|(_, &(_, l))| l >= len)
-                .min_by_key(|(_, &(_, l))| l)
-                .map(|(i, _)| i)
-                .map(|i| pool.swap_remove(i))
+                .filter(|(_, e)| e.len >= len)
+                .min_by_key(|(_, e)| e.len)
+                .map(|(i, _)| i);
+            best.map(|i| pool.remove(i))
         };
         let s = match found {
-            Some((base, len)) => Pinned {
-                base: base as *mut u8,
-                len,
+            Some(e) => Pinned {
+                base: e.base as *mut u8,
+                len: e.len,
+                ctx: e.ctx,
             },
             None => {
+                let ctx = driver::current_context()? as usize;
                 let mut p: *mut c_void = std::ptr::null_mut();
                 let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
                 driver::check(
@@ -61,6 +81,7 @@ impl Pinned {
                 Pinned {
                     base: p.cast(),
                     len: len.max(1),
+                    ctx,
                 }
             }
         };
@@ -95,13 +116,43 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
+        // Never freed here: see the module's header.
+        POOL.lock().push(Idle {
+            base: self.base as usize,
+            len: self.len,
+            ctx: self.ctx,
+        });
+    }
+}
+
+/// How many idle buffers the pool holds.
+pub fn pooled() -> usize {
+    POOL.lock().len()
+}
+
+/// Frees the idle buffers beyond [`POOL_MAX`], the least recently used
+/// first. Called at safe points only ([`super::safe`]): `cuMemFreeHost`
+/// waits for the device.
+pub(super) fn trim() {
+    let old: Vec<Idle> = {
         let mut pool = POOL.lock();
-        if pool.len() < POOL_MAX {
-            pool.push((self.base as usize, self.len));
-        } else {
-            drop(pool);
-            // SAFETY: allocated by cuMemHostAlloc and no longer used.
-            unsafe { cu::cuMemFreeHost(self.base.cast()) };
-        }
+        let extra = pool.len().saturating_sub(POOL_MAX);
+        pool.drain(..extra).collect()
+    };
+    if old.is_empty() {
+        return;
+    }
+    tracing::debug!(target: "hetccl::ALLOC", "freeing {} idle pinned staging buffers", old.len());
+    let prev = driver::current_context().ok();
+    for e in old {
+        // SAFETY: the context the buffer was allocated in (retained by its
+        // owner while hetccl works on its streams).
+        let _ = unsafe { driver::set_current(e.ctx as cu::CUcontext) };
+        // SAFETY: allocated by cuMemHostAlloc; idle in the pool, so unused.
+        unsafe { cu::cuMemFreeHost(e.base as *mut c_void) };
+    }
+    if let Some(c) = prev {
+        // SAFETY: the context that was current on entry.
+        let _ = unsafe { driver::set_current(c) };
     }
 }
