@@ -118,6 +118,8 @@ fi
 
 # Which way hetccl ran the calls: CUDA IPC or staged through host memory.
 log "# a) paths: $(grep -c ': CUDA IPC$' "$outdir/a_torch_hetccl_4ranks.log") calls through CUDA IPC, $(grep -c ': staged through host memory$' "$outdir/a_torch_hetccl_4ranks.log") staged"
+# How the reduction kernels loaded (CUBIN or PTX), or the WARN why not.
+log "# a) kernels: $(grep -hoE 'GPU reduction kernels (loaded|could not be loaded|unavailable)[^;]*' "$outdir/a_torch_hetccl_4ranks.log" | sort -u | head -2 | tr '\n' ' ')"
 
 # b) performance.
 for n in 2 4; do

@@ -70,11 +70,22 @@ fn every_kernel_compiles_to_a_cubin_for_each_ci_architecture() {
             .unwrap_or_else(|e| panic!("NVRTC {:?} CUBIN for {sm}: {e}", nvrtc.version()));
         assert_eq!(&bin[..4], b"\x7fELF", "{sm}: not an ELF image");
         // e_machine EM_CUDA (190); e_flags' low byte is the architecture.
-        assert_eq!(u16::from_le_bytes([bin[18], bin[19]]), 190, "{sm}: e_machine");
+        assert_eq!(
+            u16::from_le_bytes([bin[18], bin[19]]),
+            190,
+            "{sm}: e_machine"
+        );
         let flags = u32::from_le_bytes(bin[48..52].try_into().unwrap());
-        assert_eq!(flags & 0xff, sm["sm_".len()..].parse::<u32>().unwrap(), "{sm}: e_flags");
+        assert_eq!(
+            flags & 0xff,
+            sm["sm_".len()..].parse::<u32>().unwrap(),
+            "{sm}: e_flags"
+        );
         for n in &names {
-            assert!(has_symbol(&bin, n), "{n} is missing from the CUBIN for {sm}");
+            assert!(
+                has_symbol(&bin, n),
+                "{n} is missing from the CUBIN for {sm}"
+            );
         }
     }
     // A virtual architecture gives PTX only: asking for a CUBIN fails.

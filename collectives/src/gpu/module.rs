@@ -19,7 +19,7 @@
 //! versions, and that context's reductions stage through host memory.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use once_cell::sync::Lazy;
@@ -50,6 +50,22 @@ type Image = std::result::Result<Arc<Vec<u8>>, String>;
 /// Compiled images by (compute capability as `XY`, kind). The lock is held
 /// while compiling (no CUDA call is made then).
 static IMAGES: Lazy<Mutex<HashMap<(i32, Kind), Image>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// An opened NVRTC, or why it could not be.
+type Opened = std::result::Result<Arc<Nvrtc>, String>;
+
+/// NVRTC by the path it was asked for (`None`: the sonames), opened once.
+static NVRTC: Lazy<Mutex<HashMap<Option<PathBuf>, Opened>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// NVRTC at `path`, or the sonames.
+fn nvrtc(path: Option<&Path>) -> Opened {
+    NVRTC
+        .lock()
+        .entry(path.map(Path::to_path_buf))
+        .or_insert_with(|| Nvrtc::open(path).map(Arc::new).map_err(|e| e.to_string()))
+        .clone()
+}
 
 /// `CUBIN sm_90` or `PTX compute_90`.
 fn label(kind: Kind, cc: i32) -> String {
@@ -126,11 +142,11 @@ fn try_load(ctx: cu::CUcontext, nvrtc: Option<&Path>) -> std::result::Result<Opt
     let device = driver::current_device().ok_or("no device for the current context")?;
     let (major, minor) = kernels::capability(device).map_err(|e| e.to_string())?;
     let cc = major * 10 + minor;
-    let nv = match Nvrtc::open(nvrtc) {
+    let nv = match self::nvrtc(nvrtc) {
         Ok(n) => n,
         Err(e) => {
             tracing::info!(target: "hetccl::INIT", "GPU reduction kernels unavailable on device {device}, device reductions stage through host memory: {e}");
-            return Err(e.to_string());
+            return Err(e);
         }
     };
     let (nv_major, nv_minor) = nv.version();

@@ -221,9 +221,9 @@ impl Drop for Contexts {
     }
 }
 
-/// Loads the reduction kernels of each call's context that may run one on
-/// the GPU (a reduction on device memory, on a single-node communicator
-/// with P2P on), at a safe point, before the batch begins.
+/// Loads the reduction kernels, at a safe point before the batch begins,
+/// in each call's context that may run one on the GPU (a reduction on
+/// device memory, on a single-node communicator with P2P on).
 fn prepare_kernels(ops: &[Call], ctxs: &[cu::CUcontext], cx: &mut Contexts) -> Result<()> {
     let mut done: Vec<cu::CUcontext> = Vec::new();
     for (a, &ctx) in ops.iter().zip(ctxs) {
