@@ -372,6 +372,11 @@ fn every_rank_logs(o: &coll::Outcome, words: &[&str]) -> bool {
 fn contexts_of_multi_device_threads_and_init_groups() {
     run(vec![
         logged("dev_2_multidev", 2, "multidev").env("FAKE_CUDA_DEVICES", "2"),
+        // Without stream memory operations the group's end waits for the
+        // batch, which holds both devices' calls.
+        logged("dev_2_multidev_no_memops", 2, "multidev")
+            .env("FAKE_CUDA_DEVICES", "2")
+            .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1"),
         logged("dev_2_initgroup", 2, "initgroup")
             .env("FAKE_CUDA_DEVICES", "2")
             .env("DEVICE_CHECK_DEVICE", "1"),
