@@ -19,6 +19,9 @@
 #      all_to_all_single, batch_isend_irecv, barrier on CUDA tensors in
 #      float32/bfloat16/float16 with exact checks, plus a stream-order check;
 #      every rank must log its reduction kernels loaded as a CUBIN.
+#   a2) allocations (cudaMalloc, cudaHostAlloc) on rank 0 while its stream
+#      waits for peers 1 s late, 2 ranks, through hetccl and NVIDIA's NCCL
+#      (see gpu_acceptance.py's alloc mode).
 #   b) performance: hetccl-perf all_reduce on device buffers (--alloc device,
 #      calls on a stream per rank) with 2 and 4 ranks on the GPU, for hetccl
 #      and for NVIDIA's NCCL (--lib), NCCL_MULTI_RANK_GPU_ENABLE=1; then the
@@ -35,7 +38,7 @@ outdir=""
 for a in "$@"; do
     case "$a" in
         --check) check_only=1 ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         -*) echo "gpu-acceptance: unknown option $a" >&2; exit 2 ;;
         *) outdir="$a" ;;
     esac
@@ -141,6 +144,14 @@ else
     fails=$((fails + 1))
 fi
 log "# a) hetccl WARN lines: $(grep -c 'NCCL WARN' "$outdir/a_torch_hetccl_4ranks.log")"
+
+# a2) allocations while a stream waits for late peers, through hetccl and,
+# to show the workload itself is sound, through NVIDIA's NCCL.
+for lib in hetccl nvidia; do
+    [ "$lib" = hetccl ] && pre="$LIB" || pre="$NV_NCCL"
+    step "a2_alloc_while_waiting_$lib" 60 env LD_PRELOAD="$pre" \
+        "${RUN[@]}" --standalone --nproc_per_node 2 "$WORK" alloc --label "$lib" --out "$outdir/a2_alloc_$lib.json"
+done
 
 # b) performance.
 for n in 2 4; do
