@@ -93,9 +93,9 @@
  *              back to back, then one group of 20, all in flight before
  *              one synchronisation (more staging buffers than the pinned
  *              pool keeps); results exact
- *   evict      140 AllGathers through CUDA IPC on fresh buffers, all in
- *              flight (more peer allocations than the import cache keeps);
- *              results exact
+ *   evict      300 AllGathers through CUDA IPC on fresh buffers, all in
+ *              flight (more peer allocations than the import cache keeps,
+ *              more batches than a slab has flags); results exact
  *   latepeer   rank N-1 calls an AllReduce 3 s after the others (with
  *              FAKE_CUDA_NO_STREAM_MEMOPS=1 and FAKE_CUDA_HOSTFN_LIMIT_S=2
  *              a host function that waited for it would be caught)

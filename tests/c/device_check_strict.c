@@ -189,7 +189,7 @@ static float want_evict(size_t i, void* a) {
 }
 
 void mode_evict(ncclComm_t comm) {
-  enum { K = 140 };
+  enum { K = 300 };
   const size_t n = 256;
   static dbuf s[K], r[K];
   for (int k = 0; k < K; k++) {
@@ -199,7 +199,8 @@ void mode_evict(ncclComm_t comm) {
     upload(&s[k], n * 4);
   }
   /* Fresh buffers each call: two new peer allocations per peer and call,
-   * more than the import cache keeps, with every call in flight. */
+   * more than the import cache keeps, with every call in flight (more
+   * than a slab of stream flags). */
   for (int k = 0; k < K; k++)
     NC(comm, ncclAllGather((void*)s[k].d, (void*)r[k].d, n, ncclFloat32, comm, g_stream));
   for (int k = 0; k < K; k++) download(&r[k], 0, n * 4 * (size_t)g_nranks);

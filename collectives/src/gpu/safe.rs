@@ -4,7 +4,10 @@
 //! context destruction wait until the device is idle. While a user stream
 //! waits on a batch's flag that the proxy has yet to set, the device is
 //! never idle: such a call made by the proxy (or by any thread the proxy
-//! waits for) would never return. So they are made only at a safe point:
+//! waits for) would never return. Pinned allocations keep later work on
+//! other streams from overlapping earlier work (CUDA's implicit
+//! synchronisation), so one would leave the proxy's copies behind the
+//! waiting stream. So all these are made only at a safe point:
 //! no batch is in flight in the process, that is, no stream can be waiting
 //! on a flag of ours.
 //!

@@ -62,11 +62,11 @@ use once_cell::sync::Lazy;
 use parking_lot::{Condvar, Mutex};
 
 use super::driver::{self, cu};
+use super::flags::Flag;
 use super::memory;
 use super::module;
 use super::p2p;
 use super::peer::{self, PeerState};
-use super::pinned::Pinned;
 use super::safe;
 use super::stage::{self, Event};
 use crate::algo::Collective;
@@ -123,14 +123,16 @@ impl Released {
 /// A batch: the calls of one group (or one call), released by one flag.
 struct Batch {
     ops: Vec<PendingOp>,
-    flag: Pinned,
+    /// What the streams wait on; `None` when no flag was free (the caller's
+    /// thread waits instead).
+    flag: Option<Flag>,
     /// The caller's thread waits for this batch (see [`Released`]).
     caller_waits: Option<Arc<Released>>,
 }
 
 // SAFETY: the raw pointers are CUDA contexts, which the driver lets any
 // thread make current; the calls' buffers and streams are `UserPtr`s and
-// the flag is the batch's own pinned memory.
+// the flag is the batch's own slot of a flag slab.
 unsafe impl Send for Batch {}
 
 /// Runs (or, inside a group, queues) one call on CUDA memory.
@@ -253,8 +255,11 @@ pub(crate) fn enqueue(ops: Vec<Call>) -> Result<()> {
     let ctxs = ops.iter().map(context_of).collect::<Result<Vec<_>>>()?;
     prepare_kernels(&ops, &ctxs, &mut cx)?;
     cx.switch(ctxs[0])?;
-    let flag = Pinned::take(0)?;
-    let flag_dev = flag.flag_device_ptr()?;
+    let flag = Flag::take()?;
+    if flag.is_none() && !NO_FLAG.swap(true, Ordering::Relaxed) {
+        tracing::info!(target: "hetccl::COLL", "no free stream flag while batches are in flight: this call returns once done (more flags are allocated when none is in flight)");
+    }
+    let flag_dev = flag.as_ref().map(Flag::device_ptr);
     let mut pending = Vec::with_capacity(ops.len());
     for (a, ctx) in ops.into_iter().zip(ctxs) {
         cx.switch(ctx)?;
@@ -273,7 +278,10 @@ pub(crate) fn enqueue(ops: Vec<Call>) -> Result<()> {
         for p in &pending {
             cx.switch(p.ctx as cu::CUcontext)?;
             let stream = p.args.stream.get() as cu::CUstream;
-            caller_waits |= !wait_flag(stream, flag_dev)?;
+            caller_waits |= match flag_dev {
+                Some(d) => !wait_flag(stream, d)?,
+                None => true,
+            };
             p.done.record(stream)?;
         }
         Ok(())
@@ -281,8 +289,10 @@ pub(crate) fn enqueue(ops: Vec<Call>) -> Result<()> {
     if let Err(e) = tail() {
         // Streams already told to wait must not hang: release them, and
         // leak the flag (a stream may still read it).
-        flag.flag().store(1, Ordering::Release);
-        std::mem::forget(flag);
+        if let Some(f) = flag {
+            f.word().store(1, Ordering::Release);
+            std::mem::forget(f);
+        }
         safe::end(|| ());
         return Err(e);
     }
@@ -314,6 +324,9 @@ fn wait_limit(a: &Call) -> Duration {
         .unwrap_or(Duration::from_secs(300));
     stall * 2 + Duration::from_secs(60)
 }
+
+/// Logged once: a batch found no free flag.
+static NO_FLAG: AtomicBool = AtomicBool::new(false);
 
 /// Logged once: stream memory operations are unavailable.
 static NO_MEMOPS: AtomicBool = AtomicBool::new(false);
@@ -375,7 +388,9 @@ fn send_to_proxy(key: usize, batch: Batch) {
 
 /// Releases the streams and the caller of `b`.
 fn release(b: &Batch) {
-    b.flag.flag().store(1, Ordering::Release);
+    if let Some(f) = &b.flag {
+        f.word().store(1, Ordering::Release);
+    }
     if let Some(r) = &b.caller_waits {
         r.set();
     }
