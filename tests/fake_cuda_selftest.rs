@@ -587,7 +587,8 @@ fn expect_abort(mode: &str, env: &[(&str, &str)], started: &str, words: &[&str])
 /// The watchdogs: a free made while a stream waits for a flag nobody sets
 /// aborts after FAKE_CUDA_DEADLOCK_S naming the call and what the stream
 /// waits on; a host function that waits past FAKE_CUDA_HOSTFN_LIMIT_S
-/// aborts too.
+/// aborts too; so does a pinned or device allocation while a stream waits
+/// (at once; one after the wait is over does not).
 #[test]
 fn watchdogs_abort_deadlocks_and_waiting_host_functions() {
     expect_abort(
@@ -606,6 +607,21 @@ fn watchdogs_abort_deadlocks_and_waiting_host_functions() {
         "waiting 1",
         &["a host function has run for 1 s", "must not wait"],
     );
+    for (mode, call) in [
+        ("alloc_wait", "cuMemHostAlloc"),
+        ("alloc_wait_dev", "cuMemAlloc"),
+    ] {
+        expect_abort(
+            mode,
+            &[],
+            "allocating 1",
+            &[
+                &format!("{call} while stream"),
+                "waits on cuStreamWaitValue32",
+                "implicit synchronisation",
+            ],
+        );
+    }
 }
 
 /// An old driver: `FAKE_CUDA_DRIVER_VERSION` is what cuDriverGetVersion

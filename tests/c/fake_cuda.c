@@ -51,6 +51,11 @@
  *   lazy loading) those of the current or the module's context. A wait
  *   past FAKE_CUDA_DEADLOCK_S (default 30) aborts the process naming the
  *   call and what the stream is stuck on: on a GPU it would never return.
+ * - Allocations: cuMemAlloc and cuMemHostAlloc abort the process while a
+ *   stream waits on cuStreamWaitValue32. CUDA's programming guide says such
+ *   an allocation keeps commands issued before and after it on different
+ *   streams from running concurrently, so work issued after it could stay
+ *   behind the wait for good.
  * - Host functions: all of them run on one shared worker thread, in the
  *   order their streams reach them (the stream waits for its function). A
  *   CUDA call from inside one returns CUDA_ERROR_NOT_PERMITTED; one that

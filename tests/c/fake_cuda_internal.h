@@ -147,6 +147,9 @@ CUresult stream_ctx(CUstream h, struct fake_ctx **out);
  * process naming `what` and the operation a stream is stuck on: the caller
  * would deadlock on a GPU. */
 void quiesce(struct fake_ctx *ctx, const char *what);
+/* Aborts when a stream waits on cuStreamWaitValue32: called by the page-
+ * locked host and device memory allocations (see fake_cuda.c). */
+void no_alloc_while_waiting(const char *what);
 
 /* ---------------------------------------- kernels (fake_cuda_kernels.c) */
 

@@ -147,6 +147,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     NEED_PTR(dptr);
     NEED_CTX();
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    no_alloc_while_waiting("cuMemAlloc");
     size_t maplen = page_round(size);
     /* Each allocation's memfd is named with a serial number that its IPC
      * handles carry, so a handle is unique to its allocation (as the real
@@ -185,6 +186,7 @@ CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
     NEED_PTR(pp);
     NEED_CTX();
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    no_alloc_while_waiting("cuMemHostAlloc");
     size_t maplen = page_round(size);
     void *m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;

@@ -16,6 +16,8 @@
  *        fake_cuda_selftest nodev      (FAKE_CUDA_DEVICES=0)
  *        fake_cuda_selftest deadlock   (aborts: a free while a stream waits)
  *        fake_cuda_selftest hostfn_wait (aborts: a host function waits)
+ *        fake_cuda_selftest alloc_wait, alloc_wait_dev (abort: pinned or
+ *                                       device allocation while a stream waits)
  *        fake_cuda_selftest oldcuda    (FAKE_CUDA_DRIVER_VERSION=12020,
  *                                       FAKE_CUDA_REJECT_CUBIN=1)
  *        fake_cuda_selftest narrow <cases> <out>   (the narrow kernels)
@@ -422,6 +424,8 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "ipc_child") == 0 && argc > 2) return ipc_child(argv[2]);
     if (strcmp(mode, "deadlock") == 0) return m_deadlock();
     if (strcmp(mode, "hostfn_wait") == 0) return m_hostfn_wait();
+    if (strcmp(mode, "alloc_wait") == 0) return m_alloc_wait(0);
+    if (strcmp(mode, "alloc_wait_dev") == 0) return m_alloc_wait(1);
     if (strcmp(mode, "oldcuda") == 0) return m_oldcuda();
     if (strcmp(mode, "narrow") == 0 && argc > 3) return m_narrow(argv[2], argv[3]);
     if (strcmp(mode, "nodev") == 0) {

@@ -68,6 +68,7 @@ void t_kernels(void);
 void t_strict(CUcontext c0, CUcontext c1);
 int m_deadlock(void);
 int m_hostfn_wait(void);
+int m_alloc_wait(int device);
 int m_oldcuda(void);
 int m_narrow(const char *in, const char *out);
 

@@ -146,11 +146,11 @@ void t_strict(CUcontext c0, CUcontext c1) {
     /* Frees wait for idle streams: device memory for its context's,
      * pinned memory for every context's; a module load for its context's. */
     volatile uint32_t *flag = new_flag(0);
+    void *h; /* allocated before the wait: an allocation during it aborts */
+    CK(cuMemHostAlloc(&h, 64, 0));
     CK(cuStreamWaitValue32(s1, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
     kv("quiesce.free_other_ctx", cuMemFree(d));
     kv("quiesce.free_other_ctx_did_not_wait", cuStreamQuery(s1) == CUDA_ERROR_NOT_READY);
-    void *h;
-    CK(cuMemHostAlloc(&h, 64, 0));
     pthread_t th;
     pthread_create(&th, NULL, set_later, (void *)flag);
     kv("quiesce.freehost", cuMemFreeHost(h));
@@ -240,6 +240,31 @@ int m_deadlock(void) {
     printf("freeing 1\n");
     fflush(stdout);
     CK(cuMemFreeHost((void *)other));
+    printf("returned 1\n");
+    return 0;
+}
+
+/* An allocation (pinned host memory, or device memory when `device`)
+ * while a stream waits on a flag nobody has set yet: must abort, at once;
+ * one after the flag is set must not. */
+int m_alloc_wait(int device) {
+    setup();
+    CUstream s = new_stream();
+    volatile uint32_t *flag = new_flag(0);
+    CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    set_flag(flag, 1);
+    CK(cuStreamSynchronize(s));
+    void *h;
+    CUdeviceptr d;
+    CK(cuMemHostAlloc(&h, 64, 0)); /* the wait is over */
+    set_flag(flag, 0);
+    CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    printf("allocating 1\n");
+    fflush(stdout);
+    if (device)
+        CK(cuMemAlloc(&d, 64));
+    else
+        CK(cuMemHostAlloc(&h, 64, 0));
     printf("returned 1\n");
     return 0;
 }

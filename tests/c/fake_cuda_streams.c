@@ -58,6 +58,7 @@ struct fake_stream {
     uint64_t nsub, ndone; /* ops queued, ops run (for quiesce) */
     int busy;      /* the worker is running an op */
     int running;   /* that op's kind */
+    struct op *cur; /* that op (for no_alloc_while_waiting) */
     int stop;      /* destroyed: drain, then exit */
     int capturing; /* between cuStreamBeginCapture and cuStreamEndCapture */
 };
@@ -214,8 +215,12 @@ static void *worker(void *arg) {
         if (!s->head) s->tail = NULL;
         s->busy = 1;
         s->running = o->kind;
+        s->cur = o;
         pthread_mutex_unlock(&s->mu);
         run_op(o);
+        pthread_mutex_lock(&s->mu);
+        s->cur = NULL;
+        pthread_mutex_unlock(&s->mu);
         op_free(o);
         pthread_mutex_lock(&s->mu);
         s->busy = 0;
@@ -374,6 +379,28 @@ static void wait_streams(struct fake_ctx *ctx, const char *what, int secs, int d
         pthread_mutex_unlock(&s->mu);
     }
     free(t);
+}
+
+void no_alloc_while_waiting(const char *what) {
+    struct fake_stream *w = NULL;
+    pthread_mutex_lock(&g_streams_mu);
+    for (struct fake_stream *s = g_streams; s && !w; s = s->next) {
+        pthread_mutex_lock(&s->mu);
+        /* A wait not yet satisfied, running or queued. */
+        for (struct op *o = s->cur ? s->cur : s->head; o && !w; o = o == s->cur ? s->head : o->next)
+            if (o->kind == OP_WAIT_VALUE &&
+                !wait_value_ok(__atomic_load_n((uint32_t *)o->dst, __ATOMIC_ACQUIRE), o->value,
+                               o->flags))
+                w = s;
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_unlock(&g_streams_mu);
+    if (!w) return;
+    say("%s while stream %p (device %d) waits on cuStreamWaitValue32: CUDA's implicit "
+        "synchronisation keeps commands issued before and after an allocation on different "
+        "streams from running concurrently, so work issued after it may never start; aborting",
+        what, (void *)w, w->ctx ? w->ctx->device : -1);
+    abort();
 }
 
 void quiesce(struct fake_ctx *ctx, const char *what) {
