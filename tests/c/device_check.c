@@ -92,7 +92,8 @@
  *   sweep      (NCCL_P2P_DISABLE=1: staged) 40 AllReduces of growing sizes
  *              back to back, then one group of 20, all in flight before
  *              one synchronisation (more staging buffers than the pinned
- *              pool keeps); results exact
+ *              pool keeps); twice, the second round on the buffers pinned
+ *              after the first; results exact
  *   evict      300 AllGathers through CUDA IPC on fresh buffers, all in
  *              flight (more peer allocations than the import cache keeps,
  *              more batches than a slab has flags); results exact

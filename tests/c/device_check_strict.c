@@ -161,14 +161,22 @@ void mode_sweep(ncclComm_t comm) {
     fill_f(&s[k], n[k], g_rank, 0);
     upload(&s[k], n[k] * 4);
   }
-  /* Growing sizes: each staged call needs new pinned buffers. */
-  for (int k = 0; k < K; k++)
-    NC(comm, ncclAllReduce((void*)s[k].d, (void*)r[k].d, n[k], ncclFloat32, ncclSum, comm, g_stream));
-  /* One group staged together: 2 buffers per call at once. */
-  NC(comm, ncclGroupStart());
-  for (int k = K; k < K + G; k++)
-    NC(comm, ncclAllReduce((void*)s[k].d, (void*)r[k].d, n[k], ncclFloat32, ncclSum, comm, g_stream));
-  NC(comm, ncclGroupEnd());
+  /* Twice: the first round finds no pinned buffers of these sizes (they
+   * are pinned at the safe point after it), the second takes them from
+   * the pool while later calls wait. */
+  for (int round = 0; round < 2; round++) {
+    for (int k = 0; k < K + G; k++)
+      CU(cuMemsetD8Async(r[k].d, SENTINEL, n[k] * 4 + TAIL, g_stream));
+    /* Growing sizes: each staged call needs new staging buffers. */
+    for (int k = 0; k < K; k++)
+      NC(comm, ncclAllReduce((void*)s[k].d, (void*)r[k].d, n[k], ncclFloat32, ncclSum, comm, g_stream));
+    /* One group staged together: 2 buffers per call at once. */
+    NC(comm, ncclGroupStart());
+    for (int k = K; k < K + G; k++)
+      NC(comm, ncclAllReduce((void*)s[k].d, (void*)r[k].d, n[k], ncclFloat32, ncclSum, comm, g_stream));
+    NC(comm, ncclGroupEnd());
+    sync_stream(g_stream);
+  }
   for (int k = 0; k < K + G; k++) download(&r[k], 0, n[k] * 4);
   sync_stream(g_stream);
   for (int k = 0; k < K + G; k++) {
