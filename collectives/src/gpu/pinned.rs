@@ -203,7 +203,12 @@ pub(super) fn trim() {
     for (len, ctx) in missed {
         switch(ctx);
         if let Ok(b) = alloc_pinned(len) {
-            drop(b); // into the pool
+            let b = std::mem::ManuallyDrop::new(b);
+            POOL.lock().push(Idle {
+                base: b.base as usize,
+                len: b.len,
+                ctx: b.ctx,
+            });
         }
     }
     if let Some(c) = prev {
