@@ -418,7 +418,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("rank 0 called allreduce(count=1000, float32, sum) but rank 1 called allreduce(count=2000, float32, sum) at seq 17"),
+            e.contains("rank 0 called allreduce(count=1000, float, sum) but rank 1 called allreduce(count=2000, float, sum) at seq 17"),
             "{e}"
         );
         let r = Fingerprint::new(
