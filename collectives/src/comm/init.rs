@@ -58,6 +58,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     hetccl_core::obs::print_version_once();
     hetccl_core::config::log_once();
     let mut settings = Settings::new(hetccl_core::config::get(), &config)?;
+    crate::telemetry::clock::init();
     let mut bs = Bootstrap::join(
         id,
         rank,
@@ -65,6 +66,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         topo::host_hash(settings.host_id.as_deref()),
         bootstrap_params(&settings),
     )?;
+    let sync = bs.clock_sync(crate::telemetry::clock::now_unix_ns)?;
     // Fingerprints change every plan's messages: the ranks must agree.
     if settings.check && bs.cards.iter().any(|c| !c.checks) {
         tracing::warn!(target: "hetccl::INIT",
@@ -182,6 +184,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     Watch::unlink(comm_hash, node_of[rank]);
     last?;
     let bell = arena.as_ref().map(|a| a.bell(me_local));
+    let metrics = Arc::new(crate::telemetry::Metrics::new(rank, &choice));
     let links = Links {
         rank,
         label: settings.label(comm_hash),
@@ -189,6 +192,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         bell,
         stop: stop.clone(),
         watch,
+        metrics: metrics.clone(),
     };
     let kinds: Vec<&str> = links
         .peers
@@ -218,9 +222,27 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         costs,
         settings,
     };
+    let observe = (
+        engine.settings.metrics_file.clone(),
+        engine.settings.trace_file.clone(),
+    );
+    let interval = engine.settings.metrics_interval;
+    let max_events = engine.settings.trace_max_events;
+    let meta = crate::telemetry::render::Meta {
+        comm_hash,
+        comm_name: engine.settings.comm_name.clone(),
+        nranks,
+    };
     comm.engine
         .set(engine)
-        .map_err(|_| Error::Internal("communicator initialised twice".into()))
+        .map_err(|_| Error::Internal("communicator initialised twice".into()))?;
+    if let Some(t) = &observe.1 {
+        crate::telemetry::trace::start(t, rank, comm_hash, max_events, sync);
+    }
+    if let Some(m) = &observe.0 {
+        crate::telemetry::writer::register(metrics, meta, m, interval);
+    }
+    Ok(())
 }
 
 /// The node leader creates the arena; everyone maps it; the leader unlinks

@@ -82,8 +82,18 @@ pub struct Config {
     pub min_nchannels: Option<u32>,
     /// `NCCL_MAX_NCHANNELS`: the most channels to use. Default unset.
     pub max_nchannels: Option<u32>,
-    /// `HETCCL_TRACE_FILE`: write a Chrome-trace timeline here. Default unset.
+    /// `HETCCL_TRACE_FILE`: write a Chrome-trace timeline here (`%h`, `%p`,
+    /// `%r` expanded). Default unset.
     pub trace_file: Option<String>,
+    /// `HETCCL_TRACE_MAX_EVENTS`: the timeline events kept per thread (the
+    /// oldest are dropped). Default 65536.
+    pub trace_max_events: usize,
+    /// `HETCCL_METRICS_FILE`: write the metrics here in the Prometheus text
+    /// format (`%h`, `%p`, `%r` expanded). Default unset.
+    pub metrics_file: Option<String>,
+    /// `HETCCL_METRICS_INTERVAL_S`: how often the metrics file is rewritten,
+    /// in seconds. Default 15.
+    pub metrics_interval_s: f64,
     /// `HETCCL_NCCL_FALLBACK`: the real NCCL library to fall back to. Default
     /// unset.
     pub nccl_fallback: Option<String>,
@@ -164,6 +174,9 @@ impl Default for Config {
             min_nchannels: None,
             max_nchannels: None,
             trace_file: None,
+            trace_max_events: 65536,
+            metrics_file: None,
+            metrics_interval_s: 15.0,
             nccl_fallback: None,
             nvrtc_lib: None,
             shm_disable: false,
