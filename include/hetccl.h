@@ -31,10 +31,11 @@ extern "C" {
  * the full length without the NUL, as snprintf does. The object holds
  * `comm` (the hash, hex), `name` (`commName` or null), `rank`, `nranks`,
  * `links` (per connected peer: `peer`, `transport`, `bytes_sent`,
- * `messages_sent`, `bytes_received`, `messages_received`, `errors`,
- * `send_calls`, `recv_calls`), `collectives` (per kind: `kind`, `calls`,
- * `bytes`, `algorithms` (calls per algorithm), `latency_ns`) and
- * `queue_wait_ns`; a histogram is `count`, `sum`, `p50`, `p99` and
+ * `messages_sent`, `bytes_received`, `messages_received`, `errors`),
+ * `collectives` (per kind: `kind`, `calls`, `bytes`, `algorithms` (calls
+ * per algorithm), `latency_ns`), `queue_wait_ns` and
+ * `latency_sample_every` (latency is timed on one call in that many of
+ * each kind, every call while the timeline is on); a histogram is `count`, `sum`, `p50`, `p99` and
  * `buckets` (`[upper bound in ns or null for +Inf, count]`, non-empty
  * buckets only). See docs/observability.md.
  */

@@ -63,7 +63,8 @@ fn stats_are_json_and_follow_the_calls() {
     let a = ar(&after);
     assert_eq!(a["calls"], 2, "{after}");
     assert_eq!(a["bytes"], 4 * (3 + 5000), "{after}");
-    assert_eq!(a["latency_ns"]["count"], 2);
+    // One call in 8 is timed: the first.
+    assert_eq!(a["latency_ns"]["count"], 1);
     let by_algo: u64 = a["algorithms"]
         .as_object()
         .unwrap()
@@ -77,7 +78,7 @@ fn stats_are_json_and_follow_the_calls() {
         .iter()
         .map(|b| b[1].as_u64().unwrap())
         .sum();
-    assert_eq!(buckets, 2);
+    assert_eq!(buckets, 1);
 
     // Truncation keeps the NUL and reports the full length.
     let mut needed = 0usize;

@@ -317,7 +317,7 @@ impl<'a> Batch<'a> {
     /// one message when it completed, one error when it failed.
     #[inline]
     fn count_link(&self, peer: usize, is_send: bool, moved: usize, r: &Result<bool>) {
-        use std::sync::atomic::Ordering::Relaxed;
+        use crate::telemetry::metrics::bump;
         let Some(l) = self.links.metrics.link(peer) else {
             return;
         };
@@ -327,16 +327,12 @@ impl<'a> Batch<'a> {
             (&l.bytes_recv, &l.msgs_recv)
         };
         if moved != 0 {
-            bytes.fetch_add(moved as u64, Relaxed);
+            bump(bytes, moved as u64);
         }
         match r {
-            Ok(true) => {
-                msgs.fetch_add(1, Relaxed);
-            }
+            Ok(true) => bump(msgs, 1),
             Ok(false) => {}
-            Err(_) => {
-                l.errors.fetch_add(1, Relaxed);
-            }
+            Err(_) => bump(&l.errors, 1),
         }
     }
 

@@ -329,8 +329,11 @@ pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> 
     let op_name = crate::telemetry::trace::op_name(a.kind, &op);
     let _lock = e.exec_lock.lock();
     let seq = e.seq.fetch_add(1, Ordering::Relaxed);
-    let trace_seq = e.links.metrics.next_coll_seq();
-    let start = crate::telemetry::clock::ticks();
+    let trace_seq = if crate::telemetry::trace::on() {
+        e.links.metrics.next_coll_seq()
+    } else {
+        0
+    };
     watch.begin(seq);
     let r = match path {
         Path::Fast => fastbox::run(node, a, op, seq, watch),
@@ -338,7 +341,7 @@ pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> 
     };
     watch.end();
     if r.is_ok() {
-        observe(e, a, path, op_name, trace_seq, called, start);
+        observe(e, a, path, op_name, trace_seq, called);
     }
     if r.is_err() {
         // Peers blocked on this rank fail at once instead of at their own
@@ -352,7 +355,7 @@ pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> 
 }
 
 /// Records a completed direct-path call in the metrics and, when it is
-/// on, the timeline.
+/// on, the timeline. `called` is 0 when its latency is not measured.
 fn observe(
     e: &crate::comm::engine::Engine,
     a: &Call,
@@ -360,25 +363,16 @@ fn observe(
     op: &'static str,
     seq: u64,
     called: u64,
-    start: u64,
 ) {
-    use crate::telemetry::{clock, metrics, trace};
-    let end = clock::ticks();
+    use crate::telemetry::{metrics, trace};
     let m = &e.links.metrics;
     let (algo, name) = match path {
         Path::Fast => (metrics::ALGO_BOARD, "Board"),
         Path::Copy => (metrics::ALGO_COPY, "SingleCopy"),
     };
     let bytes = a.count * a.dtype.size();
-    m.record_call(
-        a.kind,
-        bytes,
-        algo,
-        clock::to_ns(end.saturating_sub(called)),
-    );
-    m.queue_wait
-        .record(clock::to_ns(start.saturating_sub(called)));
-    if trace::on() {
+    let end = m.complete(a.kind, bytes, algo, called);
+    if called != 0 && trace::on() {
         let rooted = matches!(a.kind, Collective::Broadcast | Collective::Reduce);
         trace::record(trace::Event {
             what: trace::What::Call(a.kind),

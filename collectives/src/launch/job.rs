@@ -184,8 +184,12 @@ pub fn make_job(a: &Call) -> Result<Job> {
 
 /// The timeline identity of a call (`telemetry::trace::TraceId`), taken when its
 /// job is made: collectives count per communicator, sends and receives per
-/// pair of ranks.
+/// pair of ranks. Counted only while the timeline is on (it is on from a
+/// process's first communicator, so the counts match across ranks).
 fn trace_id(engine: &Engine, a: &Call) -> TraceId {
+    if !crate::telemetry::trace::on() {
+        return TraceId::default();
+    }
     let m = &engine.links.metrics;
     let (me, peer) = (a.comm.rank, a.root);
     let (seq, p2p) = match a.kind {

@@ -25,7 +25,11 @@ use crate::error::Result;
 
 /// Runs (or queues, inside a group) one validated call on host buffers.
 pub fn submit(a: Call) -> Result<()> {
-    let called = crate::telemetry::clock::ticks();
+    let called = a
+        .comm
+        .engine
+        .get()
+        .map_or(0, |e| e.links.metrics.issue(a.kind));
     if group::depth() == 0 {
         if let Some(r) = crate::intranode::try_run(&a, called, || reduce_op(&a)) {
             if let Err(e) = &r {

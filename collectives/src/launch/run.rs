@@ -61,19 +61,21 @@ impl Pending {
 }
 
 /// Records completed calls in their communicators' metrics and, when it is
-/// on, the timeline: `start` is when the executor took them, `end` when
-/// they completed.
-fn observe(done: &[(Arc<Comm>, Observed)], start: u64, end: u64) {
+/// on, the timeline: `start` is when the executor took them.
+fn observe(done: &[(Arc<Comm>, Observed)], start: u64) {
     use crate::telemetry::{clock, metrics, trace};
     for (c, o) in done {
         let Ok(e) = c.engine() else { continue };
         let m = &e.links.metrics;
-        m.record_call(
+        let end = m.complete(
             o.kind,
             o.info.bytes,
             metrics::algo_index(o.algorithm),
-            clock::to_ns(end.saturating_sub(o.info.called)),
+            o.info.called,
         );
+        if o.info.called == 0 {
+            continue;
+        }
         m.queue_wait
             .record(clock::to_ns(start.saturating_sub(o.info.called)));
         if trace::on() {
@@ -221,12 +223,11 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
     }
     let start = crate::telemetry::clock::ticks();
     let r = drive(&mut batches, patience);
-    let end = crate::telemetry::clock::ticks();
     for (b, e) in batches.into_iter().zip(&engines) {
         return_scratch(e, b.into_jobs());
     }
     if r.is_ok() {
-        observe(&observed, start, end);
+        observe(&observed, start);
     }
     if let Err(e) = &r {
         for c in &comms {

@@ -1,9 +1,14 @@
-//! A communicator's metrics: relaxed atomic counters, always on. One
-//! operation costs a handful of uncontended atomic adds (one thread runs a
-//! communicator's operations at a time) and no allocation, lock or system
-//! call. Readers (`hetcclCommGetStats`, the metrics file) take a
-//! [`Snapshot`]; counters read at slightly different moments may disagree by
-//! the operation in flight.
+//! A communicator's metrics: relaxed atomic counters, always on.
+//!
+//! One thread at a time runs a communicator's operations (the caller's
+//! claim, `comm::owner`, and the engine's exec lock), so the counters have
+//! one writer at a time, and [`bump`] adds with a plain load and store
+//! instead of a locked read-modify-write. A call costs a few such adds and
+//! no allocation, lock or system call. Latency is measured on one call in
+//! [`LATENCY_SAMPLE`] of each kind (two time-stamp counter reads), and on
+//! every call while the timeline is on. Readers (`hetcclCommGetStats`, the
+//! metrics file) take a [`Snapshot`]; counters read at slightly different
+//! moments may disagree by the operation in flight.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -53,6 +58,18 @@ pub fn bucket_of(ns: u64) -> usize {
     ((bits - FIRST_EXP) as usize).min(BUCKETS - 1)
 }
 
+/// Latency is measured on one call in this many of each kind (the first,
+/// the ninth, ...), and on every call while the timeline is on.
+pub const LATENCY_SAMPLE: u64 = 8;
+
+/// Adds `n` to a counter that one thread at a time writes (see the module
+/// header): a relaxed load and store, no locked instruction. Readers on
+/// other threads see a value that was current at some point.
+#[inline]
+pub fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
 /// A log-spaced histogram of durations.
 #[derive(Debug, Default)]
 pub struct Histogram {
@@ -64,8 +81,8 @@ impl Histogram {
     /// Counts one duration.
     #[inline]
     pub fn record(&self, ns: u64) {
-        self.counts[bucket_of(ns)].fetch_add(1, Relaxed);
-        self.sum_ns.fetch_add(ns, Relaxed);
+        bump(&self.counts[bucket_of(ns)], 1);
+        bump(&self.sum_ns, ns);
     }
 
     /// The current counts.
@@ -127,22 +144,25 @@ pub struct LinkStats {
     pub msgs_recv: AtomicU64,
     /// Message steps to or from the peer that failed.
     pub errors: AtomicU64,
-    /// `ncclSend` calls to the peer (the sequence of point-to-point trace ids).
-    pub send_calls: AtomicU64,
-    /// `ncclRecv` calls from the peer.
-    pub recv_calls: AtomicU64,
+    /// `ncclSend` calls to the peer while the timeline is on (the sequence
+    /// of point-to-point trace ids).
+    pub send_seq: AtomicU64,
+    /// `ncclRecv` calls from the peer while the timeline is on.
+    pub recv_seq: AtomicU64,
 }
 
 /// One collective kind's counters.
 #[derive(Debug, Default)]
 pub struct CollStats {
+    /// Calls issued (picks the calls whose latency is measured).
+    pub issued: AtomicU64,
     /// Calls completed.
     pub calls: AtomicU64,
     /// Bytes of the calls (count × datatype size, as NCCL's tests count).
     pub bytes: AtomicU64,
     /// Calls per algorithm ([`ALGO_NAMES`]).
     pub algos: [AtomicU64; ALGO_NAMES.len()],
-    /// Call-to-completion latency.
+    /// Call-to-completion latency, of the measured calls.
     pub latency: Histogram,
 }
 
@@ -187,14 +207,35 @@ impl Metrics {
         self.links.get(peer)
     }
 
-    /// Counts one completed call.
+    /// Counts a call as it is made; returns when (in `clock` ticks) if its
+    /// latency is to be measured, else 0.
     #[inline]
-    pub fn record_call(&self, kind: Collective, bytes: usize, algo: usize, ns: u64) {
+    pub fn issue(&self, kind: Collective) -> u64 {
         let c = &self.colls[kind as usize];
-        c.calls.fetch_add(1, Relaxed);
-        c.bytes.fetch_add(bytes as u64, Relaxed);
-        c.algos[algo].fetch_add(1, Relaxed);
-        c.latency.record(ns);
+        let n = c.issued.load(Relaxed);
+        c.issued.store(n.wrapping_add(1), Relaxed);
+        if n % LATENCY_SAMPLE == 0 || super::trace::on() {
+            super::clock::ticks()
+        } else {
+            0
+        }
+    }
+
+    /// Counts one completed call, with its latency if `called` (from
+    /// [`Metrics::issue`]) is not 0. Returns the end tick (0 if not read).
+    #[inline]
+    pub fn complete(&self, kind: Collective, bytes: usize, algo: usize, called: u64) -> u64 {
+        let c = &self.colls[kind as usize];
+        bump(&c.calls, 1);
+        bump(&c.bytes, bytes as u64);
+        bump(&c.algos[algo], 1);
+        if called == 0 {
+            return 0;
+        }
+        let end = super::clock::ticks();
+        c.latency
+            .record(super::clock::to_ns(end.saturating_sub(called)));
+        end
     }
 
     /// The next collective trace sequence number.
@@ -209,8 +250,8 @@ impl Metrics {
     #[inline]
     pub fn next_p2p_seq(&self, peer: usize, send: bool) -> u64 {
         match self.links.get(peer) {
-            Some(l) if send => l.send_calls.fetch_add(1, Relaxed),
-            Some(l) => l.recv_calls.fetch_add(1, Relaxed),
+            Some(l) if send => l.send_seq.fetch_add(1, Relaxed),
+            Some(l) => l.recv_seq.fetch_add(1, Relaxed),
             None => 0,
         }
     }
@@ -232,8 +273,6 @@ impl Metrics {
                         bytes_recv: l.bytes_recv.load(Relaxed),
                         msgs_recv: l.msgs_recv.load(Relaxed),
                         errors: l.errors.load(Relaxed),
-                        send_calls: l.send_calls.load(Relaxed),
-                        recv_calls: l.recv_calls.load(Relaxed),
                     })
                 })
                 .collect(),
@@ -272,10 +311,6 @@ pub struct LinkSnapshot {
     pub msgs_recv: u64,
     /// Failed message steps.
     pub errors: u64,
-    /// `ncclSend` calls to the peer.
-    pub send_calls: u64,
-    /// `ncclRecv` calls from the peer.
-    pub recv_calls: u64,
 }
 
 /// A collective kind's counters at one moment.
@@ -355,7 +390,11 @@ mod tests {
     #[test]
     fn calls_and_links_are_counted() {
         let m = Metrics::new(0, &[None, Some(TransportKind::Tcp)]);
-        m.record_call(Collective::AllReduce, 64, ALGO_BOARD, 5000);
+        let called = m.issue(Collective::AllReduce);
+        assert_ne!(called, 0, "the first call is measured");
+        m.complete(Collective::AllReduce, 64, ALGO_BOARD, called);
+        assert_eq!(m.issue(Collective::AllReduce), 0, "the second is not");
+        m.complete(Collective::AllReduce, 64, ALGO_BOARD, 0);
         m.link(1).unwrap().bytes_sent.fetch_add(64, Relaxed);
         assert_eq!(m.next_p2p_seq(1, true), 0);
         assert_eq!(m.next_p2p_seq(1, true), 1);
@@ -363,12 +402,13 @@ mod tests {
         let s = m.snapshot();
         assert_eq!(s.links.len(), 1);
         assert_eq!(s.links[0].bytes_sent, 64);
-        assert_eq!(s.links[0].send_calls, 2);
+        assert_eq!(m.links[1].send_seq.load(Relaxed), 2);
         let ar = &s.colls[0];
         assert_eq!(
             (ar.kind, ar.calls, ar.bytes),
-            (Collective::AllReduce, 1, 64)
+            (Collective::AllReduce, 2, 128)
         );
-        assert_eq!(ar.algos[ALGO_BOARD], 1);
+        assert_eq!(ar.algos[ALGO_BOARD], 2);
+        assert_eq!(ar.latency.count(), 1);
     }
 }

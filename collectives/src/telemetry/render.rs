@@ -74,8 +74,7 @@ pub fn json(m: &Meta, s: &Snapshot) -> String {
         let _ = write!(
             o,
             "{}{{\"peer\":{},\"transport\":\"{}\",\"bytes_sent\":{},\"messages_sent\":{},\
-             \"bytes_received\":{},\"messages_received\":{},\"errors\":{},\
-             \"send_calls\":{},\"recv_calls\":{}}}",
+             \"bytes_received\":{},\"messages_received\":{},\"errors\":{}}}",
             if i > 0 { "," } else { "" },
             l.peer,
             l.transport.name(),
@@ -83,9 +82,7 @@ pub fn json(m: &Meta, s: &Snapshot) -> String {
             l.msgs_sent,
             l.bytes_recv,
             l.msgs_recv,
-            l.errors,
-            l.send_calls,
-            l.recv_calls
+            l.errors
         );
     }
     o.push_str("],\"collectives\":[");
@@ -107,7 +104,12 @@ pub fn json(m: &Meta, s: &Snapshot) -> String {
             hist_json(&c.latency)
         );
     }
-    let _ = write!(o, "],\"queue_wait_ns\":{}}}", hist_json(&s.queue_wait));
+    let _ = write!(
+        o,
+        "],\"queue_wait_ns\":{},\"latency_sample_every\":{}}}",
+        hist_json(&s.queue_wait),
+        super::metrics::LATENCY_SAMPLE
+    );
     o
 }
 
@@ -271,7 +273,11 @@ mod tests {
 
     fn sample() -> (Meta, Snapshot) {
         let m = Metrics::new(1, &[Some(TransportKind::Shm), None]);
-        m.record_call(Collective::AllReduce, 8, ALGO_BOARD, 3000);
+        let c = &m.colls[Collective::AllReduce as usize];
+        crate::telemetry::metrics::bump(&c.calls, 1);
+        crate::telemetry::metrics::bump(&c.bytes, 8);
+        crate::telemetry::metrics::bump(&c.algos[ALGO_BOARD], 1);
+        c.latency.record(3000);
         let meta = Meta {
             comm_hash: 0xab,
             comm_name: Some("d\"p".into()),
