@@ -8,7 +8,8 @@
 //! run), [`launch`], [`launcher`] and [`store`] (how ranks start, what their
 //! launcher told them, and how they talk out of band),
 //! [`nccl`] (the dynamically loaded API), [`buffers`] and [`cuda`] (host
-//! or device buffers, and the CUDA driver for the latter).
+//! or device buffers, and the CUDA driver for the latter). [`trace_merge`]
+//! is the `trace-merge` subcommand.
 
 pub mod bench;
 pub mod buffers;
@@ -22,4 +23,5 @@ pub mod launcher;
 pub mod nccl;
 pub mod report;
 pub mod store;
+pub mod trace_merge;
 pub mod verifiable;

@@ -178,10 +178,10 @@ pub fn record(ev: Event) {
         let ring = slot.get_or_insert_with(|| {
             let ring = Arc::new(Mutex::new(Ring {
                 tid: hetccl_core::obs::gettid(),
-                name: std::thread::current()
-                    .name()
-                    .unwrap_or("thread")
-                    .to_string(),
+                name: std::thread::current().name().map_or_else(
+                    || format!("thread {}", hetccl_core::obs::gettid()),
+                    str::to_string,
+                ),
                 events: VecDeque::new(),
                 dropped: 0,
             }));
