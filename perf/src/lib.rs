@@ -9,7 +9,8 @@
 //! launcher told them, and how they talk out of band),
 //! [`nccl`] (the dynamically loaded API), [`buffers`] and [`cuda`] (host
 //! or device buffers, and the CUDA driver for the latter). [`trace_merge`]
-//! is the `trace-merge` subcommand.
+//! is the `trace-merge` subcommand, [`link_stats`] the `--link-stats`
+//! summary.
 
 pub mod bench;
 pub mod buffers;
@@ -20,6 +21,7 @@ pub mod cuda;
 pub mod dtype;
 pub mod launch;
 pub mod launcher;
+pub mod link_stats;
 pub mod nccl;
 pub mod report;
 pub mod store;

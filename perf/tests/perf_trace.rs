@@ -162,3 +162,62 @@ fn tcp_timelines_have_step_slices() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--link-stats` prints one line per link of every rank after the footer;
+/// what a rank sent is what its peer received.
+#[test]
+fn link_stats_summarise_every_link() {
+    let o = run_env(
+        &[
+            "sendrecv",
+            "-np",
+            "2",
+            "-b",
+            "4K",
+            "-e",
+            "4K",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "--link-stats",
+        ],
+        &[("HETCCL_SOCKET_IFNAME", "lo")],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let after = out
+        .split("# Link stats")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no summary:\n{out}"));
+    assert!(out.find("# Link stats") > out.find("# Avg bus bandwidth"));
+    // rank, peer, transport, sent, msgs, received, msgs, errors
+    let rows: Vec<Vec<&str>> = after
+        .lines()
+        .map(|l| {
+            l.trim_start_matches('#')
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        })
+        .filter(|f| f.len() == 8 && f[0].parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(rows.len(), 2, "{after}");
+    let n = |s: &str| s.parse::<u64>().unwrap();
+    for (r, row) in rows.iter().enumerate() {
+        assert_eq!(n(row[0]), r as u64);
+        assert_eq!(n(row[1]), 1 - r as u64);
+        assert_eq!(row[2], "shm");
+        assert!(n(row[3]) >= 4 * 4096, "{after}");
+        assert_eq!(
+            n(row[3]),
+            n(rows[1 - r][5]),
+            "sent = the peer's received: {after}"
+        );
+        assert_eq!(n(row[7]), 0);
+    }
+    assert!(after.contains("send: "), "{after}");
+}
