@@ -10,7 +10,7 @@
 //! [`nccl`] (the dynamically loaded API), [`buffers`] and [`cuda`] (host
 //! or device buffers, and the CUDA driver for the latter). [`trace_merge`]
 //! is the `trace-merge` subcommand, [`link_stats`] the `--link-stats`
-//! summary.
+//! summary, [`status`] the `status` subcommand.
 
 pub mod bench;
 pub mod buffers;
@@ -24,6 +24,7 @@ pub mod launcher;
 pub mod link_stats;
 pub mod nccl;
 pub mod report;
+pub mod status;
 pub mod store;
 pub mod trace_merge;
 pub mod verifiable;

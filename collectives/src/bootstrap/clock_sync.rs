@@ -6,7 +6,8 @@
 //! start time and loop duration, and each rank takes the token's hops as
 //! equally long: rank r received it at `start + r · loop / n` on rank 0's
 //! clock. Every rank runs the same sequence, so a failure is an error on
-//! every rank, not a hang.
+//! every rank, not a hang. The final all-gather also carries a small blob
+//! per rank for the caller (the status service's address).
 
 use super::{frame, Bootstrap};
 use crate::error::{Error, Result};
@@ -14,6 +15,8 @@ use crate::telemetry::trace::ClockSync;
 
 /// Trips around the ring; the fastest is used.
 const ROUNDS: usize = 5;
+/// The largest blob a rank may add to the exchange.
+pub const MAX_EXTRA: usize = 512;
 
 fn u64_at(b: &[u8], i: usize) -> Result<u64> {
     b.get(i * 8..i * 8 + 8)
@@ -23,14 +26,23 @@ fn u64_at(b: &[u8], i: usize) -> Result<u64> {
 
 impl Bootstrap {
     /// Estimates this rank's clock offset to rank 0's; `now` reads this
-    /// host's clock (Unix ns).
-    pub fn clock_sync(&mut self, now: impl Fn() -> u64) -> Result<ClockSync> {
+    /// host's clock (Unix ns). Also all-gathers `extra` (at most
+    /// [`MAX_EXTRA`] bytes): every rank's, by rank.
+    pub fn clock_sync(
+        &mut self,
+        now: impl Fn() -> u64,
+        extra: &[u8],
+    ) -> Result<(ClockSync, Vec<Vec<u8>>)> {
+        if extra.len() > MAX_EXTRA {
+            return Err(Error::Internal("clock probe: extra blob too long".into()));
+        }
         let n = self.nranks();
         if n == 1 {
-            return Ok(ClockSync {
+            let sync = ClockSync {
                 offset_ns: 0,
                 origin_ns: now(),
-            });
+            };
+            return Ok((sync, vec![extra.to_vec()]));
         }
         let dl = self.params.deadline();
         let (next, prev) = match (self.next.as_mut(), self.prev.as_mut()) {
@@ -53,12 +65,16 @@ impl Bootstrap {
             }
         }
         let best = (0..ROUNDS).min_by_key(|&i| mine[i].1).unwrap_or(0);
-        let blob: Vec<u8> = mine
+        let mut blob: Vec<u8> = mine
             .iter()
             .flat_map(|(a, b)| [a.to_le_bytes(), b.to_le_bytes()])
             .flatten()
             .collect();
-        let all = self.allgather(&blob, ROUNDS * 16)?;
+        blob.extend_from_slice(extra);
+        let all = self.allgather(&blob, ROUNDS * 16 + MAX_EXTRA)?;
+        if all.iter().any(|b| b.len() < ROUNDS * 16) {
+            return Err(Error::Remote("clock probe: short message".into()));
+        }
         let zero = &all[0];
         let best = if self.rank == 0 {
             best
@@ -75,10 +91,14 @@ impl Bootstrap {
             let expected = start as i128 + (lap as i128 * self.rank as i128) / n as i128;
             (expected - arrival as i128).clamp(i64::MIN as i128, i64::MAX as i128) as i64
         };
-        Ok(ClockSync {
-            offset_ns,
-            origin_ns: start,
-        })
+        let extras = all.iter().map(|b| b[ROUNDS * 16..].to_vec()).collect();
+        Ok((
+            ClockSync {
+                offset_ns,
+                origin_ns: start,
+            },
+            extras,
+        ))
     }
 }
 
@@ -99,12 +119,13 @@ mod tests {
                     let base = std::time::Instant::now();
                     let now =
                         || (10_000_000_000i64 + base.elapsed().as_nanos() as i64 + skew[r]) as u64;
-                    b.clock_sync(now)
+                    b.clock_sync(now, &[r as u8; 3])
                 })
             })
             .collect();
         for (r, h) in hs.into_iter().enumerate() {
-            let s = h.join().unwrap().unwrap();
+            let (s, extras) = h.join().unwrap().unwrap();
+            assert_eq!(extras, vec![vec![0u8; 3], vec![1; 3], vec![2; 3]]);
             // The threads' bases differ by their start-up skew (well under 50 ms).
             let err = (s.offset_ns + skew[r]).abs();
             assert!(

@@ -27,10 +27,14 @@ pub fn finalize(c: &Comm) -> Result<()> {
     r
 }
 
-/// The last metrics file of `c` and the timeline file (destroy, abort).
+/// The last metrics file of `c` and the timeline file, and the end of its
+/// status service (destroy, abort).
 pub fn write_telemetry(c: &Comm) {
     if let Some(e) = c.engine.get() {
         crate::telemetry::writer::unregister(&e.links.metrics);
+        if let Some(d) = &e.status {
+            crate::telemetry::status::unregister(d);
+        }
     }
     crate::telemetry::trace::flush();
 }

@@ -66,7 +66,21 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         topo::host_hash(settings.host_id.as_deref()),
         bootstrap_params(&settings),
     )?;
-    let sync = bs.clock_sync(crate::telemetry::clock::now_unix_ns)?;
+    // The status service's listener for the other ranks, published with
+    // the clock probe (every rank takes part, with or without a service).
+    let status_listener = settings.status_port.and_then(|_| {
+        crate::telemetry::status::Listener::bind(settings.bootstrap_ip())
+            .map_err(|e| {
+                tracing::warn!(target: "hetccl::INIT",
+                    "rank {rank}: status: cannot listen: {e}; the status service is off");
+            })
+            .ok()
+    });
+    let card = status_listener
+        .as_ref()
+        .map(crate::telemetry::status::Listener::card)
+        .unwrap_or_default();
+    let (sync, status_cards) = bs.clock_sync(crate::telemetry::clock::now_unix_ns, &card)?;
     // Fingerprints change every plan's messages: the ranks must agree.
     if settings.check && bs.cards.iter().any(|c| !c.checks) {
         tracing::warn!(target: "hetccl::INIT",
@@ -179,7 +193,13 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     // The node's progress board (exec/watch.rs): mapped before the last
     // barrier, its name removed after it.
     let on_node: Vec<bool> = (0..nranks).map(|r| node_of[r] == node_of[rank]).collect();
-    let watch = Watch::open(comm_hash, node_of[rank], rank, on_node);
+    let doing = status_listener
+        .as_ref()
+        .map(|_| Arc::new(crate::exec::watch::Doing::default()));
+    let mut watch = Watch::open(comm_hash, node_of[rank], rank, on_node);
+    if let Some(d) = &doing {
+        watch = watch.with_doing(d.clone());
+    }
     let last = bs.barrier();
     Watch::unlink(comm_hash, node_of[rank]);
     last?;
@@ -221,12 +241,22 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         intranode: direct,
         costs,
         settings,
+        status: doing.clone(),
     };
     let observe = (
         engine.settings.metrics_file.clone(),
         engine.settings.trace_file.clone(),
     );
     let interval = engine.settings.metrics_interval;
+    let status_port = engine.settings.status_port;
+    let label = engine.settings.label(comm_hash);
+    let pids: Vec<u32> = engine
+        .bootstrap
+        .lock()
+        .cards
+        .iter()
+        .map(|c| c.pid)
+        .collect();
     let max_events = engine.settings.trace_max_events;
     let meta = crate::telemetry::render::Meta {
         comm_hash,
@@ -241,6 +271,16 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     }
     if let Some(m) = &observe.0 {
         crate::telemetry::writer::register(metrics, meta, m, interval);
+    }
+    if let (Some(l), Some(d), Some(port)) = (status_listener, doing, status_port) {
+        use crate::telemetry::status;
+        let peers = status_cards
+            .iter()
+            .zip(&pids)
+            .map(|(c, &pid)| status::parse_card(c, pid))
+            .collect();
+        let entry = status::Entry::new(label, rank, peers, id.secret, d);
+        status::register(Arc::new(entry), l, port);
     }
     Ok(())
 }

@@ -57,6 +57,9 @@ pub struct Settings {
     pub trace_file: Option<String>,
     /// `HETCCL_TRACE_MAX_EVENTS`: timeline events kept per thread.
     pub trace_max_events: usize,
+    /// The status service's query port (`HETCCL_STATUS_PORT`, 0 for any
+    /// when only `HETCCL_STATUS` is set); `None`: the service is off.
+    pub status_port: Option<u16>,
 }
 
 /// A positive, finite number of seconds, or `None`.
@@ -96,6 +99,7 @@ impl Settings {
             metrics_interval: secs(cfg.metrics_interval_s).unwrap_or(Duration::from_secs(15)),
             trace_file: cfg.trace_file.clone(),
             trace_max_events: cfg.trace_max_events,
+            status_port: cfg.status_port.or(cfg.status.then_some(0)),
         })
     }
 

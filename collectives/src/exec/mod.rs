@@ -519,7 +519,11 @@ pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
 /// [`drive`] on a given clock.
 pub fn drive_with(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clock) -> Result<()> {
     for b in batches.iter() {
-        b.links.watch.begin(b.seq());
+        let kind = b
+            .jobs
+            .last()
+            .map_or(crate::algo::Collective::Send, |j| j.plan.collective);
+        b.links.watch.begin_op(b.seq(), kind);
     }
     let r = drive_loop(batches, patience, clock).map_err(|e| match e {
         // Transport-level stalls are peer failures too; ncclTimeout is kept
@@ -635,8 +639,9 @@ fn stall_error(batches: &[Batch<'_>], idle: Duration) -> Error {
     ))
 }
 
-/// Logs this rank's hang report lines and, from one rank per node, the
-/// node's hang summary (see `watch`).
+/// Logs this rank's hang report lines, from one rank per node the node's
+/// hang summary (see `watch`), and with the status service on, its view of
+/// every rank (`telemetry::status`).
 fn hang_report(batches: &[Batch<'_>], idle: Duration, after: Duration) {
     for b in batches.iter().filter(|b| !b.finished()) {
         for line in b.describe_wait() {
@@ -653,6 +658,7 @@ fn hang_report(batches: &[Batch<'_>], idle: Duration, after: Duration) {
             }
         }
     }
+    crate::telemetry::status::log_view();
 }
 
 /// Sleeps until a link may have moved, or `until`: on the doorbell when

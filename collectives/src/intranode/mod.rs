@@ -334,7 +334,7 @@ pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> 
     } else {
         0
     };
-    watch.begin(seq);
+    watch.begin_op(seq, a.kind);
     let r = match path {
         Path::Fast => fastbox::run(node, a, op, seq, watch),
         Path::Copy => copy::run(node, a, op, seq, watch),

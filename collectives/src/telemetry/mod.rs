@@ -11,11 +11,13 @@
 //!   `trace_out`, which writes them as Chrome trace-event JSON
 //!   (`HETCCL_TRACE_FILE`).
 //! - `path`: `%h`, `%p`, `%r` in file templates.
+//! - `status`: the status service (who is everyone waiting on).
 
 pub mod clock;
 pub mod metrics;
 pub mod path;
 pub mod render;
+pub mod status;
 pub mod trace;
 mod trace_out;
 pub mod writer;

@@ -88,6 +88,13 @@ pub struct Config {
     /// `HETCCL_TRACE_MAX_EVENTS`: the timeline events kept per thread (the
     /// oldest are dropped). Default 65536.
     pub trace_max_events: usize,
+    /// `HETCCL_STATUS`: run the status service (on an ephemeral port unless
+    /// `HETCCL_STATUS_PORT` is set). Default off.
+    pub status: bool,
+    /// `HETCCL_STATUS_PORT`: the status service's query port on 127.0.0.1
+    /// (setting it turns the service on; 0 picks a free port). Default
+    /// unset.
+    pub status_port: Option<u16>,
     /// `HETCCL_METRICS_FILE`: write the metrics here in the Prometheus text
     /// format (`%h`, `%p`, `%r` expanded). Default unset.
     pub metrics_file: Option<String>,
@@ -175,6 +182,8 @@ impl Default for Config {
             max_nchannels: None,
             trace_file: None,
             trace_max_events: 65536,
+            status: false,
+            status_port: None,
             metrics_file: None,
             metrics_interval_s: 15.0,
             nccl_fallback: None,

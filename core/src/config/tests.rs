@@ -47,6 +47,8 @@ fn every_variable_parses() {
         ("HETCCL_TRACE_FILE", "/tmp/t.json"),
         ("HETCCL_TRACE_MAX_EVENTS", "1000"),
         ("HETCCL_METRICS_FILE", "/tmp/m.%r.prom"),
+        ("HETCCL_STATUS", "1"),
+        ("HETCCL_STATUS_PORT", "4242"),
         ("HETCCL_METRICS_INTERVAL_S", "0.5"),
         ("HETCCL_NCCL_FALLBACK", "/usr/lib/libnccl.so.2"),
         ("HETCCL_NVRTC_LIB", "/opt/nvrtc/libnvrtc.so.12"),
@@ -92,6 +94,8 @@ fn every_variable_parses() {
     assert_eq!(c.trace_max_events, 1000);
     assert_eq!(c.metrics_file.as_deref(), Some("/tmp/m.%r.prom"));
     assert_eq!(c.metrics_interval_s, 0.5);
+    assert!(c.status);
+    assert_eq!(c.status_port, Some(4242));
     assert_eq!(c.nccl_fallback.as_deref(), Some("/usr/lib/libnccl.so.2"));
     assert_eq!(c.nvrtc_lib.as_deref(), Some("/opt/nvrtc/libnvrtc.so.12"));
     assert!(c.shm_disable && c.p2p_disable && c.ib_disable);

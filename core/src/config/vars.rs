@@ -238,6 +238,21 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| Some(c.trace_max_events.to_string()),
     },
     Var {
+        name: "HETCCL_STATUS",
+        field: "status",
+        apply: |c, v| ok(parse::boolean(v), |b| c.status = b),
+        show: |c| Some(u8::from(c.status).to_string()),
+    },
+    Var {
+        name: "HETCCL_STATUS_PORT",
+        field: "status_port",
+        apply: |c, v| {
+            c.status_port = Some(parse::int_in(v, 0, 65535)? as u16);
+            Ok(None)
+        },
+        show: |c| c.status_port.map(|p| p.to_string()),
+    },
+    Var {
         name: "HETCCL_METRICS_FILE",
         field: "metrics_file",
         apply: |c, v| ok(parse::text(v), |t| c.metrics_file = Some(t)),

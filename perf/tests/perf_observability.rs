@@ -1,9 +1,10 @@
-//! The timeline end to end: `hetccl-perf all_reduce -np 2 -b 8 -e 1M` with
+//! hetccl-perf's observability tools end to end. The timeline: `hetccl-perf all_reduce -np 2 -b 8 -e 1M` with
 //! `HETCCL_TRACE_FILE=<dir>/t.%r.json` writes one valid JSON file per rank
 //! in which every collective slice has a trace id, the ranks' trace ids are
 //! the same, and `hetccl-perf trace-merge` makes one file that parses. A
 //! run over TCP (`NCCL_SHM_DISABLE=1`, the executor's links) also has step
-//! slices (send, recv, ...) with peer and bytes.
+//! slices (send, recv, ...) with peer and bytes. Then `--link-stats` and
+//! `hetccl-perf status`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -220,4 +221,48 @@ fn link_stats_summarise_every_link() {
         assert_eq!(n(row[7]), 0);
     }
     assert!(after.contains("send: "), "{after}");
+}
+
+/// `hetccl-perf status --pid PID` finds the service's port in the file the
+/// library writes and prints the service's answer; without a service it
+/// says so and exits 2.
+#[test]
+fn status_asks_the_service_of_a_pid() {
+    use std::io::{Read, Write};
+    let dir = std::env::temp_dir().join(format!("hetccl-perf-status-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let fake_pid = 3_999_999u32;
+    std::fs::write(
+        dir.join(format!("hetccl-status-{fake_pid}.port")),
+        format!("{port}\n"),
+    )
+    .unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut req = [0u8; 7];
+        s.read_exact(&mut req).unwrap();
+        assert_eq!(&req, b"status\n");
+        s.write_all(b"comm x: table\nblocking: none\n").unwrap();
+    });
+    let o = Command::new(perf_bin())
+        .args(["status", "--pid", &fake_pid.to_string()])
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    server.join().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "comm x: table\nblocking: none\n"
+    );
+    let o = Command::new(perf_bin())
+        .args(["status", "--pid", "3999998"])
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no status service for pid 3999998"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
