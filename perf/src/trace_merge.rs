@@ -2,8 +2,11 @@
 //! trace-event file from the per-rank timelines `HETCCL_TRACE_FILE` writes
 //! (docs/observability.md). The events are concatenated; every input keeps
 //! its process ids unless an earlier input used them, in which case they
-//! are moved above every id seen so far. `otherData` lists each input's
-//! own `otherData`.
+//! are moved above every id seen so far. When every input gives the Unix
+//! time its timestamps count from (`otherData.origin_unix_ns`), events are
+//! shifted onto the earliest origin, so that files whose origins differ
+//! (the profiler plugin's, one per process) line up. `otherData` lists each
+//! input's own `otherData`.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -16,9 +19,22 @@ pub fn merge(paths: &[String]) -> Result<Value, String> {
     let mut events: Vec<Value> = Vec::new();
     let mut inputs: Vec<Value> = Vec::new();
     let mut used: HashSet<i64> = HashSet::new();
+    let mut files = Vec::with_capacity(paths.len());
     for p in paths {
         let text = std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"))?;
         let v: Value = serde_json::from_str(&text).map_err(|e| format!("{p}: {e}"))?;
+        files.push((p, v));
+    }
+    let origins: Option<Vec<u64>> = files
+        .iter()
+        .map(|(_, v)| v["otherData"]["origin_unix_ns"].as_u64())
+        .collect();
+    let first = origins.as_ref().and_then(|o| o.iter().min().copied());
+    for (i, (p, v)) in files.iter().enumerate() {
+        let shift_us = match (&origins, first) {
+            (Some(o), Some(f)) => (o[i] - f) as f64 / 1e3,
+            _ => 0.0,
+        };
         let list = v
             .get("traceEvents")
             .and_then(Value::as_array)
@@ -42,6 +58,11 @@ pub fn merge(paths: &[String]) -> Result<Value, String> {
             if let Some(pid) = e.get("pid").and_then(Value::as_i64) {
                 let to = remap.get(&pid).copied().unwrap_or(pid);
                 e["pid"] = json!(to);
+            }
+            if shift_us != 0.0 {
+                if let Some(ts) = e.get("ts").and_then(Value::as_f64) {
+                    e["ts"] = json!(ts + shift_us);
+                }
             }
             events.push(e);
         }
@@ -118,6 +139,21 @@ mod tests {
             "rank 0 of the second file moves above every pid seen"
         );
         assert_eq!(v["otherData"]["merged"][0]["otherData"]["rank"], 0);
+        // Origins 5 µs apart: the later file's events move by 5 µs.
+        std::fs::write(&a, r#"{"traceEvents":[{"ph":"X","pid":0,"ts":1,"name":"x"}],"otherData":{"origin_unix_ns":1000}}"#).unwrap();
+        std::fs::write(&b, r#"{"traceEvents":[{"ph":"X","pid":1,"ts":1,"name":"y"}],"otherData":{"origin_unix_ns":6000}}"#).unwrap();
+        let v = merge(&files).unwrap();
+        let ts = |n: &str| {
+            v["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == n)
+                .unwrap()["ts"]
+                .as_f64()
+                .unwrap()
+        };
+        assert_eq!((ts("x"), ts("y")), (1.0, 6.0));
         std::fs::write(&b, "{").unwrap();
         assert!(merge(&files).is_err());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -12,10 +12,12 @@
 //!   (`HETCCL_TRACE_FILE`).
 //! - `path`: `%h`, `%p`, `%r` in file templates.
 //! - `status`: the status service (who is everyone waiting on).
+//! - `profiler`: NCCL's profiler plugin (`ncclProfiler_v6`, `_v5`).
 
 pub mod clock;
 pub mod metrics;
 pub mod path;
+pub mod profiler;
 pub mod render;
 pub mod status;
 pub mod trace;
