@@ -10,6 +10,7 @@ pub mod config;
 pub mod datatype;
 pub mod handles;
 pub mod net;
+pub mod profiler;
 pub mod redop;
 pub mod result;
 pub mod unique_id;

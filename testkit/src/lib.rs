@@ -33,6 +33,7 @@ pub mod net;
 pub mod netns;
 pub mod nvrtc;
 pub mod perf;
+pub mod prom;
 pub mod ranks;
 pub mod revoke;
 pub mod threads;

@@ -130,6 +130,7 @@ export! {
                 tracing::warn!(target: "hetccl::INIT",
                     "ncclCommDestroy: rank {}: {e}; closing the links at once", c.rank);
             }
+            finalize::write_telemetry(&c);
             Ok(())
         })
     }
@@ -158,6 +159,7 @@ export! {
                 // one bounded wait; peers see the closed links.
                 e.links.close_all();
             }
+            finalize::write_telemetry(&c);
             Ok(())
         })
     }

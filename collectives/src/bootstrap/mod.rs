@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod card;
+pub mod clock_sync;
 pub mod frame;
 pub mod gate;
 pub mod id;

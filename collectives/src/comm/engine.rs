@@ -52,4 +52,6 @@ pub struct Engine {
     pub costs: crate::cost::CostModel,
     /// What it took from the configuration at init (passed down from here).
     pub settings: super::settings::Settings,
+    /// What this rank is doing, for the status service (when it is on).
+    pub status: Option<Arc<crate::exec::watch::Doing>>,
 }

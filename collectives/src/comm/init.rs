@@ -58,6 +58,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     hetccl_core::obs::print_version_once();
     hetccl_core::config::log_once();
     let mut settings = Settings::new(hetccl_core::config::get(), &config)?;
+    crate::telemetry::clock::init();
     let mut bs = Bootstrap::join(
         id,
         rank,
@@ -65,6 +66,21 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         topo::host_hash(settings.host_id.as_deref()),
         bootstrap_params(&settings),
     )?;
+    // The status service's listener for the other ranks, published with
+    // the clock probe (every rank takes part, with or without a service).
+    let status_listener = settings.status_port.and_then(|_| {
+        crate::telemetry::status::Listener::bind(settings.bootstrap_ip())
+            .map_err(|e| {
+                tracing::warn!(target: "hetccl::INIT",
+                    "rank {rank}: status: cannot listen: {e}; the status service is off");
+            })
+            .ok()
+    });
+    let card = status_listener
+        .as_ref()
+        .map(crate::telemetry::status::Listener::card)
+        .unwrap_or_default();
+    let (sync, status_cards) = bs.clock_sync(crate::telemetry::clock::now_unix_ns, &card)?;
     // Fingerprints change every plan's messages: the ranks must agree.
     if settings.check && bs.cards.iter().any(|c| !c.checks) {
         tracing::warn!(target: "hetccl::INIT",
@@ -177,11 +193,18 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     // The node's progress board (exec/watch.rs): mapped before the last
     // barrier, its name removed after it.
     let on_node: Vec<bool> = (0..nranks).map(|r| node_of[r] == node_of[rank]).collect();
-    let watch = Watch::open(comm_hash, node_of[rank], rank, on_node);
+    let doing = status_listener
+        .as_ref()
+        .map(|_| Arc::new(crate::exec::watch::Doing::default()));
+    let mut watch = Watch::open(comm_hash, node_of[rank], rank, on_node);
+    if let Some(d) = &doing {
+        watch = watch.with_doing(d.clone());
+    }
     let last = bs.barrier();
     Watch::unlink(comm_hash, node_of[rank]);
     last?;
     let bell = arena.as_ref().map(|a| a.bell(me_local));
+    let metrics = Arc::new(crate::telemetry::Metrics::new(rank, &choice));
     let links = Links {
         rank,
         label: settings.label(comm_hash),
@@ -189,6 +212,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         bell,
         stop: stop.clone(),
         watch,
+        metrics: metrics.clone(),
     };
     let kinds: Vec<&str> = links
         .peers
@@ -217,10 +241,48 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         intranode: direct,
         costs,
         settings,
+        status: doing.clone(),
+    };
+    let observe = (
+        engine.settings.metrics_file.clone(),
+        engine.settings.trace_file.clone(),
+    );
+    let interval = engine.settings.metrics_interval;
+    let status_port = engine.settings.status_port;
+    let label = engine.settings.label(comm_hash);
+    let pids: Vec<u32> = engine
+        .bootstrap
+        .lock()
+        .cards
+        .iter()
+        .map(|c| c.pid)
+        .collect();
+    let max_events = engine.settings.trace_max_events;
+    let meta = crate::telemetry::render::Meta {
+        comm_hash,
+        comm_name: engine.settings.comm_name.clone(),
+        nranks,
     };
     comm.engine
         .set(engine)
-        .map_err(|_| Error::Internal("communicator initialised twice".into()))
+        .map_err(|_| Error::Internal("communicator initialised twice".into()))?;
+    if let Some(t) = &observe.1 {
+        crate::telemetry::trace::start(t, rank, comm_hash, max_events, sync);
+    }
+    if let Some(m) = &observe.0 {
+        crate::telemetry::writer::register(metrics, meta, m, interval);
+    }
+    if let (Some(l), Some(d), Some(port)) = (status_listener, doing, status_port) {
+        use crate::telemetry::status;
+        let peers = status_cards
+            .iter()
+            .zip(&pids)
+            .map(|(c, &pid)| status::parse_card(c, pid))
+            .collect();
+        let entry = status::Entry::new(label, rank, peers, id.secret, d);
+        status::register(Arc::new(entry), l, port);
+    }
+    Ok(())
 }
 
 /// The node leader creates the arena; everyone maps it; the leader unlinks

@@ -194,3 +194,16 @@ pub(super) fn run_message(
         _ => Err(Error::Internal("local step run as message".into())),
     }
 }
+
+/// A step's name in the timeline, and the bytes it moves or touches.
+pub(super) fn trace_name(kind: &StepKind) -> (&'static str, usize) {
+    match *kind {
+        StepKind::Send { src, .. } => ("send", src.len),
+        StepKind::Recv { dst, .. } => ("recv", dst.len),
+        StepKind::RecvReduce { dst, .. } => ("recv_reduce", dst.len),
+        StepKind::Copy { src, .. } => ("copy", src.len),
+        StepKind::Reduce { dst, .. } => ("reduce", dst.len),
+        StepKind::PreOp { src, .. } => ("pre_op", src.len),
+        StepKind::PostOp { buf } => ("post_op", buf.len),
+    }
+}

@@ -20,8 +20,17 @@ fn links_to_silent_peer() -> (Links, Vec<Conn>) {
         bell: None,
         stop: Arc::default(),
         watch: watch::Watch::none(),
+        metrics: metrics(2),
     };
     (links, theirs)
+}
+
+/// Rank 0's metrics with TCP links to `n - 1` peers.
+fn metrics(n: usize) -> Arc<crate::telemetry::Metrics> {
+    let t: Vec<_> = (0..n)
+        .map(|p| (p != 0).then_some(crate::cost::TransportKind::Tcp))
+        .collect();
+    Arc::new(crate::telemetry::Metrics::new(0, &t))
 }
 
 fn recv_job(buf: &mut [u8]) -> Job {
@@ -56,6 +65,7 @@ fn recv_job(buf: &mut [u8]) -> Job {
         trace: Trace {
             comm_hash: 0xabc,
             seq: 7,
+            id: Default::default(),
         },
         self_p2p: false,
         fingerprint: None,
@@ -247,6 +257,7 @@ fn a_dead_local_peer_is_noticed_at_the_first_check_on_a_manual_clock() {
         bell: None,
         stop: Arc::default(),
         watch: me,
+        metrics: metrics(3),
     };
     let mut buf = vec![0u8; 8];
     let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
@@ -298,6 +309,7 @@ fn a_peer_that_left_after_its_part_is_not_reported_dead() {
         bell: None,
         stop: Arc::default(),
         watch: me,
+        metrics: metrics(3),
     };
     let mut buf = vec![0u8; 16];
     let mut job = recv_job(&mut buf);

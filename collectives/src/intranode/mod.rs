@@ -280,7 +280,10 @@ fn path_for(
 /// Runs `a` on a direct path if one applies (blocking communicator, host
 /// memory, all ranks on this node, outside a group, allowed by
 /// `NCCL_ALGO`); `None` when the pipelined executor must run it.
-pub fn try_run(a: &Call, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result<()>> {
+///
+/// `called` is when the call was made (`telemetry::clock` ticks), for the
+/// metrics and the timeline.
+pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result<()>> {
     let e = a.comm.engine.get()?;
     let node = e.intranode.as_ref()?;
     let allowed = match &a.filter {
@@ -323,14 +326,23 @@ pub fn try_run(a: &Call, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result
     } else {
         ReduceOp::Sum
     };
+    let op_name = crate::telemetry::trace::op_name(a.kind, &op);
     let _lock = e.exec_lock.lock();
     let seq = e.seq.fetch_add(1, Ordering::Relaxed);
-    watch.begin(seq);
+    let trace_seq = if crate::telemetry::trace::on() {
+        e.links.metrics.next_coll_seq()
+    } else {
+        0
+    };
+    watch.begin_op(seq, a.kind);
     let r = match path {
         Path::Fast => fastbox::run(node, a, op, seq, watch),
         Path::Copy => copy::run(node, a, op, seq, watch),
     };
     watch.end();
+    if r.is_ok() {
+        observe(e, a, path, op_name, trace_seq, called);
+    }
     if r.is_err() {
         // Peers blocked on this rank fail at once instead of at their own
         // stall limit (the communicator is unusable now anyway). Peers
@@ -340,6 +352,46 @@ pub fn try_run(a: &Call, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result
         e.links.close_links();
     }
     Some(r)
+}
+
+/// Records a completed direct-path call in the metrics and, when it is
+/// on, the timeline. `called` is 0 when its latency is not measured.
+fn observe(
+    e: &crate::comm::engine::Engine,
+    a: &Call,
+    path: Path,
+    op: &'static str,
+    seq: u64,
+    called: u64,
+) {
+    use crate::telemetry::{metrics, trace};
+    let m = &e.links.metrics;
+    let (algo, name) = match path {
+        Path::Fast => (metrics::ALGO_BOARD, "Board"),
+        Path::Copy => (metrics::ALGO_COPY, "SingleCopy"),
+    };
+    let bytes = a.count * a.dtype.size();
+    let end = m.complete(a.kind, bytes, algo, called);
+    if called != 0 && trace::on() {
+        let rooted = matches!(a.kind, Collective::Broadcast | Collective::Reduce);
+        trace::record(trace::Event {
+            what: trace::What::Call(a.kind),
+            start: called,
+            end,
+            id: trace::TraceId {
+                comm_hash: e.comm_hash,
+                seq,
+                p2p: None,
+            },
+            rank: a.comm.rank as u32,
+            algo: name,
+            dtype: a.dtype.name(),
+            op,
+            peer: if rooted { a.root as i32 } else { -1 },
+            chan: -1,
+            bytes: bytes as u64,
+        });
+    }
 }
 
 #[cfg(test)]

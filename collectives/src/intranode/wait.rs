@@ -139,6 +139,7 @@ impl Node {
                     for line in op.watch.summary(op.seq, h).unwrap_or_default() {
                         tracing::warn!(target: "hetccl::COLL", "{line}");
                     }
+                    crate::telemetry::status::log_view();
                 }
             }
             if idle >= self.stall_timeout {

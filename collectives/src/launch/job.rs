@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::exec::fingerprint::{self, Fingerprint};
 use crate::exec::{self_p2p, Job, OpBuffers, Trace};
 use crate::reduce::{ReduceOp, Scalar};
+use crate::telemetry::trace::TraceId;
 use crate::user_ptr::UserPtr;
 
 /// Whether the call uses NCCL's in-place layout for its kind.
@@ -90,6 +91,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
     let self_p2p = matches!(coll, Collective::Send | Collective::Recv) && a.root == a.comm.rank;
     if self_p2p {
         let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
+        let id = trace_id(engine, a);
         return Ok(Job {
             plan: Arc::new(self_p2p::half(
                 coll,
@@ -108,6 +110,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
             trace: Trace {
                 comm_hash: engine.comm_hash,
                 seq,
+                id,
             },
             self_p2p: true,
             fingerprint: None,
@@ -138,6 +141,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
         Ok::<_, Error>((algorithm, plan, None))
     })?;
     let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
+    let id = trace_id(engine, a);
     let coll_seq = if key.collective == Collective::Send || key.collective == Collective::Recv {
         0
     } else {
@@ -171,10 +175,33 @@ pub fn make_job(a: &Call) -> Result<Job> {
         trace: Trace {
             comm_hash: engine.comm_hash,
             seq,
+            id,
         },
         self_p2p: false,
         fingerprint: fp,
     })
+}
+
+/// The timeline identity of a call (`telemetry::trace::TraceId`), taken when its
+/// job is made: collectives count per communicator, sends and receives per
+/// pair of ranks. Counted only while the timeline is on (it is on from a
+/// process's first communicator, so the counts match across ranks).
+fn trace_id(engine: &Engine, a: &Call) -> TraceId {
+    if !crate::telemetry::trace::on() {
+        return TraceId::default();
+    }
+    let m = &engine.links.metrics;
+    let (me, peer) = (a.comm.rank, a.root);
+    let (seq, p2p) = match a.kind {
+        Collective::Send => (m.next_p2p_seq(peer, true), Some((me as u32, peer as u32))),
+        Collective::Recv => (m.next_p2p_seq(peer, false), Some((peer as u32, me as u32))),
+        _ => (m.next_coll_seq(), None),
+    };
+    TraceId {
+        comm_hash: engine.comm_hash,
+        seq,
+        p2p,
+    }
 }
 
 /// The algorithm for a collective of `bytes`: `filter` (the call's

@@ -45,6 +45,11 @@ fn every_variable_parses() {
         ("NCCL_MIN_NCHANNELS", "2"),
         ("NCCL_MAX_NCHANNELS", "8"),
         ("HETCCL_TRACE_FILE", "/tmp/t.json"),
+        ("HETCCL_TRACE_MAX_EVENTS", "1000"),
+        ("HETCCL_METRICS_FILE", "/tmp/m.%r.prom"),
+        ("HETCCL_STATUS", "1"),
+        ("HETCCL_STATUS_PORT", "4242"),
+        ("HETCCL_METRICS_INTERVAL_S", "0.5"),
         ("HETCCL_NCCL_FALLBACK", "/usr/lib/libnccl.so.2"),
         ("HETCCL_NVRTC_LIB", "/opt/nvrtc/libnvrtc.so.12"),
         ("NCCL_SHM_DISABLE", "1"),
@@ -86,6 +91,11 @@ fn every_variable_parses() {
     assert_eq!(c.buffsize, 1 << 20);
     assert_eq!((c.min_nchannels, c.max_nchannels), (Some(2), Some(8)));
     assert_eq!(c.trace_file.as_deref(), Some("/tmp/t.json"));
+    assert_eq!(c.trace_max_events, 1000);
+    assert_eq!(c.metrics_file.as_deref(), Some("/tmp/m.%r.prom"));
+    assert_eq!(c.metrics_interval_s, 0.5);
+    assert!(c.status);
+    assert_eq!(c.status_port, Some(4242));
     assert_eq!(c.nccl_fallback.as_deref(), Some("/usr/lib/libnccl.so.2"));
     assert_eq!(c.nvrtc_lib.as_deref(), Some("/opt/nvrtc/libnvrtc.so.12"));
     assert!(c.shm_disable && c.p2p_disable && c.ib_disable);

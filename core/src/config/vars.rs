@@ -64,10 +64,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "hetccl's plans use a fixed two channels per link for collectives and one for point-to-point",
     ),
     (
-        "HETCCL_TRACE_FILE",
-        "the timeline writer is not implemented yet",
-    ),
-    (
         "NCCL_NET",
         "hetccl's engine has one transport between nodes (TCP); NVIDIA's NCCL reads NCCL_NET itself when it loads hetccl as its net plugin",
     ),
@@ -231,6 +227,45 @@ pub(crate) const VARS: &[Var] = &[
         field: "trace_file",
         apply: |c, v| ok(parse::text(v), |t| c.trace_file = Some(t)),
         show: |c| c.trace_file.clone(),
+    },
+    Var {
+        name: "HETCCL_TRACE_MAX_EVENTS",
+        field: "trace_max_events",
+        apply: |c, v| {
+            c.trace_max_events = parse::int_in(v, 1, 1 << 26)? as usize;
+            Ok(None)
+        },
+        show: |c| Some(c.trace_max_events.to_string()),
+    },
+    Var {
+        name: "HETCCL_STATUS",
+        field: "status",
+        apply: |c, v| ok(parse::boolean(v), |b| c.status = b),
+        show: |c| Some(u8::from(c.status).to_string()),
+    },
+    Var {
+        name: "HETCCL_STATUS_PORT",
+        field: "status_port",
+        apply: |c, v| {
+            c.status_port = Some(parse::int_in(v, 0, 65535)? as u16);
+            Ok(None)
+        },
+        show: |c| c.status_port.map(|p| p.to_string()),
+    },
+    Var {
+        name: "HETCCL_METRICS_FILE",
+        field: "metrics_file",
+        apply: |c, v| ok(parse::text(v), |t| c.metrics_file = Some(t)),
+        show: |c| c.metrics_file.clone(),
+    },
+    Var {
+        name: "HETCCL_METRICS_INTERVAL_S",
+        field: "metrics_interval_s",
+        apply: |c, v| {
+            c.metrics_interval_s = parse::seconds(v, 0.001)?;
+            Ok(None)
+        },
+        show: |c| Some(c.metrics_interval_s.to_string()),
     },
     Var {
         name: "HETCCL_NCCL_FALLBACK",
