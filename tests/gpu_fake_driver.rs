@@ -280,6 +280,67 @@ fn device_calls_after_the_proxy_went_idle() {
     }
 }
 
+/// Device-buffer calls on the timeline and in the metrics: with
+/// `HETCCL_TRACE_FILE`, each rank's file holds, on the GPU proxy's track,
+/// a `queued` (enqueued to started) and a `run` slice per device call, with
+/// trace ids that match across ranks; `hetcclCommGetStats` is not reachable
+/// from the C program, so the enqueue-to-start histogram is checked through
+/// `HETCCL_METRICS_FILE`.
+#[test]
+fn device_calls_on_the_timeline_and_in_the_metrics() {
+    let dir = hetccl_testkit::tmp_dir().join("gpu_timeline");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.%r.json").display().to_string();
+    let metrics = dir.join("m.%r.prom").display().to_string();
+    run(vec![job("dev_2_timeline", 2, "idle")
+        .env("HETCCL_TRACE_FILE", &trace)
+        .env("HETCCL_METRICS_FILE", &metrics)]);
+    let mut ids: Vec<Vec<String>> = Vec::new();
+    for r in 0..2 {
+        let text = std::fs::read_to_string(dir.join(format!("t.{r}.json")))
+            .unwrap_or_else(|e| panic!("rank {r}: no timeline: {e}"));
+        let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        let events = v["traceEvents"].as_array().expect("traceEvents");
+        let proxy_tids: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["args"]["name"] == "hetccl-gpu-proxy")
+            .map(|e| &e["tid"])
+            .collect();
+        let device: Vec<&serde_json::Value> =
+            events.iter().filter(|e| e["cat"] == "device").collect();
+        let runs: Vec<String> = device
+            .iter()
+            .filter(|e| e["name"] == "allreduce run")
+            .map(|e| e["args"]["trace_id"].as_str().unwrap_or("").to_string())
+            .collect();
+        let queued = device
+            .iter()
+            .filter(|e| e["name"] == "allreduce queued")
+            .count();
+        assert_eq!(
+            runs.len(),
+            2,
+            "rank {r}: device allreduce slices: {device:?}"
+        );
+        assert_eq!(queued, 2, "rank {r}: queued slices");
+        assert!(
+            device.iter().all(|e| proxy_tids.contains(&&e["tid"])),
+            "rank {r}: device slices off the proxy's track"
+        );
+        assert!(runs.iter().all(|id| id.contains(":dev:")), "{runs:?}");
+        ids.push(runs);
+        let prom = std::fs::read_to_string(dir.join(format!("m.{r}.prom"))).unwrap();
+        let count = prom
+            .lines()
+            .find(|l| l.starts_with("hetccl_device_queue_wait_seconds_count"))
+            .and_then(|l| l.split_whitespace().last())
+            .unwrap_or_else(|| panic!("rank {r}: no device queue wait in\n{prom}"));
+        assert_eq!(count, "2", "rank {r}: device queue wait count");
+    }
+    assert_eq!(ids[0], ids[1], "device trace ids differ between ranks");
+}
+
 /// Two devices, ranks alternating between them: CUDA IPC through peer
 /// access, and staging when the devices have none
 /// (`FAKE_CUDA_NO_PEER_ACCESS=1`); and, where `cuStreamWaitValue32` is not

@@ -88,6 +88,8 @@ struct PendingOp {
     ready: Event,
     /// Recorded on the user's stream after its wait: the stream is past it.
     done: Event,
+    /// When the call was enqueued (`telemetry::clock` ticks).
+    enqueued: u64,
 }
 
 /// Set by the proxy once a batch's flag is set, for a caller's thread that
@@ -270,6 +272,7 @@ pub(crate) fn enqueue(ops: Vec<Call>) -> Result<()> {
             ctx: ctx as usize,
             ready,
             done: Event::new()?,
+            enqueued: crate::telemetry::clock::ticks(),
         });
     }
     safe::begin();
@@ -454,9 +457,11 @@ fn proxy(key: usize, rx: Receiver<Batch>) {
             Err(RecvTimeoutError::Disconnected) => break,
         };
         retiring.retain(|old| !finished(old));
+        let mut started = Vec::with_capacity(b.ops.len());
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_batch(key, &b, &mut state)
+            run_batch(key, &b, &mut state, &mut started)
         }));
+        observe(&b, &started);
         let r = r.unwrap_or_else(|_| Err(Error::Internal("panic in the GPU proxy".into())));
         // A failure is recorded before the stream is released, so that work
         // after the call (ncclCommGetAsyncError, the next call) sees it.
@@ -483,6 +488,69 @@ fn proxy(key: usize, rx: Receiver<Batch>) {
     drop(state);
 }
 
+/// Records the batch's calls that started (`started`, in op order) in
+/// their communicators' metrics (enqueue-to-start) and, when it is on, on
+/// this proxy thread's timeline track: `queued` from the call to the start,
+/// `run` from the start to now.
+fn observe(b: &Batch, started: &[u64]) {
+    use crate::telemetry::{clock, trace};
+    let end = clock::ticks();
+    for (op, &start) in b.ops.iter().zip(started) {
+        let Some(e) = op.args.comm.engine.get() else {
+            continue;
+        };
+        let m = &e.links.metrics;
+        m.device_queue_wait
+            .record(clock::to_ns(start.saturating_sub(op.enqueued)));
+        // A batch may hold another communicator's calls, whose own proxy
+        // may count at the same time: an atomic add, not the hot path's
+        // single-writer store.
+        let seq = m.device_seq.fetch_add(1, Ordering::Relaxed);
+        if !trace::on() {
+            continue;
+        }
+        let a = &op.args;
+        let id = trace::TraceId {
+            comm_hash: e.comm_hash,
+            seq,
+            p2p: None,
+            device: true,
+        };
+        let op_name = if a.kind.reduces() {
+            match a.op {
+                hetccl_abi::RedOp::Sum => "sum",
+                hetccl_abi::RedOp::Prod => "prod",
+                hetccl_abi::RedOp::Max => "max",
+                hetccl_abi::RedOp::Min => "min",
+                hetccl_abi::RedOp::Avg => "avg",
+                hetccl_abi::RedOp::Dynamic(_) => "premulsum",
+            }
+        } else {
+            "none"
+        };
+        let peer = if a.kind.rooted() || matches!(a.kind, Collective::Send | Collective::Recv) {
+            a.root as i32
+        } else {
+            -1
+        };
+        for (phase, from, to) in [("queued", op.enqueued, start), ("run", start, end)] {
+            trace::record(trace::Event {
+                what: trace::What::Device(a.kind, phase),
+                start: from,
+                end: to,
+                id,
+                rank: m.rank as u32,
+                algo: "",
+                dtype: a.dtype.name(),
+                op: op_name,
+                peer,
+                chan: -1,
+                bytes: (a.count * a.dtype.size()) as u64,
+            });
+        }
+    }
+}
+
 /// Whether every "done" event of `b` has passed (its flag may be reused).
 fn finished(b: &Batch) -> bool {
     b.ops.iter().all(|op| {
@@ -505,9 +573,10 @@ fn log_path(a: &Call, path: &str) {
 /// as one host group on the first call's context (copies reach every
 /// device's memory through unified addressing), so that its sends and
 /// receives cannot deadlock (its collectives post "no").
-fn run_batch(key: usize, b: &Batch, st: &mut ProxyState) -> Result<()> {
+fn run_batch(key: usize, b: &Batch, st: &mut ProxyState, started: &mut Vec<u64>) -> Result<()> {
     for op in &b.ops {
         op.ready.wait()?;
+        started.push(crate::telemetry::clock::ticks());
     }
     let is_p2p = |a: &Call| matches!(a.kind, Collective::Send | Collective::Recv);
     let ours = |a: &Call| Arc::as_ptr(&a.comm) as usize == key;

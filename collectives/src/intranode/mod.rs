@@ -382,6 +382,7 @@ fn observe(
                 comm_hash: e.comm_hash,
                 seq,
                 p2p: None,
+                device: false,
             },
             rank: a.comm.rank as u32,
             algo: name,

@@ -201,6 +201,7 @@ fn trace_id(engine: &Engine, a: &Call) -> TraceId {
         comm_hash: engine.comm_hash,
         seq,
         p2p,
+        device: false,
     }
 }
 

@@ -178,6 +178,13 @@ pub struct Metrics {
     /// Call to start of the executor (queued in a group, waiting for the
     /// communicator).
     pub queue_wait: Histogram,
+    /// Device-buffer calls: from the call (enqueued on its stream) to the
+    /// GPU proxy starting it (the stream reached it). Written by the
+    /// communicator's proxy thread only.
+    pub device_queue_wait: Histogram,
+    /// Device-buffer calls the proxy ran so far (the sequence of their
+    /// trace ids: the same on every rank, which issue them in one order).
+    pub device_seq: AtomicU64,
     /// Collective calls so far (the sequence of collective trace ids: the
     /// same on every rank, whatever path the calls took).
     pub coll_seq: AtomicU64,
@@ -197,6 +204,8 @@ impl Metrics {
                 .collect(),
             colls: Default::default(),
             queue_wait: Histogram::default(),
+            device_queue_wait: Histogram::default(),
+            device_seq: AtomicU64::new(0),
             coll_seq: AtomicU64::new(0),
         }
     }
@@ -290,6 +299,7 @@ impl Metrics {
                 })
                 .collect(),
             queue_wait: self.queue_wait.snapshot(),
+            device_queue_wait: self.device_queue_wait.snapshot(),
         }
     }
 }
@@ -339,6 +349,8 @@ pub struct Snapshot {
     pub colls: Vec<CollSnapshot>,
     /// Queue wait.
     pub queue_wait: HistSnapshot,
+    /// Device-buffer calls' enqueue-to-start wait.
+    pub device_queue_wait: HistSnapshot,
 }
 
 #[cfg(test)]

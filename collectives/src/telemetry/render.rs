@@ -106,8 +106,9 @@ pub fn json(m: &Meta, s: &Snapshot) -> String {
     }
     let _ = write!(
         o,
-        "],\"queue_wait_ns\":{},\"latency_sample_every\":{}}}",
+        "],\"queue_wait_ns\":{},\"device_queue_wait_ns\":{},\"latency_sample_every\":{}}}",
         hist_json(&s.queue_wait),
+        hist_json(&s.device_queue_wait),
         super::metrics::LATENCY_SAMPLE
     );
     o
@@ -261,6 +262,12 @@ pub fn prometheus(m: &Meta, s: &Snapshot) -> String {
         "Call to start of the executor (queued in a group or behind another operation).",
     );
     p.histogram("hetccl_queue_wait_seconds", "", &s.queue_wait);
+    p.family(
+        "hetccl_device_queue_wait_seconds",
+        "histogram",
+        "Device-buffer calls: enqueued on the stream to started by the GPU proxy.",
+    );
+    p.histogram("hetccl_device_queue_wait_seconds", "", &s.device_queue_wait);
     p.out
 }
 

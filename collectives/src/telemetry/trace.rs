@@ -43,11 +43,14 @@ pub struct TraceId {
     pub seq: u64,
     /// (sender, receiver) of a point-to-point call.
     pub p2p: Option<(u32, u32)>,
+    /// A device-buffer call (numbered apart from the host calls).
+    pub device: bool,
 }
 
 impl std::fmt::Display for TraceId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.p2p {
+            None if self.device => write!(f, "{:016x}:dev:{}", self.comm_hash, self.seq),
             None => write!(f, "{:016x}:{}", self.comm_hash, self.seq),
             Some((s, r)) => write!(f, "{:016x}:p2p:{s}>{r}:{}", self.comm_hash, self.seq),
         }
@@ -62,6 +65,10 @@ pub enum What {
     /// One step of a call's plan: `send`, `recv`, `recv_reduce`, `copy`,
     /// `reduce`, `pre_op`, `post_op`.
     Step(&'static str),
+    /// A device-buffer call on the GPU proxy's track: `queued` (enqueued
+    /// on its stream until the stream reached it) or `run` (the proxy's
+    /// work on it).
+    Device(Collective, &'static str),
 }
 
 /// One timeline slice.

@@ -21,9 +21,14 @@ fn ts_us(t: &Tracer, ticks: u64) -> String {
 }
 
 fn event(o: &mut String, t: &Tracer, tid: i64, e: &Event) {
+    let device_name;
     let (name, cat) = match e.what {
         What::Call(k) => (k.name(), "call"),
         What::Step(s) => (s, "step"),
+        What::Device(k, phase) => {
+            device_name = format!("{} {phase}", k.name());
+            (device_name.as_str(), "device")
+        }
     };
     let dur = clock::to_ns(e.end.saturating_sub(e.start));
     let _ = write!(
@@ -54,6 +59,9 @@ fn event(o: &mut String, t: &Tracer, tid: i64, e: &Event) {
             let _ = write!(o, ",\"channel\":{}", e.chan);
         }
         What::Step(_) => {}
+        What::Device(..) => {
+            let _ = write!(o, ",\"dtype\":\"{}\",\"op\":\"{}\"", e.dtype, e.op);
+        }
     }
     o.push_str("}}");
 }
