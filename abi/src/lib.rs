@@ -12,6 +12,7 @@ pub mod handles;
 pub mod net;
 pub mod redop;
 pub mod result;
+pub mod tuner;
 pub mod unique_id;
 
 pub use config::{ncclCollConfig_t, ncclConfig_t, ncclSimInfo_t};
