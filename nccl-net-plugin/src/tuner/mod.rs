@@ -24,7 +24,7 @@ pub mod v6;
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use hetccl_abi::net::ncclDebugLogger_t;
 use hetccl_abi::tuner::{ncclFunc_t, NCCL_NUM_FUNCTIONS};
@@ -49,7 +49,7 @@ const MAGIC: u64 = 0x6865_7463_7475_6e65; // "hetctune"
 pub struct TunerCtx {
     magic: u64,
     /// The table's layout for this communicator, if any.
-    layout: Option<Arc<Layout>>,
+    layout: Option<&'static Layout>,
 }
 
 /// The table of this process: loaded on first use, `None` without a usable
@@ -160,7 +160,7 @@ pub unsafe fn init(
         }
         let obj = Box::new(TunerCtx {
             magic: MAGIC,
-            layout: layout.cloned().map(Arc::new),
+            layout,
         });
         // SAFETY: checked non-NULL.
         unsafe { *ctx = Box::into_raw(obj).cast() };
@@ -196,7 +196,7 @@ pub unsafe fn get_coll_info(
     guard_ok("getCollInfo", &WARNED, || {
         // SAFETY: validated inside.
         let c = unsafe { ctx_ref(ctx)? };
-        let Some(layout) = &c.layout else {
+        let Some(layout) = c.layout else {
             return Ok(());
         };
         let Some(e) = usize::try_from(coll)
@@ -254,7 +254,7 @@ pub unsafe fn get_chunk_size(
     guard_ok("getChunkSize", &WARNED, || {
         // SAFETY: validated inside.
         let c = unsafe { ctx_ref(ctx)? };
-        let Some(layout) = &c.layout else {
+        let Some(layout) = c.layout else {
             return Ok(());
         };
         let Some(e) = usize::try_from(coll)
@@ -282,7 +282,7 @@ mod tests {
     fn ctx_with(layout: Option<Layout>) -> *mut c_void {
         Box::into_raw(Box::new(TunerCtx {
             magic: MAGIC,
-            layout: layout.map(Arc::new),
+            layout: layout.map(|l| &*Box::leak(Box::new(l))),
         }))
         .cast()
     }
