@@ -13,6 +13,7 @@ pub mod net;
 pub mod profiler;
 pub mod redop;
 pub mod result;
+pub mod tuner;
 pub mod unique_id;
 
 pub use config::{ncclCollConfig_t, ncclConfig_t, ncclSimInfo_t};

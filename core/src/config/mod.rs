@@ -146,6 +146,10 @@ pub struct Config {
     /// `NCCL_COMM_ID`, so that they cannot be guessed from the address.
     /// Never printed. Default unset.
     pub comm_secret: Option<Secret>,
+    /// `HETCCL_TUNING_FILE`: the tuning table (JSON) that the NCCL tuner
+    /// plugin (`ncclTunerPlugin_v*`) reads. Default unset (the plugin leaves
+    /// NCCL's choices alone).
+    pub tuning_file: Option<String>,
     /// Bit `i` set: entry `i` of the variable table came from the environment.
     from_env: u64,
 }
@@ -200,6 +204,7 @@ impl Default for Config {
             copy_workers: 0,
             check: false,
             comm_secret: None,
+            tuning_file: None,
             from_env: 0,
         }
     }

@@ -63,6 +63,7 @@ fn every_variable_parses() {
         ("NCCL_NET_GDR_LEVEL", "PHB"),
         ("HETCCL_COMM_SECRET", "s3cret"),
         ("HETCCL_CHECK", "1"),
+        ("HETCCL_TUNING_FILE", "/tmp/tune.json"),
     ]);
     // Only the ignored variables warn, one line each.
     let ignored: Vec<&str> = vars::IGNORED.iter().map(|(n, _)| *n).collect();
@@ -107,6 +108,7 @@ fn every_variable_parses() {
     assert_eq!(c.net_gdr_level.as_deref(), Some("PHB"));
     assert_eq!(c.comm_secret, Some(Secret("s3cret".into())));
     assert!(c.check);
+    assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));
     assert!(
         !format!("{c:?}").contains("s3cret"),
         "Debug redacts the secret"

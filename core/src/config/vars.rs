@@ -355,6 +355,12 @@ pub(crate) const VARS: &[Var] = &[
         },
         show: |c| Some(c.copy_workers.to_string()),
     },
+    Var {
+        name: "HETCCL_TUNING_FILE",
+        field: "tuning_file",
+        apply: |c, v| ok(parse::text(v), |t| c.tuning_file = Some(t)),
+        show: |c| c.tuning_file.clone(),
+    },
 ];
 
 /// Variables of hetccl-perf (its launcher's rank, size and store), which it
