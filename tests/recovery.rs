@@ -15,14 +15,19 @@ const TIMEOUT_S: f64 = 5.0;
 
 /// Runs one recovery over `env` and returns the survivors' outputs.
 pub fn recover(label: &str, env: &[(&str, &str)]) -> Vec<ranks::RankOutput> {
-    let exe = cc::compile_c(
-        "tests/c/recovery.c",
-        "recovery",
-        &cc::CcOpts {
-            link_nvidia_nccl: true,
-            extra: vec!["-ldl".into()],
-        },
-    );
+    // Compiled once: tests running in parallel must not run the file while
+    // another compiles it ("Text file busy").
+    static EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let exe = EXE.get_or_init(|| {
+        cc::compile_c(
+            "tests/c/recovery.c",
+            "recovery",
+            &cc::CcOpts {
+                link_nvidia_nccl: true,
+                extra: vec!["-ldl".into()],
+            },
+        )
+    });
     let so = hetccl_so();
     let dir = tmp_dir().join(format!("recovery_{label}"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -37,7 +37,10 @@ fn wait_for(path: &Path, what: &str) -> Vec<u8> {
 }
 
 fn publish(path: &Path, b: &[u8]) {
-    let tmp = path.with_extension("tmp");
+    // A name of its own per file: `ready.N` must not share `ready.tmp`.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     std::fs::write(&tmp, b).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
