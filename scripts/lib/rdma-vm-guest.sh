@@ -28,5 +28,5 @@ fi
 echo ok > "$share/rxe-ok"
 ulimit -l unlimited
 cd "$VM_CWD" || exit 1
-eval "$VM_CMD" 2>&1 | tee "$share/out"
+eval "set -o pipefail; $VM_CMD" 2>&1 | tee "$share/out"
 echo "${PIPESTATUS[0]}" > "$share/rc"

@@ -8,7 +8,9 @@ use parking_lot::Mutex;
 
 use crate::error::{NetError, Result};
 use crate::fasthash::IntSet;
-use crate::tcp::{RecvRequest, SendRequest, TcpListenComm, TcpNet, TcpRecvComm, TcpSendComm};
+use super::backend::{AnyListen, AnyRecv, AnySend, Net};
+use crate::ib::mr::Mr;
+use crate::tcp::{RecvRequest, SendRequest};
 
 const CTX_MAGIC: u64 = 0x4843_4e45_5443_5458; // "HCNETCTX"
 const LISTEN_MAGIC: u64 = 0x4843_4e45_544c_5354;
@@ -46,11 +48,11 @@ unsafe fn free<T>(p: *mut c_void) -> Box<T> {
 #[repr(C)]
 pub(super) struct Ctx {
     magic: u64,
-    pub(super) net: Arc<TcpNet>,
+    pub(super) net: Arc<Net>,
 }
 
 impl Ctx {
-    pub(super) fn new(net: Arc<TcpNet>) -> Box<Self> {
+    pub(super) fn new(net: Arc<Net>) -> Box<Self> {
         Box::new(Self {
             magic: CTX_MAGIC,
             net,
@@ -73,12 +75,12 @@ impl Ctx {
 #[repr(C)]
 pub(super) struct ListenObj {
     magic: u64,
-    pub(super) listen: Mutex<TcpListenComm>,
-    pub(super) net: Arc<TcpNet>,
+    pub(super) listen: Mutex<AnyListen>,
+    pub(super) net: Arc<Net>,
 }
 
 impl ListenObj {
-    pub(super) fn boxed(l: TcpListenComm, net: Arc<TcpNet>) -> *mut c_void {
+    pub(super) fn boxed(l: AnyListen, net: Arc<Net>) -> *mut c_void {
         Box::into_raw(Box::new(Self {
             magic: LISTEN_MAGIC,
             listen: Mutex::new(l),
@@ -112,12 +114,12 @@ fn free_live(live: &Mutex<IntSet<usize>>) {
 #[repr(C)]
 pub(super) struct SendObj {
     magic: u64,
-    pub(super) comm: TcpSendComm,
+    pub(super) comm: AnySend,
     live: Mutex<IntSet<usize>>,
 }
 
 impl SendObj {
-    pub(super) fn boxed(comm: TcpSendComm) -> *mut c_void {
+    pub(super) fn boxed(comm: AnySend) -> *mut c_void {
         Box::into_raw(Box::new(Self {
             magic: SEND_MAGIC,
             comm,
@@ -145,12 +147,12 @@ impl SendObj {
 #[repr(C)]
 pub(super) struct RecvObj {
     magic: u64,
-    pub(super) comm: TcpRecvComm,
+    pub(super) comm: AnyRecv,
     live: Mutex<IntSet<usize>>,
 }
 
 impl RecvObj {
-    pub(super) fn boxed(comm: TcpRecvComm) -> *mut c_void {
+    pub(super) fn boxed(comm: AnyRecv) -> *mut c_void {
         Box::into_raw(Box::new(Self {
             magic: RECV_MAGIC,
             comm,
@@ -174,33 +176,49 @@ impl RecvObj {
     }
 }
 
-/// Checks that `comm` is a live send or receive comm.
-pub(super) fn check_comm(comm: *mut c_void) -> Result<()> {
+/// Checks that `comm` is a live send or receive comm; returns its verbs
+/// port, if it is a verbs comm.
+pub(super) fn check_comm(comm: *mut c_void) -> Result<Option<crate::ib::IbPort>> {
     // SAFETY: read only after the NULL check; a comm pointer starts with its magic.
     unsafe {
-        if SendObj::from_ptr(comm).is_ok() || RecvObj::from_ptr(comm).is_ok() {
-            return Ok(());
+        if let Ok(s) = SendObj::from_ptr(comm) {
+            return Ok(s.comm.ib_port().cloned());
         }
-        SendObj::from_ptr(comm).map(|_| ())
+        if let Ok(r) = RecvObj::from_ptr(comm) {
+            return Ok(r.comm.ib_port().cloned());
+        }
+        SendObj::from_ptr(comm).map(|_| None)
     }
 }
 
-/// A memory registration (host memory needs none; this records the range).
+/// A memory registration: the range, and its verbs registration on a
+/// verbs comm (TCP needs none).
 #[repr(C)]
 pub(super) struct MrObj {
     magic: u64,
     addr: usize,
     size: usize,
+    pub(super) mr: Option<Arc<Mr>>,
 }
 
 impl MrObj {
-    pub(super) fn boxed(addr: usize, size: usize) -> *mut c_void {
+    pub(super) fn boxed(addr: usize, size: usize, mr: Option<Arc<Mr>>) -> *mut c_void {
         Box::into_raw(Box::new(Self {
             magic: MR_MAGIC,
             addr,
             size,
+            mr,
         }))
         .cast()
+    }
+    /// The verbs registration of a handle NCCL passes back (NULL: none).
+    pub(super) unsafe fn mr_of(p: *mut c_void) -> Result<Option<Arc<Mr>>> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: checked by magic.
+        let m: &Self = unsafe { check(p, MR_MAGIC, "mhandle")? };
+        Ok(m.mr.clone())
     }
     pub(super) unsafe fn free(p: *mut c_void) -> Result<()> {
         // SAFETY: checked first.
