@@ -251,7 +251,8 @@ impl IbRecvComm {
             if let Err(e) = wr::check_peer(&self.sock, &self.peer) {
                 // Drain what arrived before the close, then fail the rest.
                 self.poll_cq(st)?;
-                st.peer_gone = Some(e);
+                st.peer_gone = Some(e.clone());
+                return Err(e);
             }
         }
         if pending && st.last_move.elapsed() > self.opts.timeout {

@@ -97,7 +97,8 @@ fn new_net() -> Result<Arc<Net>> {
     Ok(Arc::new(match backend::backend() {
         Backend::Tcp => Net::Tcp(TcpNet::new(props::device_list()?, TcpOptions::from_config(cfg))),
         Backend::Ib(ports) => Net::Ib(crate::ib::IbNet::new(
-            ports.clone(),
+            // (devices() logs the device table, as device_list does for TCP.)
+            props::devices().map(|_| ports.clone())?,
             props::setup_ip(),
             crate::ib::IbOptions::from_config(cfg),
         )),
