@@ -46,6 +46,23 @@ pub struct Settings {
     pub comm_name: Option<String>,
     /// `HETCCL_NVRTC_LIB`: the NVRTC that compiles the GPU kernels.
     pub nvrtc_lib: Option<String>,
+    /// Whether verbs may join ranks on different nodes: off with
+    /// `NCCL_IB_DISABLE=1`, `NCCL_NET=Socket` or `HETCCL_NET=socket`.
+    pub verbs: bool,
+    /// The verbs transport's options (`NCCL_IB_*`).
+    pub ib: nccl_net_plugin::ib::IbOptions,
+    /// Which RDMA ports verbs may use (`NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`).
+    pub ib_ports: nccl_net_plugin::ib::DiscoverOpts,
+}
+
+/// Whether the configuration lets verbs carry cross-node traffic.
+fn verbs_allowed(cfg: &Config) -> bool {
+    let socket = cfg.net.as_deref().is_some_and(|n| n.eq_ignore_ascii_case("socket"));
+    match cfg.hetccl_net.as_deref() {
+        Some("ib") => true,
+        Some(_) => false,
+        None => !cfg.ib_disable && !socket,
+    }
 }
 
 /// A positive, finite number of seconds, or `None`.
@@ -80,6 +97,9 @@ impl Settings {
             host_id: cfg.host_id.clone(),
             comm_name: comm.comm_name.clone(),
             nvrtc_lib: cfg.nvrtc_lib.clone(),
+            verbs: verbs_allowed(cfg),
+            ib: nccl_net_plugin::ib::IbOptions::from_config(cfg),
+            ib_ports: nccl_net_plugin::plugin::backend::discover_opts(cfg),
         })
     }
 
