@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs a command inside a throwaway QEMU (TCG) guest with Soft-RoCE (rxe0).
 #
-#   bash scripts/rdma-vm.sh [--timeout S] [--env NAME=VALUE]... [--] COMMAND...
+#   bash scripts/rdma-vm.sh [--timeout S] [--env NAME=VALUE]... [--tmpfs DIR]... [--] COMMAND...
 #
 # The guest boots Debian's stock kernel (downloaded with apt-get download and
 # unpacked with dpkg-deb -x, never installed), from a busybox initramfs built
 # here. Its root is this machine's / mounted read-only over 9p, so the guest
 # runs the binaries built on the host; /tmp, /run and /dev/shm are tmpfs, and
 # a read-write share carries the command's output and exit status back.
+# --tmpfs DIR mounts an empty tmpfs on DIR (an existing directory) in the
+# guest, for programs that write next to their build (target/tmp).
 # Inside: rdma_rxe and a veth pair (va, vb), `rdma link add rxe0 type rxe
 # netdev va`, then COMMAND runs under bash in the caller's directory (a
 # single argument is a shell snippet).
@@ -19,10 +21,12 @@ set -euo pipefail
 
 timeout_s=${HETCCL_VM_TIMEOUT_S:-900}
 envs=()
+tmpfs=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --timeout) timeout_s=$2; shift 2 ;;
     --env) envs+=("$2"); shift 2 ;;
+    --tmpfs) tmpfs+=("$2"); shift 2 ;;
     --) shift; break ;;
     -*) echo "rdma-vm: unknown option $1" >&2; exit 2 ;;
     *) break ;;
@@ -88,9 +92,10 @@ if [ ! -e "$initrd" ] || [ "$here/lib/rdma-vm-init.sh" -nt "$initrd" ]; then
 fi
 
 # --- the run: a share with the command, its environment and its results.
-# Not under /tmp: the guest mounts a tmpfs there.
-mkdir -p "$cache/runs"
-share=$(mktemp -d "$cache/runs/run.XXXXXX")
+# Not under /tmp (a tmpfs in the guest) nor the cache (an overlay there).
+runs=${HETCCL_VM_RUNS:-/var/tmp/hetccl-vm}
+mkdir -p "$runs"
+share=$(mktemp -d "$runs/run.XXXXXX")
 chmod 777 "$share"
 qpid=
 cleanup() {
@@ -99,10 +104,11 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 {
-  printf 'KROOT=%q\nKVER=%q\nVM_CWD=%q\n' "$kroot" "$kver" "$PWD"
+  printf 'KROOT=%q\nKVER=%q\nVM_CWD=%q\nVM_HOME=%q\n' "$kroot" "$kver" "$PWD" "$HOME"
   # One argument is a shell snippet; several are a command and its arguments.
   if [ $# -eq 1 ]; then printf 'VM_CMD=%q\n' "$1"; else printf 'VM_CMD=%q\n' "$(printf '%q ' "$@")"; fi
   for e in "${envs[@]+"${envs[@]}"}"; do printf 'export %q\n' "$e"; done
+  printf 'VM_TMPFS=(%s)\n' "$(for d in "${tmpfs[@]+"${tmpfs[@]}"}"; do printf '%q ' "$(cd "$d" && pwd)"; done)"
 } > "$share/job"
 cp "$here/lib/rdma-vm-guest.sh" "$share/guest.sh"
 

@@ -7,6 +7,8 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/tmp
 # shellcheck disable=SC1091
 . "$share/job"
+# The host's home (read-only): its caches (NVIDIA headers) are there.
+export HOME=$VM_HOME
 say() { echo "rdma-vm(guest): $*"; }
 modprobe -d "$KROOT" -S "$KVER" -a crc32_generic crc32_pclmul rdma_rxe ib_uverbs veth \
   || { say "modprobe failed"; exit 1; }
@@ -27,6 +29,14 @@ if ! grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; then
 fi
 echo ok > "$share/rxe-ok"
 ulimit -l unlimited
+# The host's hetccl cache (NVIDIA headers) writable through an overlay
+# whose changes are dropped with the guest.
+if [ -d "$HOME/.cache/hetccl" ] && modprobe -d "$KROOT" -S "$KVER" overlay; then
+  mkdir -p /tmp/.ov/u /tmp/.ov/w
+  mount -t overlay overlay -o "lowerdir=$HOME/.cache/hetccl,upperdir=/tmp/.ov/u,workdir=/tmp/.ov/w" \
+    "$HOME/.cache/hetccl" || say "no overlay on $HOME/.cache/hetccl"
+fi
+for d in "${VM_TMPFS[@]}"; do mount -t tmpfs tmpfs "$d" || { say "cannot mount a tmpfs on $d"; exit 1; }; done
 cd "$VM_CWD" || exit 1
 eval "set -o pipefail; $VM_CMD" 2>&1 | tee "$share/out"
 echo "${PIPESTATUS[0]}" > "$share/rc"
