@@ -116,7 +116,11 @@ fn accept_before_connect_and_stray_connections() {
                     Ok(p) => assert!(p.is_null(), "{:?}: a forged connect completed", api.ver),
                     Err(_) => break,
                 }
-                assert!(api.accept(l).unwrap().is_null(), "{:?}: a forged comm", api.ver);
+                assert!(
+                    api.accept(l).unwrap().is_null(),
+                    "{:?}: a forged comm",
+                    api.ver
+                );
             }
         }
         while fs.is_null() && net::ib_dev().is_none() {

@@ -42,7 +42,10 @@ fn have_rdma() -> bool {
 fn host_env(per_node: usize) -> impl Fn(usize, usize) -> Vec<(String, String)> {
     move |rank, _| {
         let mut v = vec![
-            ("HETCCL_HOST_ID".to_string(), format!("node{}", rank / per_node)),
+            (
+                "HETCCL_HOST_ID".to_string(),
+                format!("node{}", rank / per_node),
+            ),
             ("HETCCL_NET".to_string(), "ib".to_string()),
         ];
         if rank == 0 {
@@ -127,6 +130,10 @@ fn kill_9_over_verbs() {
             "STRESS kill9_verbs victim {victim}: hang {} crash {} wrong {} detect_ms {:.0} abort_ms {:.0}",
             v.hang, v.crash, v.wrong, v.detect_ms, v.abort_ms
         );
-        assert!(v.ok() && v.bad.is_empty(), "kill -9 of rank {victim} over verbs:\n{}", v.report);
+        assert!(
+            v.ok() && v.bad.is_empty(),
+            "kill -9 of rank {victim} over verbs:\n{}",
+            v.report
+        );
     }
 }

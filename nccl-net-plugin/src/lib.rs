@@ -13,8 +13,8 @@
 
 pub mod error;
 mod fasthash;
-pub mod iface;
 pub mod ib;
+pub mod iface;
 pub mod plugin;
 mod sock;
 pub mod tcp;

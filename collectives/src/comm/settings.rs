@@ -57,7 +57,10 @@ pub struct Settings {
 
 /// Whether the configuration lets verbs carry cross-node traffic.
 fn verbs_allowed(cfg: &Config) -> bool {
-    let socket = cfg.net.as_deref().is_some_and(|n| n.eq_ignore_ascii_case("socket"));
+    let socket = cfg
+        .net
+        .as_deref()
+        .is_some_and(|n| n.eq_ignore_ascii_case("socket"));
     match cfg.hetccl_net.as_deref() {
         Some("ib") => true,
         Some(_) => false,

@@ -46,7 +46,10 @@ pub fn local_ports(enabled: bool, params: &VerbsParams) -> Vec<IbPort> {
 
 /// Every rank's fabric (`None`: no usable RDMA port), through a bootstrap
 /// all-gather that every rank runs.
-pub fn fabrics(bs: &mut crate::bootstrap::Bootstrap, ports: &[IbPort]) -> Result<Vec<Option<[u8; 9]>>> {
+pub fn fabrics(
+    bs: &mut crate::bootstrap::Bootstrap,
+    ports: &[IbPort],
+) -> Result<Vec<Option<[u8; 9]>>> {
     let mut mine = [0u8; FABRIC_BYTES];
     if let Some(p) = ports.first() {
         mine[0] = 1;
@@ -123,7 +126,9 @@ impl SendLink for VSend {
         if st.is_none() {
             // SAFETY: the executor passes the same unfinished range until it
             // is reported sent; the user's buffer outlives the operation.
-            match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag, None) }.map_err(verbs_err)? {
+            match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag, None) }
+                .map_err(verbs_err)?
+            {
                 Some(r) => *st = Some((r, src.len())),
                 None => return Ok(0),
             }
@@ -158,19 +163,31 @@ impl VRecv {
             }
             return Ok(Some(req));
         }
-        let buf = RecvBuf { ptr, cap: len, tag: self.tag };
+        let buf = RecvBuf {
+            ptr,
+            cap: len,
+            tag: self.tag,
+        };
         // SAFETY: the staging buffer is not resized while a receive is in
         // flight; a caller's range stays valid until the operation ends.
-        Ok(match unsafe { self.comm.irecv(&[buf], &[None]) }.map_err(verbs_err)? {
-            Some(r) => {
-                st.req = Some((r, len, ptr as usize));
-                Some(r)
-            }
-            None => None,
-        })
+        Ok(
+            match unsafe { self.comm.irecv(&[buf], &[None]) }.map_err(verbs_err)? {
+                Some(r) => {
+                    st.req = Some((r, len, ptr as usize));
+                    Some(r)
+                }
+                None => None,
+            },
+        )
     }
 
-    fn done(&self, st: &mut RState, req: RecvRequest, want: usize, elem: usize) -> Result<Option<usize>> {
+    fn done(
+        &self,
+        st: &mut RState,
+        req: RecvRequest,
+        want: usize,
+        elem: usize,
+    ) -> Result<Option<usize>> {
         let Some(sizes) = self.comm.test(req).map_err(verbs_err)? else {
             return Ok(None);
         };
@@ -240,8 +257,18 @@ pub fn connect(send: IbSendComm, recv: IbRecvComm, nchan: usize) -> Vec<Conn> {
     let closed = Arc::new(AtomicBool::new(false));
     (0..nchan)
         .map(|c| Conn {
-            tx: Box::new(VSend { comm: s.clone(), closed: closed.clone(), tag: c as i32, inflight: Mutex::new(None) }),
-            rx: Box::new(VRecv { comm: r.clone(), closed: closed.clone(), tag: c as i32, st: Mutex::new(RState::default()) }),
+            tx: Box::new(VSend {
+                comm: s.clone(),
+                closed: closed.clone(),
+                tag: c as i32,
+                inflight: Mutex::new(None),
+            }),
+            rx: Box::new(VRecv {
+                comm: r.clone(),
+                closed: closed.clone(),
+                tag: c as i32,
+                st: Mutex::new(RState::default()),
+            }),
             transport: super::TransportKind::Verbs,
         })
         .collect()
@@ -279,7 +306,9 @@ pub fn setup(
         return if peers.is_empty() {
             Ok(Vec::new())
         } else {
-            Err(Error::System("verbs links asked for without an RDMA port".into()))
+            Err(Error::System(
+                "verbs links asked for without an RDMA port".into(),
+            ))
         };
     };
     let mut handles: Vec<[u8; HANDLE_BYTES]> = Vec::with_capacity(peers.len());
@@ -309,7 +338,9 @@ pub fn setup(
             break;
         }
         if std::time::Instant::now() >= deadline {
-            return Err(Error::Timeout("verbs links were not all connected in time".into()));
+            return Err(Error::Timeout(
+                "verbs links were not all connected in time".into(),
+            ));
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }

@@ -67,10 +67,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "HETCCL_TRACE_FILE",
         "the timeline writer is not implemented yet",
     ),
-    (
-        "NCCL_NET_GDR_LEVEL",
-        "hetccl's engine stages device buffers through host memory between nodes; GPUDirect RDMA is only in the net plugin",
-    ),
 ];
 
 /// Why `name` is ignored, if it is.
@@ -277,8 +273,17 @@ pub(crate) const VARS: &[Var] = &[
     Var {
         name: "NCCL_IB_GID_INDEX",
         field: "ib_gid_index",
-        apply: |c, v| ok(parse::int_in(v, -1, 255), |i| c.ib_gid_index = (i >= 0).then_some(i as i32)),
-        show: |c| Some(c.ib_gid_index.map_or_else(|| "auto".to_string(), |i| i.to_string())),
+        apply: |c, v| {
+            ok(parse::int_in(v, -1, 255), |i| {
+                c.ib_gid_index = (i >= 0).then_some(i as i32)
+            })
+        },
+        show: |c| {
+            Some(
+                c.ib_gid_index
+                    .map_or_else(|| "auto".to_string(), |i| i.to_string()),
+            )
+        },
     },
     Var {
         name: "NCCL_IB_TC",
@@ -307,7 +312,11 @@ pub(crate) const VARS: &[Var] = &[
     Var {
         name: "NCCL_IB_QPS_PER_CONNECTION",
         field: "ib_qps_per_connection",
-        apply: |c, v| ok(parse::int_in(v, 1, 8), |i| c.ib_qps_per_connection = i as u32),
+        apply: |c, v| {
+            ok(parse::int_in(v, 1, 8), |i| {
+                c.ib_qps_per_connection = i as u32
+            })
+        },
         show: |c| Some(c.ib_qps_per_connection.to_string()),
     },
     Var {
@@ -319,7 +328,11 @@ pub(crate) const VARS: &[Var] = &[
     Var {
         name: "NCCL_IB_PCI_RELAXED_ORDERING",
         field: "ib_pci_relaxed_ordering",
-        apply: |c, v| ok(parse::int_in(v, 0, 2), |i| c.ib_pci_relaxed_ordering = i as u32),
+        apply: |c, v| {
+            ok(parse::int_in(v, 0, 2), |i| {
+                c.ib_pci_relaxed_ordering = i as u32
+            })
+        },
         show: |c| Some(c.ib_pci_relaxed_ordering.to_string()),
     },
     Var {

@@ -278,8 +278,7 @@ fn discover(v: &'static Verbs, opts: &DiscoverOpts) -> Vec<IbPort> {
             let mut pa = ffi::ibv_port_attr::default();
             // SAFETY: a live context; a zeroed port attribute (the
             // exported call fills the compatible prefix).
-            if unsafe { (v.query_port)(ctx, p, &mut pa) } != 0 || pa.state != ffi::IBV_PORT_ACTIVE
-            {
+            if unsafe { (v.query_port)(ctx, p, &mut pa) } != 0 || pa.state != ffi::IBV_PORT_ACTIVE {
                 continue;
             }
             let ll = if pa.link_layer == 0 {

@@ -214,12 +214,10 @@ pub struct ibv_context_ops {
     pub poll_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int>,
     pub req_notify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int>,
     _b: [*mut c_void; 12],
-    pub post_send: Option<
-        unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int,
-    >,
-    pub post_recv: Option<
-        unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int,
-    >,
+    pub post_send:
+        Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int>,
+    pub post_recv:
+        Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
     _c: [*mut c_void; 5],
 }
 
@@ -426,7 +424,10 @@ impl Verbs {
         let mut bad = std::ptr::null_mut();
         // SAFETY: as for poll_cq.
         unsafe {
-            let f = (*(*qp).context).ops.post_send.expect("provider has post_send");
+            let f = (*(*qp).context)
+                .ops
+                .post_send
+                .expect("provider has post_send");
             f(qp, wr, &mut bad)
         }
     }
@@ -439,7 +440,10 @@ impl Verbs {
         let mut bad = std::ptr::null_mut();
         // SAFETY: as for poll_cq.
         unsafe {
-            let f = (*(*qp).context).ops.post_recv.expect("provider has post_recv");
+            let f = (*(*qp).context)
+                .ops
+                .post_recv
+                .expect("provider has post_recv");
             f(qp, wr, &mut bad)
         }
     }
@@ -506,10 +510,22 @@ mod tests {
         assert_eq!(offset_of!(ibv_port_attr, active_width), 43);
         assert_eq!(offset_of!(ibv_port_attr, link_layer), 46);
         assert_eq!(offset_of!(ibv_context, ops), 8);
-        assert_eq!(offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, poll_cq), 96);
-        assert_eq!(offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, req_notify_cq), 104);
-        assert_eq!(offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, post_send), 208);
-        assert_eq!(offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, post_recv), 216);
+        assert_eq!(
+            offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, poll_cq),
+            96
+        );
+        assert_eq!(
+            offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, req_notify_cq),
+            104
+        );
+        assert_eq!(
+            offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, post_send),
+            208
+        );
+        assert_eq!(
+            offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, post_recv),
+            216
+        );
         assert_eq!(offset_of!(ibv_context, async_fd), 268);
         assert_eq!(offset_of!(ibv_qp, qp_num), 52);
         assert_eq!(offset_of!(ibv_mr, lkey), 36);

@@ -16,9 +16,13 @@ use once_cell::sync::OnceCell;
 
 /// Whether a peer-memory kernel module is loaded.
 pub fn peermem_loaded() -> bool {
-    ["/sys/module/nvidia_peermem", "/sys/module/nv_peer_mem", "/sys/kernel/mm/memory_peers/nv_mem/version"]
-        .iter()
-        .any(|p| std::path::Path::new(p).exists())
+    [
+        "/sys/module/nvidia_peermem",
+        "/sys/module/nv_peer_mem",
+        "/sys/kernel/mm/memory_peers/nv_mem/version",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists())
 }
 
 /// Whether the CUDA driver (loaded at run time, never linked) can export

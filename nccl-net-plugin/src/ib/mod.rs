@@ -35,7 +35,9 @@ pub use send::IbSendComm;
 
 use crate::error::{NetError, Result};
 use crate::sock::{connect_done, random_u64, start_connect, try_read, try_write};
-use crate::wire::{decode_handle, encode_handle, handle_token, set_handle_token, ListenInfo, HANDLE_BYTES};
+use crate::wire::{
+    decode_handle, encode_handle, handle_token, set_handle_token, ListenInfo, HANDLE_BYTES,
+};
 use proto::{ConnInfo, INFO_BYTES};
 use qp::{Endpoint, RegBuf};
 
@@ -87,7 +89,10 @@ pub struct IbNet {
 impl std::fmt::Debug for IbNet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ports: Vec<String> = self.ports.iter().map(IbPort::label).collect();
-        f.debug_struct("IbNet").field("ports", &ports).field("opts", &self.opts).finish()
+        f.debug_struct("IbNet")
+            .field("ports", &ports)
+            .field("opts", &self.opts)
+            .finish()
     }
 }
 
@@ -113,28 +118,48 @@ impl IbNet {
     }
 
     fn port(&self, dev: usize) -> Result<&IbPort> {
-        self.ports.get(dev).ok_or_else(|| NetError::InvalidArgument(format!("device {dev} (have {})", self.ports.len())))
+        self.ports.get(dev).ok_or_else(|| {
+            NetError::InvalidArgument(format!("device {dev} (have {})", self.ports.len()))
+        })
     }
 
     /// Listens on port `dev`; returns the listener and the handle.
     pub fn listen(&self, dev: usize) -> Result<(IbListenComm, [u8; HANDLE_BYTES])> {
         self.port(dev)?;
-        let l = TcpListener::bind(SocketAddr::new(self.ip, 0)).map_err(|e| NetError::io(&format!("bind on {}", self.ip), &e))?;
-        l.set_nonblocking(true).map_err(|e| NetError::io("O_NONBLOCK", &e))?;
-        let addr = l.local_addr().map_err(|e| NetError::io("getsockname", &e))?;
+        let l = TcpListener::bind(SocketAddr::new(self.ip, 0))
+            .map_err(|e| NetError::io(&format!("bind on {}", self.ip), &e))?;
+        l.set_nonblocking(true)
+            .map_err(|e| NetError::io("O_NONBLOCK", &e))?;
+        let addr = l
+            .local_addr()
+            .map_err(|e| NetError::io("getsockname", &e))?;
         let nonce = random_u64()?;
         let mut h = [0u8; HANDLE_BYTES];
         encode_handle(&ListenInfo { addr, nonce }, &mut h);
         h[KIND_OFF] = KIND_IB;
-        Ok((IbListenComm { l, dev, nonce, pending: Vec::new() }, h))
+        Ok((
+            IbListenComm {
+                l,
+                dev,
+                nonce,
+                pending: Vec::new(),
+            },
+            h,
+        ))
     }
 
     /// Connects to the listener of `handle` without blocking; `Ok(None)`:
     /// call again with the same handle.
-    pub fn connect(&self, dev: usize, handle: &mut [u8; HANDLE_BYTES]) -> Result<Option<IbSendComm>> {
+    pub fn connect(
+        &self,
+        dev: usize,
+        handle: &mut [u8; HANDLE_BYTES],
+    ) -> Result<Option<IbSendComm>> {
         let port = self.port(dev)?.clone();
         if handle[KIND_OFF] != KIND_IB {
-            return Err(NetError::InvalidArgument("not a verbs connect handle (the peer uses another transport)".into()));
+            return Err(NetError::InvalidArgument(
+                "not a verbs connect handle (the peer uses another transport)".into(),
+            ));
         }
         let info = decode_handle(handle)?;
         let token = handle_token(handle);
@@ -145,7 +170,12 @@ impl IbNet {
                 let ep = Endpoint::new(&port, &self.opts)?;
                 let res = IbSendComm::prepare(&ep, &self.opts)?;
                 let (ctrl_addr, ctrl_rkey) = IbSendComm::ctrl_of(&res.0);
-                let mine = ConnInfo { ctrl_addr, ctrl_rkey, slots: self.opts.slots as u32, ..ep.info(info.nonce) };
+                let mine = ConnInfo {
+                    ctrl_addr,
+                    ctrl_rkey,
+                    slots: self.opts.slots as u32,
+                    ..ep.info(info.nonce)
+                };
                 Connecting {
                     sock: start_connect(&info.addr)?,
                     connected: false,
@@ -166,16 +196,31 @@ impl IbNet {
                 drop(reg);
                 c.ep.connect(&remote, &self.opts)?;
                 crate::sock::set_liveness(&c.sock, self.opts.timeout)?;
-                let peer = c.sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                let peer = c
+                    .sock
+                    .peer_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
                 tracing::debug!(target: "hetccl::NET", "NET/IB: connected {} QP {:?} to {peer} QP {:?}", port.label(), c.ep.qpns, &remote.qpn[..remote.nqps as usize]);
-                Ok(Some(IbSendComm::new(c.ep, c.res, self.opts.clone(), remote.slots, c.sock, peer)))
+                Ok(Some(IbSendComm::new(
+                    c.ep,
+                    c.res,
+                    self.opts.clone(),
+                    remote.slots,
+                    c.sock,
+                    peer,
+                )))
             }
             Ok(None) => {
                 if c.started.elapsed() > self.opts.timeout {
                     set_handle_token(handle, 0);
                     return Err(NetError::Timeout("NET/IB: connect did not complete".into()));
                 }
-                let t = if token != 0 && !reg.contains_key(&token) { token } else { nonzero()? };
+                let t = if token != 0 && !reg.contains_key(&token) {
+                    token
+                } else {
+                    nonzero()?
+                };
                 reg.insert(t, c);
                 set_handle_token(handle, t);
                 Ok(None)
@@ -219,11 +264,18 @@ impl IbNet {
         loop {
             match l.l.accept() {
                 Ok((s, _)) => {
-                    s.set_nonblocking(true).map_err(|e| NetError::io("O_NONBLOCK", &e))?;
+                    s.set_nonblocking(true)
+                        .map_err(|e| NetError::io("O_NONBLOCK", &e))?;
                     if l.pending.len() >= MAX_PENDING {
                         l.pending.remove(0);
                     }
-                    l.pending.push(Incoming { sock: s, buf: [0; INFO_BYTES], got: 0, since: Instant::now(), ready: None });
+                    l.pending.push(Incoming {
+                        sock: s,
+                        buf: [0; INFO_BYTES],
+                        got: 0,
+                        since: Instant::now(),
+                        ready: None,
+                    });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -261,20 +313,39 @@ impl IbNet {
             }
             let remote = ConnInfo::decode(&inc.buf)?;
             if remote.nonce != nonce {
-                return Err(NetError::proto("verbs connection info with the wrong nonce"));
+                return Err(NetError::proto(
+                    "verbs connection info with the wrong nonce",
+                ));
             }
             if remote.ctrl_addr == 0 {
-                return Err(NetError::proto("verbs connection info without a control area"));
+                return Err(NetError::proto(
+                    "verbs connection info without a control area",
+                ));
             }
-            let opts = IbOptions { qps: remote.nqps as usize, ..self.opts.clone() };
+            let opts = IbOptions {
+                qps: remote.nqps as usize,
+                ..self.opts.clone()
+            };
             let ep = Endpoint::new(port, &opts)?;
             let slots = IbRecvComm::prepare(&ep, &opts)?;
             ep.connect(&remote, &opts)?;
-            let reply = ConnInfo { slots: opts.slots as u32, ..ep.info(nonce) }.encode();
+            let reply = ConnInfo {
+                slots: opts.slots as u32,
+                ..ep.info(nonce)
+            }
+            .encode();
             crate::sock::set_liveness(&inc.sock, opts.timeout)?;
-            let peer = inc.sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            let peer = inc
+                .sock
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
             let sock = inc.sock.try_clone().map_err(|e| NetError::io("dup", &e))?;
-            inc.ready = Some((IbRecvComm::new(ep, slots, opts, remote, sock, peer), reply, 0));
+            inc.ready = Some((
+                IbRecvComm::new(ep, slots, opts, remote, sock, peer),
+                reply,
+                0,
+            ));
         }
         let (_, reply, sent) = inc.ready.as_mut().expect("set");
         while *sent < INFO_BYTES {
@@ -308,7 +379,9 @@ pub fn usable_ports(opts: &DiscoverOpts) -> Vec<IbPort> {
         Ok(p) => p.to_vec(),
         Err(e) => {
             static ONCE: std::sync::Once = std::sync::Once::new();
-            ONCE.call_once(|| tracing::info!(target: "hetccl::NET", "NET/IB: not using verbs: {e}"));
+            ONCE.call_once(
+                || tracing::info!(target: "hetccl::NET", "NET/IB: not using verbs: {e}"),
+            );
             Vec::new()
         }
     }

@@ -44,7 +44,12 @@ impl Mr {
     /// # Safety
     /// The range is mapped memory of this process (or the caller accepts a
     /// registration failure).
-    pub unsafe fn register(pd: *mut ibv_pd, addr: usize, len: usize, access: c_int) -> Result<Self> {
+    pub unsafe fn register(
+        pd: *mut ibv_pd,
+        addr: usize,
+        len: usize,
+        access: c_int,
+    ) -> Result<Self> {
         let v = ffi::verbs().map_err(|e| NetError::System(e.into()))?;
         // SAFETY: a live PD; the kernel checks the range.
         let mr = unsafe { (v.reg_mr)(pd, addr as *mut _, len, access) };
@@ -53,7 +58,10 @@ impl Mr {
 
     /// Registers `len` bytes at `offset` of the DMA-BUF `fd` at virtual
     /// address `iova` (`ibv_reg_dmabuf_mr`).
-    pub fn register_dmabuf(
+    ///
+    /// # Safety
+    /// `pd` is a live protection domain.
+    pub unsafe fn register_dmabuf(
         pd: *mut ibv_pd,
         offset: u64,
         len: usize,
@@ -105,7 +113,8 @@ impl Drop for Mr {
 
 /// The access every registration gets.
 pub fn access(relaxed: bool) -> c_int {
-    let a = ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_WRITE | ffi::IBV_ACCESS_REMOTE_READ;
+    let a =
+        ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_WRITE | ffi::IBV_ACCESS_REMOTE_READ;
     if relaxed {
         a | ffi::IBV_ACCESS_RELAXED_ORDERING
     } else {

@@ -91,9 +91,15 @@ impl ConnInfo {
             return Err(NetError::proto(format!("verbs info: {} QPs", info.nqps)));
         }
         if !(1..=5).contains(&info.mtu) {
-            return Err(NetError::proto(format!("verbs info: MTU code {}", info.mtu)));
+            return Err(NetError::proto(format!(
+                "verbs info: MTU code {}",
+                info.mtu
+            )));
         }
-        if info.qpn[..info.nqps as usize].iter().any(|&q| q == 0 || q > 0xff_ffff) {
+        if info.qpn[..info.nqps as usize]
+            .iter()
+            .any(|&q| q == 0 || q > 0xff_ffff)
+        {
             return Err(NetError::proto("verbs info: bad QP number"));
         }
         if info.slots == 0 || info.slots > 4096 {
@@ -157,7 +163,9 @@ impl Hdr {
             || b[5..8] != [0; 3]
             || b[12..16] != [0; 4]
         {
-            return Err(NetError::proto("verbs SEND header: bad magic or reserved bits"));
+            return Err(NetError::proto(
+                "verbs SEND header: bad magic or reserved bits",
+            ));
         }
         let kind = match b[4] {
             1 => Kind::Eager,
@@ -177,7 +185,10 @@ impl Hdr {
             )));
         }
         if h.size > MAX_MSG {
-            return Err(NetError::proto(format!("verbs message of {} bytes", h.size)));
+            return Err(NetError::proto(format!(
+                "verbs message of {} bytes",
+                h.size
+            )));
         }
         let body = (len - HDR_BYTES) as u64;
         match h.kind {
@@ -335,10 +346,18 @@ mod tests {
         assert!(Hdr::decode(&b, HDR_BYTES + 9, 4).is_err(), "short payload");
         assert!(Hdr::decode(&b, HDR_BYTES + 10, 5).is_err(), "out of order");
         assert!(Hdr::decode(&b[..8], 8, 4).is_err(), "truncated");
-        let r = Hdr { kind: Kind::Rts, size: 1 << 20, ..h };
+        let r = Hdr {
+            kind: Kind::Rts,
+            size: 1 << 20,
+            ..h
+        };
         assert!(Hdr::decode(&r.encode(), HDR_BYTES, 4).is_ok());
         assert!(Hdr::decode(&r.encode(), HDR_BYTES + 1, 4).is_err());
-        let big = Hdr { kind: Kind::Rts, size: MAX_MSG + 1, ..h };
+        let big = Hdr {
+            kind: Kind::Rts,
+            size: MAX_MSG + 1,
+            ..h
+        };
         assert!(Hdr::decode(&big.encode(), HDR_BYTES, 4).is_err());
         let mut k = b;
         k[4] = 3;
@@ -369,7 +388,13 @@ mod tests {
 
     #[test]
     fn parts_cover_the_piece_once() {
-        for (len, nqps, split) in [(0, 1, false), (1, 4, true), (10_000, 4, true), (1 << 20, 3, true), (5, 2, false)] {
+        for (len, nqps, split) in [
+            (0, 1, false),
+            (1, 4, true),
+            (10_000, 4, true),
+            (1 << 20, 3, true),
+            (5, 2, false),
+        ] {
             let p = parts(5, len, nqps, split);
             let total: u64 = p.iter().map(|x| x.2).sum();
             assert_eq!(total, len);

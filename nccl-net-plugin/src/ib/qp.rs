@@ -146,7 +146,12 @@ impl RegBuf {
         let buf = Buf::new(len)?;
         // SAFETY: memory we own, alive as long as the MR (field order).
         let mr = unsafe {
-            Mr::register(port.dev.pd, buf.addr(), buf.len(), super::mr::access(relaxed))?
+            Mr::register(
+                port.dev.pd,
+                buf.addr(),
+                buf.len(),
+                super::mr::access(relaxed),
+            )?
         };
         Ok(Self {
             mr: Arc::new(mr),
@@ -239,8 +244,10 @@ impl Endpoint {
                     | ffi::IBV_ACCESS_LOCAL_WRITE) as u32,
                 ..Default::default()
             };
-            let mask =
-                ffi::IBV_QP_STATE | ffi::IBV_QP_PKEY_INDEX | ffi::IBV_QP_PORT | ffi::IBV_QP_ACCESS_FLAGS;
+            let mask = ffi::IBV_QP_STATE
+                | ffi::IBV_QP_PKEY_INDEX
+                | ffi::IBV_QP_PORT
+                | ffi::IBV_QP_ACCESS_FLAGS;
             ep.modify(qp, &mut a, mask, "INIT")?;
         }
         Ok(ep)

@@ -13,7 +13,10 @@ use parking_lot::Mutex;
 
 use super::ffi;
 use super::mr::Mr;
-use super::proto::{self, ConnInfo, Cts, Hdr, Kind, CTRL_CREDITS_OFF, CTRL_CTS_OFF, CTS_BYTES, CTS_REJECT, HDR_BYTES, NCTS};
+use super::proto::{
+    self, ConnInfo, Cts, Hdr, Kind, CTRL_CREDITS_OFF, CTRL_CTS_OFF, CTS_BYTES, CTS_REJECT,
+    HDR_BYTES, NCTS,
+};
 use super::qp::{Endpoint, IbOptions, RegBuf};
 use super::wr;
 use crate::error::{NetError, Result};
@@ -94,7 +97,13 @@ pub struct IbRecvComm {
 
 impl std::fmt::Debug for IbRecvComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "IbRecvComm({} QP {:?} <- {})", self.ep.port.label(), self.ep.qpns, self.peer)
+        write!(
+            f,
+            "IbRecvComm({} QP {:?} <- {})",
+            self.ep.port.label(),
+            self.ep.qpns,
+            self.peer
+        )
     }
 }
 
@@ -107,14 +116,27 @@ impl IbRecvComm {
         for q in 0..ep.qps.len() {
             for s in 0..opts.slots {
                 let i = q * opts.slots + s;
-                ep.post_recv(q, wr::id(wr::SLOT, q, i as u64), slots.buf.addr() + i * sb, sb as u32, slots.mr.lkey)?;
+                ep.post_recv(
+                    q,
+                    wr::id(wr::SLOT, q, i as u64),
+                    slots.buf.addr() + i * sb,
+                    sb as u32,
+                    slots.mr.lkey,
+                )?;
             }
         }
         Ok(slots)
     }
 
     /// A connected comm facing the sender's `remote` info.
-    pub(crate) fn new(ep: Endpoint, slots: RegBuf, opts: IbOptions, remote: ConnInfo, sock: TcpStream, peer: String) -> Self {
+    pub(crate) fn new(
+        ep: Endpoint,
+        slots: RegBuf,
+        opts: IbOptions,
+        remote: ConnInfo,
+        sock: TcpStream,
+        peer: String,
+    ) -> Self {
         Self {
             ep,
             slots,
@@ -151,12 +173,22 @@ impl IbRecvComm {
     /// # Safety
     /// Each buffer stays writable until the request completes or the comm
     /// closes.
-    pub unsafe fn irecv(&self, bufs: &[RecvBuf], mrs: &[Option<Arc<Mr>>]) -> Result<Option<RecvRequest>> {
+    pub unsafe fn irecv(
+        &self,
+        bufs: &[RecvBuf],
+        mrs: &[Option<Arc<Mr>>],
+    ) -> Result<Option<RecvRequest>> {
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
-            return Err(NetError::InvalidArgument(format!("irecv of {} buffers", bufs.len())));
+            return Err(NetError::InvalidArgument(format!(
+                "irecv of {} buffers",
+                bufs.len()
+            )));
         }
         if let Some(b) = bufs.iter().find(|b| b.ptr.is_null() && b.cap > 0) {
-            return Err(NetError::InvalidArgument(format!("irecv of {} bytes into NULL", b.cap)));
+            return Err(NetError::InvalidArgument(format!(
+                "irecv of {} bytes into NULL",
+                b.cap
+            )));
         }
         let mut st = self.st.lock();
         if let Some(e) = &st.failed {
@@ -171,10 +203,24 @@ impl IbRecvComm {
         let bufs: Vec<(RecvBuf, Option<Arc<Mr>>)> = bufs
             .iter()
             .enumerate()
-            .map(|(i, b)| (*b, mrs.get(i).cloned().flatten().filter(|m| m.covers(b.ptr as usize, b.cap))))
+            .map(|(i, b)| {
+                (
+                    *b,
+                    mrs.get(i)
+                        .cloned()
+                        .flatten()
+                        .filter(|m| m.covers(b.ptr as usize, b.cap)),
+                )
+            })
             .collect();
         let n = bufs.len();
-        st.reqs.insert(id, Req { bufs, st: (0..n).map(|_| BufSt::Open).collect() });
+        st.reqs.insert(
+            id,
+            Req {
+                bufs,
+                st: (0..n).map(|_| BufSt::Open).collect(),
+            },
+        );
         st.order.push_back(id);
         // Buffers take the oldest waiting message of their tag.
         for i in 0..n {
@@ -193,7 +239,10 @@ impl IbRecvComm {
         let mut st = self.st.lock();
         let r = self.drive(&mut st);
         let Some(q) = st.reqs.get(&req.0) else {
-            return Err(NetError::InvalidArgument(format!("unknown receive request {}", req.0)));
+            return Err(NetError::InvalidArgument(format!(
+                "unknown receive request {}",
+                req.0
+            )));
         };
         if let Some(e) = q.st.iter().find_map(|s| match s {
             BufSt::Failed(e) => Some(e.clone()),
@@ -203,7 +252,10 @@ impl IbRecvComm {
             return Err(e);
         }
         if q.st.iter().all(|s| matches!(s, BufSt::Done(_))) {
-            let sizes: Vec<usize> = q.st.iter().map(|s| if let BufSt::Done(n) = s { *n } else { 0 }).collect();
+            let sizes: Vec<usize> =
+                q.st.iter()
+                    .map(|s| if let BufSt::Done(n) = s { *n } else { 0 })
+                    .collect();
             self.forget(&mut st, req.0);
             return Ok(Some(RecvSizes::from_slice(&sizes)));
         }
@@ -237,7 +289,10 @@ impl IbRecvComm {
         moved |= self.return_credits(st, false)?;
         // Pending: a matched message whose bytes have not all landed.
         let pending = st.msgs.values().any(|m| m.to.is_some());
-        let open = st.reqs.values().any(|q| q.st.iter().any(|s| !matches!(s, BufSt::Done(_))));
+        let open = st
+            .reqs
+            .values()
+            .any(|q| q.st.iter().any(|s| !matches!(s, BufSt::Done(_))));
         if moved || !pending {
             st.last_move = Instant::now();
         }
@@ -282,10 +337,20 @@ impl IbRecvComm {
                     wr::SLOT => {
                         self.on_slot(st, wc, q, idx as usize)?;
                         let sb = self.opts.slot_bytes();
-                        self.ep.post_recv(q, wc.wr_id, self.slots.buf.addr() + idx as usize * sb, sb as u32, self.slots.mr.lkey)?;
+                        self.ep.post_recv(
+                            q,
+                            wc.wr_id,
+                            self.slots.buf.addr() + idx as usize * sb,
+                            sb as u32,
+                            self.slots.mr.lkey,
+                        )?;
                         st.returned[q] += 1;
                     }
-                    _ => return Err(NetError::Internal(format!("receive completion kind {kind}"))),
+                    _ => {
+                        return Err(NetError::Internal(format!(
+                            "receive completion kind {kind}"
+                        )))
+                    }
                 }
             }
             if n < wcs.len() {
@@ -300,25 +365,52 @@ impl IbRecvComm {
             return self.on_imm(st, u32::from_be(wc.imm_data), q, len);
         }
         if wc.opcode != ffi::IBV_WC_RECV || q != 0 {
-            return Err(NetError::proto(format!("completion opcode {} on QP {q}", wc.opcode)));
+            return Err(NetError::proto(format!(
+                "completion opcode {} on QP {q}",
+                wc.opcode
+            )));
         }
         let sb = self.opts.slot_bytes();
         if len > sb {
-            return Err(NetError::proto(format!("SEND of {len} bytes into a {sb}-byte slot")));
+            return Err(NetError::proto(format!(
+                "SEND of {len} bytes into a {sb}-byte slot"
+            )));
         }
         // SAFETY: the slot is ours again (its receive completed) and holds `len` bytes.
-        let bytes = unsafe { std::slice::from_raw_parts((self.slots.buf.addr() + idx * sb) as *const u8, len) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts((self.slots.buf.addr() + idx * sb) as *const u8, len)
+        };
         let h = Hdr::decode(bytes, len, st.expect)?;
         st.expect += 1;
         if h.kind == Kind::Eager && h.size as usize > self.opts.eager_max {
-            return Err(NetError::proto(format!("eager message of {} bytes", h.size)));
+            return Err(NetError::proto(format!(
+                "eager message of {} bytes",
+                h.size
+            )));
         }
         let payload = &bytes[HDR_BYTES..];
         let seq = h.seq;
-        st.msgs.insert(seq, Msg { tag: h.tag, size: h.size, kind: h.kind, data: None, to: None, asked: 0, landed: 0, reject: false });
+        st.msgs.insert(
+            seq,
+            Msg {
+                tag: h.tag,
+                size: h.size,
+                kind: h.kind,
+                data: None,
+                to: None,
+                asked: 0,
+                landed: 0,
+                reject: false,
+            },
+        );
         // The first open buffer with this tag in the oldest receive that has one.
         let target = st.order.iter().find_map(|&r| {
-            st.reqs[&r].bufs.iter().enumerate().position(|(i, (b, _))| b.tag == h.tag && matches!(st.reqs[&r].st[i], BufSt::Open)).map(|i| (r, i))
+            st.reqs[&r]
+                .bufs
+                .iter()
+                .enumerate()
+                .position(|(i, (b, _))| b.tag == h.tag && matches!(st.reqs[&r].st[i], BufSt::Open))
+                .map(|i| (r, i))
         });
         match target {
             Some((r, i)) => {
@@ -328,7 +420,9 @@ impl IbRecvComm {
                 self.matched(st, seq, r, i);
             }
             None => {
-                if st.unexpected.len() >= MAX_UNEXPECTED || st.unexpected_bytes + payload.len() > MAX_UNEXPECTED_BYTES {
+                if st.unexpected.len() >= MAX_UNEXPECTED
+                    || st.unexpected_bytes + payload.len() > MAX_UNEXPECTED_BYTES
+                {
                     return Err(NetError::proto("too many unexpected messages"));
                 }
                 if h.kind == Kind::Eager {
@@ -388,31 +482,87 @@ impl IbRecvComm {
             let m = &st.msgs[&seq];
             let (r, i) = m.to.expect("matched");
             let (cts, bounce) = if m.reject {
-                (Cts { seq: st.next_cts, msg: seq, flags: CTS_REJECT, ..Default::default() }, None)
+                (
+                    Cts {
+                        seq: st.next_cts,
+                        msg: seq,
+                        flags: CTS_REJECT,
+                        ..Default::default()
+                    },
+                    None,
+                )
             } else {
                 let (buf, mr) = &st.reqs[&r].bufs[i];
                 let left = m.size - m.asked;
                 match mr {
                     Some(mr) => {
                         let len = left.min(1 << 30);
-                        (Cts { seq: st.next_cts, msg: seq, offset: m.asked, len, addr: buf.ptr as u64 + m.asked, rkey: mr.rkey, flags: 0 }, None)
+                        (
+                            Cts {
+                                seq: st.next_cts,
+                                msg: seq,
+                                offset: m.asked,
+                                len,
+                                addr: buf.ptr as u64 + m.asked,
+                                rkey: mr.rkey,
+                                flags: 0,
+                            },
+                            None,
+                        )
                     }
                     None => {
-                        let Some(b) = self.take_bounce(st)? else { break };
+                        let Some(b) = self.take_bounce(st)? else {
+                            break;
+                        };
                         let len = left.min(self.opts.chunk as u64);
                         let m = &st.msgs[&seq];
-                        (Cts { seq: st.next_cts, msg: seq, offset: m.asked, len, addr: st.bounce[b].buf.addr() as u64, rkey: st.bounce[b].mr.rkey, flags: 0 }, Some(b))
+                        (
+                            Cts {
+                                seq: st.next_cts,
+                                msg: seq,
+                                offset: m.asked,
+                                len,
+                                addr: st.bounce[b].buf.addr() as u64,
+                                rkey: st.bounce[b].mr.rkey,
+                                flags: 0,
+                            },
+                            Some(b),
+                        )
                     }
                 }
             };
             let raw = cts.encode();
-            let sge = ffi::ibv_sge { addr: raw.as_ptr() as u64, length: CTS_BYTES as u32, lkey: 0 };
-            let remote = self.remote.ctrl_addr + (CTRL_CTS_OFF + (cts.seq % NCTS as u64) as usize * CTS_BYTES) as u64;
+            let sge = ffi::ibv_sge {
+                addr: raw.as_ptr() as u64,
+                length: CTS_BYTES as u32,
+                lkey: 0,
+            };
+            let remote = self.remote.ctrl_addr
+                + (CTRL_CTS_OFF + (cts.seq % NCTS as u64) as usize * CTS_BYTES) as u64;
             // SAFETY: inline: the entry is copied at post time.
-            unsafe { self.ep.post_send(0, wr::id(wr::CTRL, 0, 0), ffi::IBV_WR_RDMA_WRITE, Some(sge), true, (remote, self.remote.ctrl_rkey), 0)? };
+            unsafe {
+                self.ep.post_send(
+                    0,
+                    wr::id(wr::CTRL, 0, 0),
+                    ffi::IBV_WR_RDMA_WRITE,
+                    Some(sge),
+                    true,
+                    (remote, self.remote.ctrl_rkey),
+                    0,
+                )?
+            };
             st.sq_out += 1;
             let parts = proto::parts(cts.seq, cts.len, self.ep.qps.len(), self.opts.split);
-            st.outs.insert(cts.seq as u32, Out { msg: seq, offset: cts.offset, len: cts.len, parts: parts.iter().map(|&(q, _, l)| (q, l)).collect(), bounce });
+            st.outs.insert(
+                cts.seq as u32,
+                Out {
+                    msg: seq,
+                    offset: cts.offset,
+                    len: cts.len,
+                    parts: parts.iter().map(|&(q, _, l)| (q, l)).collect(),
+                    bounce,
+                },
+            );
             st.next_cts += 1;
             let m = st.msgs.get_mut(&seq).expect("present");
             m.asked += cts.len;
@@ -426,13 +576,18 @@ impl IbRecvComm {
 
     fn on_imm(&self, st: &mut St, imm: u32, q: usize, len: usize) -> Result<()> {
         let Some(o) = st.outs.get_mut(&imm) else {
-            return Err(NetError::proto(format!("write with immediate {imm} for no CTS")));
+            return Err(NetError::proto(format!(
+                "write with immediate {imm} for no CTS"
+            )));
         };
         let Some(pos) = o.parts.iter().position(|&(pq, _)| pq == q) else {
             return Err(NetError::proto(format!("write for CTS {imm} on QP {q}")));
         };
         if o.parts[pos].1 != len as u64 {
-            return Err(NetError::proto(format!("write of {len} bytes for a part of {}", o.parts[pos].1)));
+            return Err(NetError::proto(format!(
+                "write of {len} bytes for a part of {}",
+                o.parts[pos].1
+            )));
         }
         o.parts.swap_remove(pos);
         if !o.parts.is_empty() {
@@ -440,7 +595,10 @@ impl IbRecvComm {
         }
         let o = st.outs.remove(&imm).expect("present");
         let Some(m) = st.msgs.get_mut(&o.msg) else {
-            return Err(NetError::Internal(format!("piece of unknown message {}", o.msg)));
+            return Err(NetError::Internal(format!(
+                "piece of unknown message {}",
+                o.msg
+            )));
         };
         let (r, i) = m.to.expect("matched");
         if m.reject {
@@ -451,7 +609,13 @@ impl IbRecvComm {
             let dst = st.reqs[&r].bufs[i].0.ptr;
             // SAFETY: the piece lies inside the buffer (offset + len <= size <= cap);
             // the bounce chunk holds it.
-            unsafe { std::ptr::copy_nonoverlapping(st.bounce[b].buf.ptr(), dst.add(o.offset as usize), o.len as usize) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    st.bounce[b].buf.ptr(),
+                    dst.add(o.offset as usize),
+                    o.len as usize,
+                )
+            };
             st.free_bounce.push(b);
         }
         let m = st.msgs.get_mut(&o.msg).expect("present");
@@ -471,7 +635,11 @@ impl IbRecvComm {
             return Ok(Some(b));
         }
         if st.bounce.len() < self.opts.nchunks {
-            st.bounce.push(RegBuf::new(&self.ep.port, self.opts.chunk, self.opts.relaxed)?);
+            st.bounce.push(RegBuf::new(
+                &self.ep.port,
+                self.opts.chunk,
+                self.opts.relaxed,
+            )?);
             return Ok(Some(st.bounce.len() - 1));
         }
         Ok(None)
@@ -480,18 +648,35 @@ impl IbRecvComm {
     /// Writes the credit counters to the sender when enough came back.
     fn return_credits(&self, st: &mut St, force: bool) -> Result<bool> {
         let n = self.ep.qps.len();
-        let due = (0..n).any(|q| st.returned[q] - st.reported[q] >= (self.opts.slots as u64 / 4).max(1));
-        if !(due || force && st.returned[..n] != st.reported[..n]) || st.sq_out + 1 > self.ep.sq_depth {
+        let due =
+            (0..n).any(|q| st.returned[q] - st.reported[q] >= (self.opts.slots as u64 / 4).max(1));
+        if !(due || force && st.returned[..n] != st.reported[..n])
+            || st.sq_out + 1 > self.ep.sq_depth
+        {
             return Ok(false);
         }
         let mut raw = [0u8; 64];
         for q in 0..n {
             raw[8 * q..8 * q + 8].copy_from_slice(&st.returned[q].to_le_bytes());
         }
-        let sge = ffi::ibv_sge { addr: raw.as_ptr() as u64, length: (8 * n) as u32, lkey: 0 };
+        let sge = ffi::ibv_sge {
+            addr: raw.as_ptr() as u64,
+            length: (8 * n) as u32,
+            lkey: 0,
+        };
         let remote = self.remote.ctrl_addr + CTRL_CREDITS_OFF as u64;
         // SAFETY: inline: the counters are copied at post time.
-        unsafe { self.ep.post_send(0, wr::id(wr::CTRL, 0, 0), ffi::IBV_WR_RDMA_WRITE, Some(sge), true, (remote, self.remote.ctrl_rkey), 0)? };
+        unsafe {
+            self.ep.post_send(
+                0,
+                wr::id(wr::CTRL, 0, 0),
+                ffi::IBV_WR_RDMA_WRITE,
+                Some(sge),
+                true,
+                (remote, self.remote.ctrl_rkey),
+                0,
+            )?
+        };
         st.sq_out += 1;
         st.reported = st.returned;
         Ok(true)

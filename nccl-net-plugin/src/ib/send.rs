@@ -98,7 +98,13 @@ pub struct IbSendComm {
 
 impl std::fmt::Debug for IbSendComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "IbSendComm({} QP {:?} -> {})", self.ep.port.label(), self.ep.qpns, self.peer)
+        write!(
+            f,
+            "IbSendComm({} QP {:?} -> {})",
+            self.ep.port.label(),
+            self.ep.qpns,
+            self.peer
+        )
     }
 }
 
@@ -167,7 +173,9 @@ impl IbSendComm {
         mr: Option<Arc<Mr>>,
     ) -> Result<Option<SendRequest>> {
         if ptr.is_null() && size > 0 {
-            return Err(NetError::InvalidArgument(format!("isend of {size} bytes from NULL")));
+            return Err(NetError::InvalidArgument(format!(
+                "isend of {size} bytes from NULL"
+            )));
         }
         let mut st = self.st.lock();
         if let Some(e) = &st.failed {
@@ -205,7 +213,10 @@ impl IbSendComm {
         let mut st = self.st.lock();
         let r = self.drive(&mut st);
         let Some(q) = st.reqs.get(&req.0) else {
-            return Err(NetError::InvalidArgument(format!("unknown send request {}", req.0)));
+            return Err(NetError::InvalidArgument(format!(
+                "unknown send request {}",
+                req.0
+            )));
         };
         if let Some(e) = &q.error {
             let e = e.clone();
@@ -354,17 +365,24 @@ impl IbSendComm {
         let mut moved = false;
         loop {
             let slot = (st.next_cts % NCTS as u64) as usize;
-            let p = (self.ctrl.buf.addr() + CTRL_CTS_OFF + slot * CTS_BYTES) as *const [u8; CTS_BYTES];
+            let p =
+                (self.ctrl.buf.addr() + CTRL_CTS_OFF + slot * CTS_BYTES) as *const [u8; CTS_BYTES];
             // SAFETY: inside the control area; written by the peer's NIC.
             let raw = unsafe { p.read_volatile() };
             let Some(c) = Cts::decode(&raw, st.next_cts)? else {
                 return Ok(moved);
             };
             let Some(q) = st.reqs.get(&c.msg) else {
-                return Err(NetError::proto(format!("CTS for unknown message {}", c.msg)));
+                return Err(NetError::proto(format!(
+                    "CTS for unknown message {}",
+                    c.msg
+                )));
             };
             if !q.posted || q.size <= self.opts.eager_max || q.done || q.error.is_some() {
-                return Err(NetError::proto(format!("CTS for message {} in the wrong state", c.msg)));
+                return Err(NetError::proto(format!(
+                    "CTS for message {} in the wrong state",
+                    c.msg
+                )));
             }
             let size = q.size as u64;
             let reject = c.flags & CTS_REJECT != 0;
@@ -442,7 +460,11 @@ impl IbSendComm {
             return Ok(Some(b));
         }
         if st.bounce.len() < self.opts.nchunks {
-            st.bounce.push(RegBuf::new(&self.ep.port, self.opts.chunk, self.opts.relaxed)?);
+            st.bounce.push(RegBuf::new(
+                &self.ep.port,
+                self.opts.chunk,
+                self.opts.relaxed,
+            )?);
             return Ok(Some(st.bounce.len() - 1));
         }
         Ok(None)
@@ -464,14 +486,20 @@ impl IbSendComm {
             }
             .encode();
             if eager {
-                let Some(slot) = st.free_slots.pop() else { break };
+                let Some(slot) = st.free_slots.pop() else {
+                    break;
+                };
                 let base = self.slots.buf.addr() + slot * self.opts.slot_bytes();
                 // SAFETY: the slot holds a header and eager_max bytes; the
                 // caller's buffer is readable (isend's contract).
                 unsafe {
                     std::ptr::copy_nonoverlapping(hdr.as_ptr(), base as *mut u8, HDR_BYTES);
                     if q.size > 0 {
-                        std::ptr::copy_nonoverlapping(q.ptr as *const u8, (base + HDR_BYTES) as *mut u8, q.size);
+                        std::ptr::copy_nonoverlapping(
+                            q.ptr as *const u8,
+                            (base + HDR_BYTES) as *mut u8,
+                            q.size,
+                        );
                     }
                 }
                 let sge = ffi::ibv_sge {
@@ -481,7 +509,15 @@ impl IbSendComm {
                 };
                 // SAFETY: the slot stays ours until its completion.
                 unsafe {
-                    self.ep.post_send(0, wr::id(wr::EAGER, 0, slot as u64), ffi::IBV_WR_SEND, Some(sge), false, (0, 0), 0)?
+                    self.ep.post_send(
+                        0,
+                        wr::id(wr::EAGER, 0, slot as u64),
+                        ffi::IBV_WR_SEND,
+                        Some(sge),
+                        false,
+                        (0, 0),
+                        0,
+                    )?
                 };
             } else {
                 // SAFETY: inline: the header is copied at post time.
@@ -491,7 +527,15 @@ impl IbSendComm {
                         length: HDR_BYTES as u32,
                         lkey: 0,
                     };
-                    self.ep.post_send(0, wr::id(wr::RTS, 0, seq), ffi::IBV_WR_SEND, Some(sge), true, (0, 0), 0)?
+                    self.ep.post_send(
+                        0,
+                        wr::id(wr::RTS, 0, seq),
+                        ffi::IBV_WR_SEND,
+                        Some(sge),
+                        true,
+                        (0, 0),
+                        0,
+                    )?
                 };
             }
             st.used[0] += 1;
@@ -546,9 +590,8 @@ impl IbSendComm {
         loop {
             let mut st = self.st.lock();
             let _ = self.drive(&mut st);
-            let busy = st.sq_out.iter().any(|&n| n > 0)
-                || !st.queue.is_empty()
-                || !st.parts.is_empty();
+            let busy =
+                st.sq_out.iter().any(|&n| n > 0) || !st.queue.is_empty() || !st.parts.is_empty();
             if st.failed.is_some() || !busy || Instant::now() >= deadline {
                 break;
             }

@@ -25,14 +25,16 @@ use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use hetccl_abi::net::{ncclDebugLogger_t, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_CUDA, NCCL_PTR_HOST};
+use hetccl_abi::net::{
+    ncclDebugLogger_t, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_CUDA, NCCL_PTR_HOST,
+};
 use hetccl_abi::{ncclResult_t, NcclResult};
 use parking_lot::Mutex;
 
 use crate::error::{NetError, Result};
 use crate::tcp::{RecvBuf, TcpNet, TcpOptions, MAX_RECVS};
-use backend::{Backend, Net};
 use crate::wire::HANDLE_BYTES;
+use backend::{Backend, Net};
 use objects::{Ctx, ListenObj, MrObj, RecvObj, ReqObj, SendObj};
 pub use props::{device_props, devices, DevProps};
 
@@ -95,7 +97,10 @@ fn net_of(ctx: CtxArg) -> Result<Arc<Net>> {
 fn new_net() -> Result<Arc<Net>> {
     let cfg = hetccl_core::config::get();
     Ok(Arc::new(match backend::backend() {
-        Backend::Tcp => Net::Tcp(TcpNet::new(props::device_list()?, TcpOptions::from_config(cfg))),
+        Backend::Tcp => Net::Tcp(TcpNet::new(
+            props::device_list()?,
+            TcpOptions::from_config(cfg),
+        )),
         Backend::Ib(ports) => Net::Ib(crate::ib::IbNet::new(
             // (devices() logs the device table, as device_list does for TCP.)
             props::devices().map(|_| ports.clone())?,
@@ -222,7 +227,11 @@ pub unsafe fn reg_mr(
     if type_ != NCCL_PTR_HOST && !(type_ == NCCL_PTR_CUDA && gdr) {
         return Err(NetError::Internal(format!(
             "regMr of memory type {type_}: only host memory is supported{}",
-            if port.is_some() { " (no GPUDirect RDMA: nvidia-peermem is not loaded)" } else { "" }
+            if port.is_some() {
+                " (no GPUDirect RDMA: nvidia-peermem is not loaded)"
+            } else {
+                ""
+            }
         )));
     }
     if data.is_null() && size > 0 {
@@ -231,7 +240,12 @@ pub unsafe fn reg_mr(
     let mr = match &port {
         // SAFETY: NCCL registers memory it owns; the kernel checks the range.
         Some(p) if size > 0 => Some(unsafe {
-            p.dev.regs.lock().get(p.dev.pd, data as usize, size, crate::ib::IbOptions::from_config(hetccl_core::config::get()).relaxed)?
+            p.dev.regs.lock().get(
+                p.dev.pd,
+                data as usize,
+                size,
+                crate::ib::IbOptions::from_config(hetccl_core::config::get()).relaxed,
+            )?
         }),
         _ => None,
     };
@@ -257,19 +271,24 @@ pub unsafe fn reg_mr_dmabuf(
     }
     let out = nonnull(mhandle, "mhandle")?;
     let Some(p) = objects::check_comm(comm)? else {
-        return Err(NetError::Internal("regMrDmaBuf: DMA-BUF memory needs a verbs comm".into()));
+        return Err(NetError::Internal(
+            "regMrDmaBuf: DMA-BUF memory needs a verbs comm".into(),
+        ));
     };
     if fd < 0 {
         return Err(NetError::InvalidArgument(format!("regMrDmaBuf: fd {fd}")));
     }
-    let mr = crate::ib::mr::Mr::register_dmabuf(
-        p.dev.pd,
-        offset,
-        size,
-        data as u64,
-        fd,
-        crate::ib::mr::access(false),
-    )?;
+    // SAFETY: the device's live PD; the kernel checks the fd and range.
+    let mr = unsafe {
+        crate::ib::mr::Mr::register_dmabuf(
+            p.dev.pd,
+            offset,
+            size,
+            data as u64,
+            fd,
+            crate::ib::mr::access(false),
+        )?
+    };
     // SAFETY: non-NULL out pointer.
     unsafe { *out = MrObj::boxed(data as usize, size, Some(Arc::new(mr))) };
     Ok(())

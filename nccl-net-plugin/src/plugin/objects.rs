@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::backend::{AnyListen, AnyRecv, AnySend, Net};
 use crate::error::{NetError, Result};
 use crate::fasthash::IntSet;
-use super::backend::{AnyListen, AnyRecv, AnySend, Net};
 use crate::ib::mr::Mr;
 use crate::tcp::{RecvRequest, SendRequest};
 

@@ -76,7 +76,9 @@ pub(crate) fn setup_ip() -> std::net::IpAddr {
     *IP.get_or_init(|| {
         tcp_devices()
             .first()
-            .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |d| d.addr)
+            .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |d| {
+                d.addr
+            })
     })
 }
 
@@ -89,7 +91,10 @@ fn ib_table(ports: &[crate::ib::IbPort]) -> Table {
     Table {
         devs: Arc::new(Vec::new()),
         names: ports.iter().map(|p| cstr(&p.dev.name)).collect(),
-        pcis: ports.iter().map(|p| p.pci_path.as_deref().map(cstr)).collect(),
+        pcis: ports
+            .iter()
+            .map(|p| p.pci_path.as_deref().map(cstr))
+            .collect(),
         ids: ports
             .iter()
             .map(|p| (p.guid, p.speed_mbps, c_int::from(p.port)))
@@ -162,7 +167,11 @@ pub fn device_props(dev: c_int) -> Result<DevProps> {
             .as_ref()
             .map_or(std::ptr::null_mut(), |c| c.as_ptr().cast_mut()),
         guid,
-        ptr_support: if t.ib { crate::ib::gdr::ptr_support() } else { NCCL_PTR_HOST },
+        ptr_support: if t.ib {
+            crate::ib::gdr::ptr_support()
+        } else {
+            NCCL_PTR_HOST
+        },
         speed,
         port,
         latency: 0.0,
