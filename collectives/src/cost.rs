@@ -191,6 +191,12 @@ mod tests {
         let no_shm = |t| t != TransportKind::Shm;
         assert_eq!(
             TransportKind::for_class(LinkClass::SameNode, no_shm),
+            Some(TransportKind::Verbs),
+            "without shm, ranks of a node share the NIC as NCCL's NET does"
+        );
+        let tcp_only = |t| t == TransportKind::Tcp;
+        assert_eq!(
+            TransportKind::for_class(LinkClass::SameNode, tcp_only),
             Some(TransportKind::Tcp)
         );
         assert_eq!(

@@ -106,7 +106,10 @@ fn every_variable_parses() {
     assert_eq!(c.ib_hca.as_deref(), Some("mlx5_0:1"));
     assert_eq!(c.net_gdr_level.as_deref(), Some("PHB"));
     assert_eq!(c.ib_gid_index, Some(3));
-    assert_eq!((c.ib_tc, c.ib_sl, c.ib_timeout, c.ib_retry_cnt), (106, 1, 22, 5));
+    assert_eq!(
+        (c.ib_tc, c.ib_sl, c.ib_timeout, c.ib_retry_cnt),
+        (106, 1, 22, 5)
+    );
     assert_eq!(c.ib_qps_per_connection, 2);
     assert!(c.ib_split_data_on_qps && !c.dmabuf_enable);
     assert_eq!(c.ib_pci_relaxed_ordering, 0);

@@ -14,8 +14,8 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 
 use once_cell::sync::OnceCell;
 
-/// `union ibv_gid`.
-#[repr(C)]
+/// `union ibv_gid` (8-aligned: the union has a `__be64` member).
+#[repr(C, align(8))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ibv_gid {
     pub raw: [u8; 16],
@@ -43,7 +43,7 @@ pub struct ibv_send_wr {
     pub remote_addr: u64,
     pub rkey: u32,
     /// The rest of the `wr`, `qp_type` and `bind_mw`/`tso` unions.
-    pub _rest: [u64; 10],
+    pub _rest: [u64; 9],
 }
 
 impl Default for ibv_send_wr {

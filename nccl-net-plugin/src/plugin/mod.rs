@@ -294,11 +294,17 @@ pub unsafe fn reg_mr_dmabuf(
     Ok(())
 }
 
-/// `deregMr`: frees a handle from `regMr`.
+/// `deregMr`: frees a handle from `regMr`. On verbs the range also leaves
+/// the registration cache (NCCL deregisters memory it is about to free);
+/// other handles of the range keep their registration until they go.
 pub unsafe fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
-    objects::check_comm(comm)?;
+    let port = objects::check_comm(comm)?;
     // SAFETY: validated by magic.
-    unsafe { MrObj::free(mhandle) }
+    let (addr, size) = unsafe { MrObj::free(mhandle)? };
+    if let Some(p) = port {
+        p.dev.regs.lock().invalidate(addr, size);
+    }
+    Ok(())
 }
 
 /// `isend`: `*request` stays NULL when NCCL should retry.

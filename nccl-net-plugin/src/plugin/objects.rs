@@ -220,14 +220,16 @@ impl MrObj {
         let m: &Self = unsafe { check(p, MR_MAGIC, "mhandle")? };
         Ok(m.mr.clone())
     }
-    pub(super) unsafe fn free(p: *mut c_void) -> Result<()> {
+    /// Frees the handle; returns its range.
+    pub(super) unsafe fn free(p: *mut c_void) -> Result<(usize, usize)> {
         // SAFETY: checked first.
         unsafe {
             let mr: &Self = check(p, MR_MAGIC, "mhandle")?;
             tracing::trace!(target: "hetccl::NET", "deregMr {:#x}+{}", mr.addr, mr.size);
+            let range = (mr.addr, mr.size);
             drop(free::<Self>(p));
+            Ok(range)
         }
-        Ok(())
     }
 }
 
