@@ -363,6 +363,9 @@ impl IbNet {
     }
 }
 
+#[cfg(test)]
+mod tests;
+
 fn nonzero() -> Result<u64> {
     loop {
         let t = random_u64()?;
