@@ -78,7 +78,7 @@ fn exchange(
             tag: 7,
         };
         // SAFETY: `b` outlives the request (waited for below).
-        let q = unsafe { r.irecv(&[rb], &[mrs.1.clone()]) }
+        let q = unsafe { r.irecv(&[rb], std::slice::from_ref(&mrs.1)) }
             .unwrap()
             .expect("a receive slot");
         loop {
