@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 echo "== rdma: building the test binaries"
-cargo build -q -p hetccl
+cargo build -q -p hetccl -p hetccl-perf
 exes() {
   cargo test --no-run "$@" 2>&1 | sed -n 's/.*Executable .* (\(.*\))$/\1/p'
 }

@@ -137,3 +137,63 @@ fn kill_9_over_verbs() {
         );
     }
 }
+
+/// hetccl-perf's AllReduce between 2 ranks on 2 host ids, results checked
+/// (`-c 1`: a wrong element makes it exit 1), from `ncclMemAlloc` buffers
+/// (registered once, written straight from and into) and from plain host
+/// buffers (bounce chunks).
+#[test]
+fn allreduce_from_registered_and_plain_memory_over_verbs() {
+    if !have_rdma() {
+        return;
+    }
+    let bin = hetccl_testkit::perf::perf_bin();
+    for alloc in ["nccl", "host"] {
+        let id =
+            hetccl_testkit::tmp_dir().join(format!("rdma_perf_{alloc}.{}.id", std::process::id()));
+        let _ = std::fs::remove_file(&id);
+        let kids: Vec<_> = (0..2)
+            .map(|r| {
+                std::process::Command::new(&bin)
+                    .args([
+                        "all_reduce",
+                        "-b",
+                        "8",
+                        "-e",
+                        "4M",
+                        "-f",
+                        "8",
+                        "-n",
+                        "3",
+                        "-w",
+                        "1",
+                        "-c",
+                        "1",
+                    ])
+                    .args(["--alloc", alloc, "--id-file"])
+                    .arg(&id)
+                    .env("HETCCL_PERF_LIB", hetccl_so())
+                    .env("HETCCL_PERF_RANK", r.to_string())
+                    .env("HETCCL_PERF_NRANKS", "2")
+                    .env("HETCCL_HOST_ID", format!("node{r}"))
+                    .env("HETCCL_NET", "ib")
+                    .env("HETCCL_SOCKET_IFNAME", "=lo")
+                    .env("HETCCL_TIMEOUT_S", "60")
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("spawn hetccl-perf")
+            })
+            .collect();
+        for (r, k) in kids.into_iter().enumerate() {
+            let o = k.wait_with_output().expect("hetccl-perf ran");
+            assert!(
+                o.status.success(),
+                "alloc {alloc}, rank {r}: {}\n{}\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+}

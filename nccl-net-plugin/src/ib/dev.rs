@@ -333,12 +333,18 @@ fn discover(v: &'static Verbs, opts: &DiscoverOpts) -> Vec<IbPort> {
     out
 }
 
+static PORTS: OnceCell<Vec<IbPort>> = OnceCell::new();
+
+/// The ports, if discovery has run (it never starts it).
+pub fn discovered() -> &'static [IbPort] {
+    PORTS.get().map_or(&[], |p| p.as_slice())
+}
+
 /// The ports of this process, discovered once with the options of the first
 /// call; `Err` when libibverbs cannot be loaded.
 pub fn ports(opts: &DiscoverOpts) -> Result<&'static [IbPort]> {
-    static P: OnceCell<Vec<IbPort>> = OnceCell::new();
     let v = ffi::verbs().map_err(|e| NetError::System(format!("libibverbs: {e}")))?;
-    Ok(P.get_or_init(|| {
+    Ok(PORTS.get_or_init(|| {
         let ports = discover(v, opts);
         for (i, p) in ports.iter().enumerate() {
             tracing::info!(target: "hetccl::NET",

@@ -375,6 +375,54 @@ fn nonzero() -> Result<u64> {
     }
 }
 
+/// Memory the application registered (`ncclCommRegister`, `ncclMemAlloc`):
+/// held registered on every opened device until [`unregister_user`].
+static USER: Mutex<Vec<(usize, usize, Vec<std::sync::Arc<mr::Mr>>)>> = Mutex::new(Vec::new());
+
+/// Registers host memory the application hands over for communication on
+/// every device opened so far (none: nothing to do; verbs then takes such
+/// buffers through bounce chunks). Errors are logged, never returned: the
+/// memory still works unregistered.
+pub fn register_user(addr: usize, len: usize) {
+    let ports = dev::discovered();
+    if ports.is_empty() || len == 0 {
+        return;
+    }
+    let mut held = Vec::new();
+    let mut seen: Vec<*const dev::DevCtx> = Vec::new();
+    for p in ports {
+        let d = std::sync::Arc::as_ptr(&p.dev);
+        if seen.contains(&d) {
+            continue;
+        }
+        seen.push(d);
+        // SAFETY: the application passes memory it owns and keeps mapped
+        // until it deregisters or frees it.
+        match unsafe { p.dev.regs.lock().get(p.dev.pd, addr, len, true) } {
+            Ok(m) => held.push(m),
+            Err(e) => {
+                tracing::info!(target: "hetccl::NET", "NET/IB: cannot register {addr:#x}+{len} on {}: {e}", p.dev.name)
+            }
+        }
+    }
+    USER.lock().push((addr, len, held));
+}
+
+/// Drops what [`register_user`] held for `addr..addr+len` and removes the
+/// range from every cache (the memory is about to be freed).
+pub fn unregister_user(addr: usize, len: usize) {
+    USER.lock().retain(|(a, l, _)| !(*a == addr && *l == len));
+    for p in dev::discovered() {
+        p.dev.regs.lock().invalidate(addr, len);
+    }
+}
+
+/// The registration of `addr..addr+len` on `port`'s device, if the range
+/// is in its cache.
+pub fn find_registered(port: &IbPort, addr: usize, len: usize) -> Option<std::sync::Arc<mr::Mr>> {
+    port.dev.regs.lock().find(addr, len)
+}
+
 /// The ports this process may use: none when libibverbs is missing (one
 /// INFO line says so) or when no port is active.
 pub fn usable_ports(opts: &DiscoverOpts) -> Vec<IbPort> {

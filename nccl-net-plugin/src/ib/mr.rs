@@ -234,6 +234,13 @@ impl RegCache {
         victim.is_some_and(|k| self.by_start.remove(&k).is_some())
     }
 
+    /// The cached registration covering `addr..addr+len`, if any (never
+    /// registers).
+    pub fn find(&self, addr: usize, len: usize) -> Option<Arc<Mr>> {
+        let (_, e) = self.by_start.range(..=addr).next_back()?;
+        e.mr.covers(addr, len.max(1)).then(|| e.mr.clone())
+    }
+
     /// Drops every entry overlapping `addr..addr+len` (memory freed or
     /// unmapped); returns how many.
     pub fn invalidate(&mut self, addr: usize, len: usize) -> usize {
