@@ -382,12 +382,23 @@ impl Batch<'_> {
         self.jobs.iter().map(|j| j.trace.seq).max().unwrap_or(0)
     }
 
-    /// A peer this batch still waits on whose process is gone.
+    /// A peer this batch waits on whose process is gone: only a step that
+    /// waits for the peer itself (data from it, room to send to it) over a
+    /// link that cannot tell by itself (shm), not a step that is still
+    /// waiting for earlier ones. A peer that finished its part and exited
+    /// may have left what this rank still has to receive in the ring or the
+    /// socket; TCP links report a dead peer themselves, as end of stream.
     fn dead_peer(&self) -> Option<usize> {
         let w = &self.links.watch;
         self.blocked()
             .iter()
+            .filter(|b| b.on.kind != 3)
             .map(|b| b.on.peer)
+            .filter(|&p| {
+                self.links.peers[p]
+                    .as_ref()
+                    .is_some_and(|c| c[0].transport == crate::cost::TransportKind::Shm)
+            })
             .find(|&p| w.peer_state(p) == watch::ProcState::Dead)
     }
 }
@@ -492,7 +503,14 @@ fn stall_error(batches: &[Batch<'_>], idle: Duration) -> Error {
         .filter(|b| !b.finished())
         .flat_map(|b| b.blocked())
         .collect();
-    let mut peers: Vec<usize> = blocked.iter().map(|b| b.on.peer).collect();
+    // Blame the peers the operation waits for, not those of steps that
+    // wait for earlier steps.
+    let waiting = blocked.iter().any(|b| b.on.kind != 3);
+    let mut peers: Vec<usize> = blocked
+        .iter()
+        .filter(|b| !waiting || b.on.kind != 3)
+        .map(|b| b.on.peer)
+        .collect();
     peers.sort_unstable();
     peers.dedup();
     let peers: Vec<String> = peers.iter().map(usize::to_string).collect();

@@ -233,7 +233,13 @@ fn a_dead_local_peer_is_noticed_at_the_first_check_on_a_manual_clock() {
     let peer = watch::Watch::open(hash, 0, 1, vec![true, true]);
     watch::Watch::unlink(hash, 0);
     peer.fake_pid_for_tests(pid);
-    let (mine, _theirs) = crate::transport::net::loopback_pair(NCHAN).unwrap();
+    // Shared-memory links (TCP links report a dead peer themselves).
+    let path = format!("/dev/shm/hetccl-exec-test-{}", std::process::id());
+    let arena = Arc::new(crate::transport::arena::Arena::create(&path, 2, NCHAN, 1 << 16).unwrap());
+    crate::transport::arena::Arena::unlink(&path);
+    let mine: Vec<Conn> = (0..NCHAN)
+        .map(|c| crate::transport::shm::connect(&arena, 0, 1, c))
+        .collect();
     let links = Links {
         rank: 0,
         label: "comm 0000000000000abc".into(),
@@ -256,4 +262,75 @@ fn a_dead_local_peer_is_noticed_at_the_first_check_on_a_manual_clock() {
     assert_eq!(waited, clock::WATCH_AFTER, "{e}");
     assert!(e.contains(&format!("rank 1 (pid {pid}) died")), "{e}");
     peer.fake_pid_for_tests(std::process::id());
+}
+
+/// A local peer that finished its part and exited is not a dead peer for a
+/// step that only waits for earlier steps: what it sent is in the ring.
+/// Here rank 0 first waits for rank 2 (silent), then receives from rank 1,
+/// whose process is gone but whose message is already in the ring. Before,
+/// the dead-peer check blamed rank 1 at the first check (a rank that had
+/// left normally made a peer fail with "rank 1 died").
+#[test]
+fn a_peer_that_left_after_its_part_is_not_reported_dead() {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    let hash = 0x5eed_2000_0000_0000 | u64::from(std::process::id());
+    let me = watch::Watch::open(hash, 0, 0, vec![true, true, true]);
+    let one = watch::Watch::open(hash, 0, 1, vec![true, true, true]);
+    watch::Watch::unlink(hash, 0);
+    one.fake_pid_for_tests(pid);
+    let path = format!("/dev/shm/hetccl-exec-left-{}", std::process::id());
+    let arena = Arc::new(crate::transport::arena::Arena::create(&path, 3, NCHAN, 1 << 16).unwrap());
+    crate::transport::arena::Arena::unlink(&path);
+    let to = |peer: usize| -> Vec<Conn> {
+        (0..NCHAN)
+            .map(|c| crate::transport::shm::connect(&arena, 0, peer, c))
+            .collect()
+    };
+    // Rank 1 "sent" its 8 bytes before leaving.
+    let from_one = crate::transport::shm::connect(&arena, 1, 0, P2P_CHAN);
+    assert_eq!(from_one.tx.try_send(&[7u8; 8]).unwrap(), 8);
+    let links = Links {
+        rank: 0,
+        label: "comm 0000000000000abc".into(),
+        peers: vec![None, Some(to(1)), Some(to(2))],
+        bell: None,
+        aborted: Arc::new(AtomicBool::new(false)),
+        watch: me,
+    };
+    let mut buf = vec![0u8; 16];
+    let mut job = recv_job(&mut buf);
+    let plan = Arc::get_mut(&mut job.plan).unwrap();
+    plan.nranks = 3;
+    plan.recv_bytes = 16;
+    plan.steps = vec![
+        Step {
+            kind: StepKind::Recv {
+                peer: 2,
+                chan: 0,
+                dst: BufRange::new(BufId::Recv, 0, 8),
+            },
+            deps: vec![],
+        },
+        Step {
+            kind: StepKind::Recv {
+                peer: 1,
+                chan: 0,
+                dst: BufRange::new(BufId::Recv, 8, 8),
+            },
+            deps: vec![0],
+        },
+    ];
+    let mut b = vec![Batch::new(&links, vec![job]).unwrap()];
+    let p = Patience {
+        spin: Duration::ZERO,
+        hang_report: None,
+        stall_timeout: Duration::from_secs(300),
+    };
+    let clock = clock::ManualClock::default();
+    let e = drive_with(&mut b, p, &clock).unwrap_err().to_string();
+    assert!(!e.contains("died"), "{e}");
+    assert!(e.contains("no progress from rank(s) 2"), "{e}");
+    one.fake_pid_for_tests(std::process::id());
 }
