@@ -49,7 +49,9 @@ done
 if [ ${#need[@]} -gt 0 ]; then
   echo "rdma-vm: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
-  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; } \
+  # Other jobs may hold the dpkg lock: wait for it rather than fail.
+  lock=(-o DPkg::Lock::Timeout=600)
+  { apt-get "${lock[@]}" update -qq && apt-get "${lock[@]}" install -y -qq --no-install-recommends "${need[@]}" >/dev/null; } \
     || fail "apt-get install ${need[*]}"
 fi
 busybox_bin=/bin/busybox
@@ -114,6 +116,8 @@ cp "$here/lib/rdma-vm-guest.sh" "$share/guest.sh"
 
 echo "rdma-vm: booting $kver (TCG, 2 CPUs), timeout ${timeout_s}s" >&2
 t0=$(date +%s)
+# Created first, so that tail below never starts before it exists.
+: > "$share/console"
 timeout -k 5 "$timeout_s" qemu-system-x86_64 -accel tcg -cpu max -m "${HETCCL_VM_MEM_MB:-4096}" -smp 2 \
   -nographic -no-reboot -net none -monitor none -serial stdio \
   -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$initrd" \
