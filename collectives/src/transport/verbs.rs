@@ -124,9 +124,15 @@ impl SendLink for VSend {
         }
         let mut st = self.inflight.lock();
         if st.is_none() {
+            // Memory from ncclMemAlloc / ncclCommRegister goes in place.
+            let mr = nccl_net_plugin::ib::find_registered(
+                self.comm.port(),
+                src.as_ptr() as usize,
+                src.len(),
+            );
             // SAFETY: the executor passes the same unfinished range until it
             // is reported sent; the user's buffer outlives the operation.
-            match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag, None) }
+            match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag, mr) }
                 .map_err(verbs_err)?
             {
                 Some(r) => *st = Some((r, src.len())),
@@ -168,10 +174,11 @@ impl VRecv {
             cap: len,
             tag: self.tag,
         };
+        let mr = nccl_net_plugin::ib::find_registered(self.comm.port(), ptr as usize, len);
         // SAFETY: the staging buffer is not resized while a receive is in
         // flight; a caller's range stays valid until the operation ends.
         Ok(
-            match unsafe { self.comm.irecv(&[buf], &[None]) }.map_err(verbs_err)? {
+            match unsafe { self.comm.irecv(&[buf], &[mr]) }.map_err(verbs_err)? {
                 Some(r) => {
                     st.req = Some((r, len, ptr as usize));
                     Some(r)

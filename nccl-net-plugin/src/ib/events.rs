@@ -1,7 +1,8 @@
 //! Asynchronous events of the opened devices: read without blocking (the
 //! context's async fd is made non-blocking) from the comms' progress, logged
-//! at WARN; QP errors fail the comms that own the QP, a fatal device error
-//! fails every comm on it.
+//! at WARN; QP errors fail the comms that own the QP, a port going down
+//! fails the comms on that port (until it is active again, new comms on it
+//! fail too), a fatal device error fails every comm on the device.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +20,8 @@ static CTXS: Mutex<Vec<Watched>> = Mutex::new(Vec::new());
 /// QP numbers (per device name) that an async event has failed.
 static FAILED_QPS: Mutex<Option<HashSet<(String, u32)>>> = Mutex::new(None);
 static FATAL_DEVS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Ports (device name, port number) that are down.
+static DOWN_PORTS: Mutex<Vec<(String, u8)>> = Mutex::new(Vec::new());
 /// Bumped on every failing event, so comms re-check only when it moves.
 pub(crate) static GENERATION: AtomicU64 = AtomicU64::new(0);
 
@@ -27,6 +30,7 @@ const EV_QP_FATAL: u32 = 1;
 const EV_QP_REQ_ERR: u32 = 2;
 const EV_QP_ACCESS_ERR: u32 = 3;
 const EV_DEVICE_FATAL: u32 = 8;
+const EV_PORT_ACTIVE: u32 = 9;
 const EV_PORT_ERR: u32 = 10;
 
 /// Starts watching a context's events.
@@ -87,7 +91,21 @@ pub(crate) fn poll() {
                     FATAL_DEVS.lock().push(w.name.clone());
                     GENERATION.fetch_add(1, Ordering::AcqRel);
                 }
-                EV_CQ_ERR | EV_PORT_ERR => {
+                EV_PORT_ERR | EV_PORT_ACTIVE => {
+                    // For port events the union holds the port number (an int).
+                    let port = (ev.element as usize & 0xff) as u8;
+                    let mut down = DOWN_PORTS.lock();
+                    down.retain(|d| *d != (w.name.clone(), port));
+                    if ev.event_type == EV_PORT_ERR {
+                        tracing::warn!(target: "hetccl::NET",
+                            "NET/IB: {}:{port}: async event {what}: its connections fail", w.name);
+                        down.push((w.name.clone(), port));
+                        GENERATION.fetch_add(1, Ordering::AcqRel);
+                    } else {
+                        tracing::info!(target: "hetccl::NET", "NET/IB: {}:{port}: async event {what}", w.name);
+                    }
+                }
+                EV_CQ_ERR => {
                     tracing::warn!(target: "hetccl::NET", "NET/IB: {}: async event {what}", w.name);
                 }
                 _ => {
@@ -100,10 +118,18 @@ pub(crate) fn poll() {
     }
 }
 
-/// Why a comm on `dev` with QPs `qpns` must fail, if an event said so.
-pub(crate) fn failure(dev: &str, qpns: &[u32]) -> Option<String> {
+/// Why a comm on port `port` of `dev` with QPs `qpns` must fail, if an
+/// event said so.
+pub(crate) fn failure(dev: &str, port: u8, qpns: &[u32]) -> Option<String> {
     if FATAL_DEVS.lock().iter().any(|d| d == dev) {
         return Some(format!("device {dev} reported a fatal error"));
+    }
+    if DOWN_PORTS
+        .lock()
+        .iter()
+        .any(|(d, p)| d == dev && *p == port)
+    {
+        return Some(format!("port {dev}:{port} went down (async event)"));
     }
     let g = FAILED_QPS.lock();
     let set = g.as_ref()?;

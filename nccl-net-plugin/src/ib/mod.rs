@@ -14,6 +14,7 @@
 pub mod dev;
 mod events;
 pub mod ffi;
+pub mod flush;
 pub mod gdr;
 pub mod mr;
 pub mod proto;
@@ -377,7 +378,9 @@ fn nonzero() -> Result<u64> {
 
 /// Memory the application registered (`ncclCommRegister`, `ncclMemAlloc`):
 /// held registered on every opened device until [`unregister_user`].
-static USER: Mutex<Vec<(usize, usize, Vec<std::sync::Arc<mr::Mr>>)>> = Mutex::new(Vec::new());
+static USER: Mutex<Vec<UserRange>> = Mutex::new(Vec::new());
+/// Start, length, and the registrations held for it.
+type UserRange = (usize, usize, Vec<std::sync::Arc<mr::Mr>>);
 
 /// Registers host memory the application hands over for communication on
 /// every device opened so far (none: nothing to do; verbs then takes such
@@ -418,9 +421,16 @@ pub fn unregister_user(addr: usize, len: usize) {
 }
 
 /// The registration of `addr..addr+len` on `port`'s device, if the range
-/// is in its cache.
+/// is in its cache (the engine's links look up every buffer; the first hit
+/// of a process is logged at INFO).
 pub fn find_registered(port: &IbPort, addr: usize, len: usize) -> Option<std::sync::Arc<mr::Mr>> {
-    port.dev.regs.lock().find(addr, len)
+    let m = port.dev.regs.lock().find(addr, len)?;
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::info!(target: "hetccl::NET",
+            "NET/IB: {}: registered memory is sent and received in place", port.label())
+    });
+    Some(m)
 }
 
 /// The ports this process may use: none when libibverbs is missing (one

@@ -443,7 +443,8 @@ impl Endpoint {
     /// Why an async event failed this endpoint, if one did.
     pub fn async_failure(&self) -> Option<NetError> {
         super::events::poll();
-        super::events::failure(&self.port.dev.name, &self.qpns).map(NetError::System)
+        super::events::failure(&self.port.dev.name, self.port.port, &self.qpns)
+            .map(NetError::System)
     }
 }
 

@@ -694,6 +694,11 @@ impl IbRecvComm {
         self.finish(Instant::now());
     }
 
+    /// The port the comm's QPs are on.
+    pub fn port(&self) -> &super::IbPort {
+        &self.ep.port
+    }
+
     /// The port and QPs (for logs).
     pub fn describe(&self) -> String {
         format!("{} QP {:?}", self.ep.port.label(), self.ep.qpns)

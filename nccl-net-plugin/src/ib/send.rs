@@ -608,6 +608,11 @@ impl IbSendComm {
         self.finish(Instant::now() + self.opts.timeout.min(std::time::Duration::from_secs(10)));
     }
 
+    /// The port the comm's QPs are on.
+    pub fn port(&self) -> &super::IbPort {
+        &self.ep.port
+    }
+
     /// The port and QPs (for logs).
     pub fn describe(&self) -> String {
         format!("{} QP {:?}", self.ep.port.label(), self.ep.qpns)

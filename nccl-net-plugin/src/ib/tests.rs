@@ -200,3 +200,122 @@ fn the_registration_cache_is_bounded_and_shares_ranges() {
         assert_eq!(c.len(), 1);
     }
 }
+
+#[test]
+fn the_gpu_flush_reads_back_and_names_a_failed_read() {
+    let Some(p) = port() else { return };
+    let f = flush::Flusher::new(&p, &IbOptions::default()).unwrap();
+    let target = qp::RegBuf::new(&p, 4096, false).unwrap();
+    let wait = |id: u64| {
+        let t0 = Instant::now();
+        loop {
+            match f.test(id) {
+                Ok(true) => return Ok(()),
+                Ok(false) => assert!(t0.elapsed() < Duration::from_secs(60), "flush hung"),
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let ids: Vec<u64> = (0..5)
+        .map(|i| {
+            f.post(target.buf.addr() as u64 + i, target.mr.rkey)
+                .unwrap()
+        })
+        .collect();
+    wait(*ids.last().unwrap()).unwrap();
+    assert!(
+        ids.iter().all(|&i| f.test(i).unwrap()),
+        "earlier flushes are done"
+    );
+    // A wrong rkey: a remote access error, with device, QP and status named.
+    let bad = f
+        .post(target.buf.addr() as u64, target.mr.rkey ^ 0x5a5a_0000)
+        .unwrap();
+    let e = wait(bad)
+        .expect_err("a read with a wrong rkey fails")
+        .to_string();
+    assert!(
+        e.contains(&p.label()) && e.contains("QP") && e.contains("status"),
+        "{e}"
+    );
+    assert!(
+        f.post(target.buf.addr() as u64, target.mr.rkey).is_err(),
+        "failed for good"
+    );
+}
+
+/// Run alone (it takes the port down): `scripts/lib/rdma-tests-guest.sh`
+/// runs it with `--ignored` and `HETCCL_TEST_RXE_NETDEV` naming the netdev
+/// under rxe0.
+#[test]
+#[ignore]
+fn a_port_going_down_fails_its_comms() {
+    let Some((s, r)) = pair(IbOptions::default()) else {
+        return;
+    };
+    let netdev = std::env::var("HETCCL_TEST_RXE_NETDEV").expect("HETCCL_TEST_RXE_NETDEV");
+    exchange(&s, &r, &[pattern(100, 1)], (None, None));
+    let ip = |state: &str| {
+        let st = std::process::Command::new("ip")
+            .args(["link", "set", &netdev, state])
+            .status()
+            .expect("ip link");
+        assert!(st.success(), "ip link set {netdev} {state}");
+    };
+    ip("down");
+    // A receive that matches nothing (tag 7) and one send (tag 3), tested
+    // until the port's failure reaches them.
+    let msg = pattern(64, 2);
+    let mut buf = vec![0u8; 64];
+    let b = RecvBuf {
+        ptr: buf.as_mut_ptr(),
+        cap: buf.len(),
+        tag: 7,
+    };
+    let (mut sq, mut rq, mut sent) = (None, None, false);
+    let t0 = Instant::now();
+    let err = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no failure after the port went down"
+        );
+        // SAFETY: the buffers outlive the requests (tested until an error).
+        let step = unsafe {
+            (|| -> Result<()> {
+                if rq.is_none() {
+                    rq = r.irecv(&[b], &[None])?;
+                }
+                if !sent && sq.is_none() {
+                    sq = s.isend(msg.as_ptr(), msg.len(), 3, None)?;
+                }
+                if let Some(q) = sq {
+                    if s.test(q)?.is_some() {
+                        (sent, sq) = (true, None);
+                    }
+                }
+                if let Some(q) = rq {
+                    r.test(q)?;
+                }
+                Ok(())
+            })()
+        };
+        if let Err(e) = step {
+            break e;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    .to_string();
+    ip("up");
+    let port = s.describe();
+    assert!(err.contains("went down"), "{err} ({port})");
+    let t0 = Instant::now();
+    while !std::fs::read_to_string("/sys/class/infiniband/rxe0/ports/1/state")
+        .is_ok_and(|st| st.contains("ACTIVE"))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "rxe0 did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -68,14 +68,16 @@ pub unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> nc
 /// `iflush(recvComm, n, data, int* sizes, mhandles, request)`.
 pub unsafe extern "C" fn iflush(
     recv_comm: *mut c_void,
-    _n: c_int,
-    _data: *mut *mut c_void,
-    _sizes: *mut c_int,
-    _mhandles: *mut *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: pointers checked inside.
-    guard("iflush", || unsafe { super::iflush(recv_comm, request) })
+    guard("iflush", || unsafe {
+        super::iflush(recv_comm, n, data, sizes, mhandles, request)
+    })
 }
 
 /// `test(request, done, sizes)`.

@@ -213,7 +213,8 @@ pub unsafe fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> R
     Ok(())
 }
 
-/// `regMr`: host memory only (ptrSupport is HOST).
+/// `regMr`: host memory, and GPU memory (`NCCL_PTR_CUDA`) on a verbs comm
+/// when GPUDirect RDMA is possible (`ib/gdr.rs`).
 pub unsafe fn reg_mr(
     comm: *mut c_void,
     data: *mut c_void,
@@ -250,7 +251,7 @@ pub unsafe fn reg_mr(
         _ => None,
     };
     // SAFETY: non-NULL out pointer.
-    unsafe { *out = MrObj::boxed(data as usize, size, mr) };
+    unsafe { *out = MrObj::boxed(data as usize, size, mr, type_ == NCCL_PTR_CUDA) };
     Ok(())
 }
 
@@ -290,7 +291,7 @@ pub unsafe fn reg_mr_dmabuf(
         )?
     };
     // SAFETY: non-NULL out pointer.
-    unsafe { *out = MrObj::boxed(data as usize, size, Some(Arc::new(mr))) };
+    unsafe { *out = MrObj::boxed(data as usize, size, Some(Arc::new(mr)), true) };
     Ok(())
 }
 
@@ -410,13 +411,51 @@ pub unsafe fn irecv(
     Ok(())
 }
 
-/// `iflush`: host memory needs no flush, so the request is NULL.
-pub unsafe fn iflush(recv_comm: *mut c_void, request: *mut *mut c_void) -> Result<()> {
+/// `iflush`: on a verbs comm, when the last non-empty buffer of a
+/// receive is GPU memory (registered as `NCCL_PTR_CUDA` or DMA-BUF), an
+/// RDMA read of it on a loopback QP (`ib/flush.rs`), whose request `test`
+/// completes. Host memory needs no flush: the request is NULL.
+pub unsafe fn iflush(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> Result<()> {
     let out = nonnull(request, "request")?;
     // SAFETY: non-NULL out pointer.
     unsafe { *out = std::ptr::null_mut() };
     // SAFETY: validated by magic.
-    unsafe { RecvObj::from_ptr(recv_comm)? };
+    let r = unsafe { RecvObj::from_ptr(recv_comm)? };
+    let Some(port) = r.comm.ib_port() else {
+        return Ok(());
+    };
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|&n| n <= MAX_RECVS)
+        .ok_or_else(|| NetError::InvalidArgument(format!("iflush of {n} buffers")))?;
+    if n == 0 || mhandles.is_null() {
+        return Ok(());
+    }
+    let data = nonnull(data, "data")?;
+    let sizes = nonnull(sizes, "sizes")?;
+    for i in (0..n).rev() {
+        // SAFETY: NCCL passes n entries in each array.
+        let (ptr, size, mh) = unsafe { (*data.add(i), *sizes.add(i), *mhandles.add(i)) };
+        if size <= 0 {
+            continue;
+        }
+        // SAFETY: each handle is NULL or from regMr (checked by magic).
+        let Some(rkey) = (unsafe { MrObj::device_rkey(mh)? }) else {
+            return Ok(());
+        };
+        let f = r.flusher(port)?;
+        let id = f.post(ptr as u64, rkey)?;
+        // SAFETY: non-NULL out pointer.
+        unsafe { *out = ReqObj::flush(r, id) };
+        return Ok(());
+    }
     Ok(())
 }
 

@@ -4,11 +4,13 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
+use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
 use super::backend::{AnyListen, AnyRecv, AnySend, Net};
 use crate::error::{NetError, Result};
 use crate::fasthash::IntSet;
+use crate::ib::flush::Flusher;
 use crate::ib::mr::Mr;
 use crate::tcp::{RecvRequest, SendRequest};
 
@@ -149,6 +151,8 @@ pub(super) struct RecvObj {
     magic: u64,
     pub(super) comm: AnyRecv,
     live: Mutex<IntSet<usize>>,
+    /// The GPU flush QP, made on the first flush of a verbs comm.
+    flush: OnceCell<Flusher>,
 }
 
 impl RecvObj {
@@ -157,8 +161,18 @@ impl RecvObj {
             magic: RECV_MAGIC,
             comm,
             live: Mutex::default(),
+            flush: OnceCell::new(),
         }))
         .cast()
+    }
+    /// The comm's flush QP on `port`, made on first use.
+    pub(super) fn flusher(&self, port: &crate::ib::IbPort) -> Result<&Flusher> {
+        self.flush.get_or_try_init(|| {
+            Flusher::new(
+                port,
+                &crate::ib::IbOptions::from_config(hetccl_core::config::get()),
+            )
+        })
     }
     pub(super) unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<&'a Self> {
         // SAFETY: forwarded contract.
@@ -199,17 +213,34 @@ pub(super) struct MrObj {
     addr: usize,
     size: usize,
     pub(super) mr: Option<Arc<Mr>>,
+    /// GPU memory (`NCCL_PTR_CUDA` or DMA-BUF): received data needs a flush.
+    device: bool,
 }
 
 impl MrObj {
-    pub(super) fn boxed(addr: usize, size: usize, mr: Option<Arc<Mr>>) -> *mut c_void {
+    pub(super) fn boxed(
+        addr: usize,
+        size: usize,
+        mr: Option<Arc<Mr>>,
+        device: bool,
+    ) -> *mut c_void {
         Box::into_raw(Box::new(Self {
             magic: MR_MAGIC,
             addr,
             size,
             mr,
+            device,
         }))
         .cast()
+    }
+    /// The rkey of a GPU-memory verbs registration (NULL or host: `None`).
+    pub(super) unsafe fn device_rkey(p: *mut c_void) -> Result<Option<u32>> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: checked by magic.
+        let m: &Self = unsafe { check(p, MR_MAGIC, "mhandle")? };
+        Ok(m.mr.as_ref().filter(|_| m.device).map(|mr| mr.rkey))
     }
     /// The verbs registration of a handle NCCL passes back (NULL: none).
     pub(super) unsafe fn mr_of(p: *mut c_void) -> Result<Option<Arc<Mr>>> {
@@ -236,6 +267,7 @@ impl MrObj {
 enum ReqKind {
     Send(*const SendObj, SendRequest),
     Recv(*const RecvObj, RecvRequest),
+    Flush(*const RecvObj, u64),
 }
 
 /// A request handed to NCCL; freed when `test` reports it done (or failed),
@@ -260,6 +292,16 @@ impl ReqObj {
         let p: *mut c_void = Box::into_raw(Box::new(Self {
             magic: REQ_MAGIC,
             kind: ReqKind::Recv(comm, r),
+        }))
+        .cast();
+        comm.live.lock().insert(p as usize);
+        p
+    }
+    /// Flush number `id` of the comm's [`Flusher`].
+    pub(super) fn flush(comm: &RecvObj, id: u64) -> *mut c_void {
+        let p: *mut c_void = Box::into_raw(Box::new(Self {
+            magic: REQ_MAGIC,
+            kind: ReqKind::Flush(comm, id),
         }))
         .cast();
         comm.live.lock().insert(p as usize);
@@ -302,6 +344,17 @@ pub(super) unsafe fn test_request(
                     &buf[..s.len()]
                 })
             });
+            (&c.live, o)
+        }
+        ReqKind::Flush(c, id) => {
+            // SAFETY: as above.
+            let c = unsafe { &*c };
+            let o = match c.flush.get() {
+                Some(f) => f.test(id).map(|d| d.then_some(&buf[..0])),
+                None => Err(NetError::Internal(
+                    "flush request without a flush QP".into(),
+                )),
+            };
             (&c.live, o)
         }
     };
