@@ -6,8 +6,10 @@
 #      the net-plugin conformance tests, v8 and v12, with device 0 = rxe0
 #      (tests/net_plugin.rs, tests/net_plugin_procs.rs, HETCCL_NET=ib);
 #   3. the transport conformance suite over verbs (collectives/tests/transport_conformance.rs);
-#   4. the multi-process collectives on 2 host ids (2 and 4 ranks) and the
-#      kill -9 fault test over verbs (tests/rdma_mp.rs).
+#   4. the multi-process collectives on 2 host ids (2 and 4 ranks), the same
+#      pair with NCCL_IB_DISABLE=1, and the kill -9 fault test over verbs
+#      (tests/rdma_mp.rs).
+# The steps are in scripts/lib/rdma-tests-guest.sh, each with a time limit.
 # Builds the test binaries here first. Fails if the guest cannot boot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,27 +27,8 @@ unit=$(exes -p nccl-net-plugin --lib)
 for x in "$np" "$npp" "$tc" "$mp" "$unit"; do [ -x "$x" ] || { echo "rdma: missing test binary ($x)" >&2; exit 1; }; done
 mkdir -p target/tmp
 
-guest=$(cat <<EOF
-set -e
-export HETCCL_REQUIRE_RDMA=1
-echo "== rdma(guest): perftest on rxe0"
-ibv_rc_pingpong -d rxe0 -g 1 -n 20 > /tmp/pp.log 2>&1 & sleep 1
-timeout 60 ibv_rc_pingpong -d rxe0 -g 1 -n 20 127.0.0.1 | tail -1
-wait
-ib_write_bw -d rxe0 -x 1 -s 65536 -n 50 -F > /tmp/bw.log 2>&1 & sleep 1
-timeout 60 ib_write_bw -d rxe0 -x 1 -s 65536 -n 50 -F 127.0.0.1 | grep -A1 '#bytes'
-wait
-echo "== rdma(guest): verbs transport unit tests (credits, QPs, registration cache)"
-timeout 200 $unit ib::
-echo "== rdma(guest): net plugin over verbs"
-HETCCL_NET=ib HETCCL_SOCKET_IFNAME==lo timeout 300 $np --test-threads=1
-HETCCL_NET=ib HETCCL_SOCKET_IFNAME==lo timeout 300 $npp --test-threads=1 --skip two_network_namespaces
-echo "== rdma(guest): transport conformance over verbs"
-timeout 200 $tc verbs_transport
-echo "== rdma(guest): collectives and kill -9 over verbs"
-timeout 500 $mp --nocapture --test-threads=1
-EOF
-)
 t0=$(date +%s)
-bash scripts/rdma-vm.sh --timeout "${HETCCL_RDMA_TESTS_TIMEOUT_S:-900}" --tmpfs target/tmp -- "$guest"
+bash scripts/rdma-vm.sh --timeout "${HETCCL_RDMA_TESTS_TIMEOUT_S:-840}" --tmpfs target/tmp \
+  --env RDMA_UNIT="$unit" --env RDMA_NP="$np" --env RDMA_NPP="$npp" --env RDMA_TC="$tc" \
+  --env RDMA_MP="$mp" -- bash scripts/lib/rdma-tests-guest.sh
 echo "== rdma: all in-VM tests passed in $(( $(date +%s) - t0 )) s"

@@ -5,9 +5,11 @@
 //! VM with `HETCCL_REQUIRE_RDMA=1`; on a machine without an active RDMA
 //! port they say so and pass (the VM run is where they count).
 //!
-//! - 2 ranks on 2 hosts and 4 ranks on 2 hosts (2 × 2), every mode, exact
-//!   results; rank 0 logs at INFO and must show `via NET/IB` for each of its
-//!   cross-node peers and no TCP link;
+//! - 2 ranks on 2 hosts and 4 ranks on 2 hosts (2 × 2), every collective
+//!   and point-to-point mode, exact results (and on 2 ranks the
+//!   communicator modes that make and end comms); rank 0 logs at INFO and
+//!   must show `via NET/IB` for each of its cross-node peers and no TCP link;
+//! - `NCCL_IB_DISABLE=1`: the same pair takes TCP;
 //! - kill -9 of a rank in the middle of an AllReduce loop (4 ranks, 2 × 2):
 //!   every survivor fails within `HETCCL_TIMEOUT_S` plus a margin, as on TCP.
 
@@ -16,7 +18,7 @@ use std::path::Path;
 use hetccl_testkit::coll::{self, Job};
 use hetccl_testkit::faults::{self, Fault};
 use hetccl_testkit::hetccl_so;
-use hetccl_testkit::modes::MODES;
+use hetccl_testkit::modes::NONBLOCKING_MODES;
 
 /// Whether an active RDMA port exists; fails under `HETCCL_REQUIRE_RDMA=1`
 /// when none does.
@@ -56,26 +58,42 @@ fn host_env(per_node: usize) -> impl Fn(usize, usize) -> Vec<(String, String)> {
     }
 }
 
-fn suite(label: &str, n: usize, per_node: usize) {
+/// One launch runs every collective and point-to-point mode
+/// ([`NONBLOCKING_MODES`]) on one dtype of each size, at counts that take both
+/// the eager path (up to 8 KiB) and the rendezvous path; a second one runs
+/// a 1 MiB + 3 AllReduce of every op. The transport moves bytes, so the
+/// other dtypes (their arithmetic is the same on every transport) are left
+/// to the TCP and shm suites; one launch per mode would not fit the time
+/// an emulated VM has. `comm_modes`: communicator modes, one launch each.
+fn suite(label: &str, n: usize, per_node: usize, comm_modes: &[&str]) {
     if !have_rdma() {
         return;
     }
     let exe: &Path = coll::program("coll_check_rdma");
     let so = hetccl_so();
-    let jobs: Vec<Job> = MODES
-        .iter()
-        .map(|m| {
-            let big = if *m == "allreduce" { ",1048579" } else { "" };
+    let dtypes = ["--dtypes", "int8,bfloat16,float32,float64"];
+    let mut jobs = vec![
+        Job::new(
+            format!("{label} collectives"),
+            n,
+            NONBLOCKING_MODES.join(","),
+        )
+        .args(dtypes)
+        .args(["--counts", "0,1,1021,5003"])
+        .rank_env(host_env(per_node)),
+        Job::new(format!("{label} allreduce 1 MiB"), n, "allreduce")
+            .args(["--dtypes", "float32", "--big-dtypes", "float32"])
+            .args(["--counts", "1048579"])
+            .rank_env(host_env(per_node)),
+    ];
+    for m in comm_modes {
+        jobs.push(
             Job::new(format!("{label} {m}"), n, *m)
-                .args([
-                    "--counts".to_string(),
-                    format!("0,1,1021{big}"),
-                    "--big-dtypes".to_string(),
-                    "float32".to_string(),
-                ])
-                .rank_env(host_env(per_node))
-        })
-        .collect();
+                .args(dtypes)
+                .args(["--counts", "1,1021"])
+                .rank_env(host_env(per_node)),
+        );
+    }
     let outs = coll::run_all(label, exe, &so, jobs);
     // Rank 0's first communicator: one verbs line per cross-node peer.
     let log = &outs[0].outs[0].stdout;
@@ -97,12 +115,40 @@ fn suite(label: &str, n: usize, per_node: usize) {
 
 #[test]
 fn verbs_2_ranks_on_2_hosts() {
-    suite("verbs_2x1", 2, 1);
+    suite("verbs_2x1", 2, 1, &["split", "shrink", "abort"]);
 }
 
 #[test]
 fn verbs_4_ranks_on_2_hosts() {
-    suite("verbs_2x2", 4, 2);
+    suite("verbs_2x2", 4, 2, &[]);
+}
+
+/// `NCCL_IB_DISABLE=1` with an RDMA port present: the cross-node pair
+/// takes TCP, still exact, and no verbs line is logged.
+#[test]
+fn ib_disable_forces_tcp_between_nodes() {
+    if !have_rdma() {
+        return;
+    }
+    let exe: &Path = coll::program("coll_check_rdma_off");
+    let job = Job::new("verbs_off allreduce", 2, "allreduce")
+        .args(["--counts", "1,1021"])
+        .env("NCCL_IB_DISABLE", "1")
+        .rank_env(|rank, _| {
+            let mut v = vec![("HETCCL_HOST_ID".to_string(), format!("node{rank}"))];
+            if rank == 0 {
+                v.push(("NCCL_DEBUG".into(), "INFO".into()));
+                v.push(("NCCL_DEBUG_SUBSYS".into(), "INIT".into()));
+            }
+            v
+        });
+    let outs = coll::run_all("verbs_off", exe, &hetccl_so(), vec![job]);
+    let log = &outs[0].outs[0].stdout;
+    assert!(
+        log.contains("links [\"self\", \"tcp\"]") && !log.contains("via NET/IB"),
+        "NCCL_IB_DISABLE=1: the cross-node pair did not take TCP:\n{}",
+        hetccl_testkit::ranks::tail(log, 4000)
+    );
 }
 
 #[test]
@@ -115,33 +161,34 @@ fn kill_9_over_verbs() {
     const MARGIN_S: f64 = 10.0;
     let exe = coll::program("coll_check_rdma_faults");
     let so = hetccl_so();
-    for victim in [1usize, 3] {
-        let job = Job::new(format!("kill9_verbs_{victim}"), 4, "peer_fault")
-            .env("HETCCL_TIMEOUT_S", &TIMEOUT_S.to_string())
-            .env("NCCL_DEBUG", "WARN")
-            .rank_env(|rank, _| {
-                vec![
-                    ("HETCCL_HOST_ID".to_string(), format!("node{}", rank / 2)),
-                    ("HETCCL_NET".to_string(), "ib".to_string()),
-                ]
-            });
-        let v = faults::trial(exe, &so, &job, victim, Fault::Kill, TIMEOUT_S, MARGIN_S, 20);
-        eprintln!(
-            "STRESS kill9_verbs victim {victim}: hang {} crash {} wrong {} detect_ms {:.0} abort_ms {:.0}",
-            v.hang, v.crash, v.wrong, v.detect_ms, v.abort_ms
-        );
-        assert!(
-            v.ok() && v.bad.is_empty(),
-            "kill -9 of rank {victim} over verbs:\n{}",
-            v.report
-        );
-    }
+    // 2 × 2 is symmetric: one victim; its node peer sees it through shm,
+    // the other node's ranks through verbs.
+    let victim = 3usize;
+    let job = Job::new(format!("kill9_verbs_{victim}"), 4, "peer_fault")
+        .env("HETCCL_TIMEOUT_S", &TIMEOUT_S.to_string())
+        .env("NCCL_DEBUG", "WARN")
+        .rank_env(|rank, _| {
+            vec![
+                ("HETCCL_HOST_ID".to_string(), format!("node{}", rank / 2)),
+                ("HETCCL_NET".to_string(), "ib".to_string()),
+            ]
+        });
+    let v = faults::trial(exe, &so, &job, victim, Fault::Kill, TIMEOUT_S, MARGIN_S, 20);
+    eprintln!(
+        "STRESS kill9_verbs victim {victim}: hang {} crash {} wrong {} detect_ms {:.0} abort_ms {:.0}",
+        v.hang, v.crash, v.wrong, v.detect_ms, v.abort_ms
+    );
+    assert!(
+        v.ok() && v.bad.is_empty(),
+        "kill -9 of rank {victim} over verbs:\n{}",
+        v.report
+    );
 }
 
 /// hetccl-perf's AllReduce between 2 ranks on 2 host ids, results checked
 /// (`-c 1`: a wrong element makes it exit 1), from `ncclMemAlloc` buffers
-/// (registered once, written straight from and into) and from plain host
-/// buffers (bounce chunks).
+/// (registered once, written straight from and into: the INFO line says
+/// so) and from plain host buffers (bounce chunks, no such line).
 #[test]
 fn allreduce_from_registered_and_plain_memory_over_verbs() {
     if !have_rdma() {
@@ -179,6 +226,8 @@ fn allreduce_from_registered_and_plain_memory_over_verbs() {
                     .env("HETCCL_NET", "ib")
                     .env("HETCCL_SOCKET_IFNAME", "=lo")
                     .env("HETCCL_TIMEOUT_S", "60")
+                    .env("NCCL_DEBUG", "INFO")
+                    .env("NCCL_DEBUG_SUBSYS", "NET")
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
                     .spawn()
@@ -193,6 +242,18 @@ fn allreduce_from_registered_and_plain_memory_over_verbs() {
                 o.status,
                 String::from_utf8_lossy(&o.stdout),
                 String::from_utf8_lossy(&o.stderr)
+            );
+            let log = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert_eq!(
+                log.contains("registered memory is sent and received in place"),
+                alloc == "nccl",
+                "alloc {alloc}, rank {r}: registered memory used in place only for \
+                 ncclMemAlloc buffers:\n{}",
+                hetccl_testkit::ranks::tail(&log, 3000)
             );
         }
     }
