@@ -319,3 +319,96 @@ fn a_port_going_down_fails_its_comms() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// What a peer sends is checked against what this side posted: forged
+/// SENDs (a header whose size the payload does not match, a sequence
+/// number out of order) and a write with an immediate that names no CTS
+/// each fail the receive comm with a message saying what was wrong.
+#[test]
+fn forged_headers_and_immediates_fail_the_receiver() {
+    use proto::{Hdr, Kind, HDR_BYTES};
+    let eager = |size: u64, seq: u64, body: usize| {
+        let mut b = Hdr {
+            kind: Kind::Eager,
+            tag: 0,
+            size,
+            seq,
+        }
+        .encode()
+        .to_vec();
+        b.resize(HDR_BYTES + body, 0xab);
+        b
+    };
+    let cases: [(Option<Vec<u8>>, &str); 3] = [
+        (Some(eager(100, 0, 10)), "says 100 bytes, carries 10"),
+        (Some(eager(4, 5, 4)), "message 5 where 0 was next"),
+        (None, "immediate 77 for no CTS"),
+    ];
+    for (send, want) in cases {
+        let Some((s, r)) = pair(IbOptions::default()) else {
+            return;
+        };
+        let p = s.port().clone();
+        let src = qp::RegBuf::new(&p, 4096, false).unwrap();
+        // SAFETY: the registered source outlives the completion (polled
+        // below through the receive failing); a zero-length write needs
+        // no remote memory.
+        unsafe {
+            match &send {
+                Some(b) => {
+                    std::ptr::copy_nonoverlapping(b.as_ptr(), src.buf.ptr(), b.len());
+                    let sge = ffi::ibv_sge {
+                        addr: src.buf.addr() as u64,
+                        length: b.len() as u32,
+                        lkey: src.mr.lkey,
+                    };
+                    s.ep.post_send(0, u64::MAX, ffi::IBV_WR_SEND, Some(sge), false, (0, 0), 0)
+                }
+                None => s.ep.post_send(
+                    0,
+                    u64::MAX,
+                    ffi::IBV_WR_RDMA_WRITE_WITH_IMM,
+                    None,
+                    false,
+                    (0, 0),
+                    77,
+                ),
+            }
+            .unwrap();
+        }
+        let mut buf = vec![0u8; 1000];
+        let b = RecvBuf {
+            ptr: buf.as_mut_ptr(),
+            cap: buf.len(),
+            tag: 0,
+        };
+        let t0 = Instant::now();
+        let mut q = None;
+        let err = loop {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{want}: not detected"
+            );
+            // SAFETY: `buf` outlives the request (tested until it fails).
+            let step = unsafe {
+                (|| -> Result<()> {
+                    if q.is_none() {
+                        q = r.irecv(&[b], &[None])?;
+                    }
+                    if let Some(q) = q {
+                        assert!(
+                            r.test(q)?.is_none(),
+                            "{want}: a forged message was received"
+                        );
+                    }
+                    Ok(())
+                })()
+            };
+            if let Err(e) = step {
+                break e.to_string();
+            }
+        };
+        assert!(err.contains(want), "want `{want}`, got: {err}");
+        drop(src);
+    }
+}
