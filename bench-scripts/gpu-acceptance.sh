@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# GPU acceptance run for hetccl's device-buffer support (issue 7), on ONE
+# GPU acceptance run for hetccl's device-buffer support, on ONE
 # machine with one NVIDIA GPU, PyTorch and the nvidia-nccl-cu13 wheel
 # installed, and no network. Needs no cargo: it uses the prebuilt, carried
-# dist/lib (libhetccl.so, libnccl-net-hetccl.so) and target/release/hetccl-perf.
+# dist/ of scripts/dist.sh (dist/lib/libhetccl.so, dist/bin/hetccl-perf;
+# target/release/hetccl-perf is taken first when present).
 #
 # Usage: bash bench-scripts/gpu-acceptance.sh [--check] [OUTDIR]
 #   OUTDIR     where results go (default: $OUT if set, else ./gpu-acceptance-out)
 #   --check    only check the prerequisites (GPU, torch, libraries) and exit:
 #              0 when a run could start, 2 (with the reason) when not.
 #
-# Steps, each under its own `timeout`, all within ~8 minutes:
+# Steps, each under its own `timeout`, all within GPU_ACCEPTANCE_BUDGET_S
+# (default 450 s; a step that would pass it gets only what is left, and one
+# with under 10 s left is skipped and counted as failed):
 #   a) hetccl under an unmodified PyTorch program: torchrun --nproc_per_node 4
 #      on one GPU with LD_PRELOAD=libhetccl.so; all_reduce (sum, max),
 #      all_gather_into_tensor, reduce_scatter_tensor, broadcast,
 #      all_to_all_single, batch_isend_irecv, barrier on CUDA tensors in
-#      float32/bfloat16/float16 with exact checks, plus a stream-order check.
+#      float32/bfloat16/float16 with exact checks, plus a stream-order check;
+#      every rank must log its reduction kernels loaded as a CUBIN.
+#   a2) allocations (cudaMalloc, cudaHostAlloc) on rank 0 while its stream
+#      waits for peers 1 s late, 2 ranks, through hetccl and NVIDIA's NCCL
+#      (see gpu_acceptance.py's alloc mode).
 #   b) performance: hetccl-perf all_reduce on device buffers (--alloc device,
 #      calls on a stream per rank) with 2 and 4 ranks on the GPU, for hetccl
 #      and for NVIDIA's NCCL (--lib), NCCL_MULTI_RANK_GPU_ENABLE=1; then the
@@ -31,7 +38,7 @@ outdir=""
 for a in "$@"; do
     case "$a" in
         --check) check_only=1 ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         -*) echo "gpu-acceptance: unknown option $a" >&2; exit 2 ;;
         *) outdir="$a" ;;
     esac
@@ -41,6 +48,8 @@ outdir="${outdir:-${OUT:-$root/gpu-acceptance-out}}"
 PY="${PYTHON:-python3}"
 LIB="$root/dist/lib/libhetccl.so"
 NETLIB="$root/dist/lib/libnccl-net-hetccl.so"
+# The plugin is libhetccl.so itself; dist/'s link may not have been carried.
+[ -e "$NETLIB" ] || NETLIB="$LIB"
 PERF="$root/target/release/hetccl-perf"
 [ -x "$PERF" ] || PERF="$root/dist/bin/hetccl-perf"
 WORK="$root/bench-scripts/gpu_acceptance.py"
@@ -87,9 +96,16 @@ results="$outdir/results.txt"
 : >"$results"
 fails=0
 log() { echo "$*" | tee -a "$results"; }
+budget=${GPU_ACCEPTANCE_BUDGET_S:-450}
 step() { # step NAME SECONDS CMD... : runs with a timeout, logs to OUTDIR/NAME.log
     local name=$1 secs=$2; shift 2
-    local t0=$SECONDS
+    local t0=$SECONDS left=$((budget - SECONDS - 10))
+    if [ "$left" -lt 10 ]; then
+        log "FAIL $name (skipped: the ${budget}s budget is spent)"
+        fails=$((fails + 1))
+        return 1
+    fi
+    [ "$secs" -le "$left" ] || secs=$left
     timeout --kill-after=10 "$secs" "$@" >"$outdir/$name.log" 2>&1
     local rc=$?
     local verdict=PASS
@@ -118,6 +134,24 @@ fi
 
 # Which way hetccl ran the calls: CUDA IPC or staged through host memory.
 log "# a) paths: $(grep -c ': CUDA IPC$' "$outdir/a_torch_hetccl_4ranks.log") calls through CUDA IPC, $(grep -c ': staged through host memory$' "$outdir/a_torch_hetccl_4ranks.log") staged"
+# How the reduction kernels loaded (CUBIN or PTX), or the WARN why not.
+log "# a) kernels: $(grep -hoE 'GPU reduction kernels (loaded|could not be loaded|unavailable)[^;]*' "$outdir/a_torch_hetccl_4ranks.log" | sort -u | head -2 | tr '\n' ' ')"
+cubin=$(grep -c 'GPU reduction kernels loaded on device [0-9]* as CUBIN sm_' "$outdir/a_torch_hetccl_4ranks.log")
+if [ "$cubin" -ge 4 ]; then
+    log "PASS a_kernels_loaded_as_cubin ($cubin ranks)"
+else
+    log "FAIL a_kernels_loaded_as_cubin ($cubin of 4 ranks logged a CUBIN load; see the kernels line above)"
+    fails=$((fails + 1))
+fi
+log "# a) hetccl WARN lines: $(grep -c 'NCCL WARN' "$outdir/a_torch_hetccl_4ranks.log")"
+
+# a2) allocations while a stream waits for late peers, through hetccl and,
+# to show the workload itself is sound, through NVIDIA's NCCL.
+for lib in hetccl nvidia; do
+    [ "$lib" = hetccl ] && pre="$LIB" || pre="$NV_NCCL"
+    step "a2_alloc_while_waiting_$lib" 60 env LD_PRELOAD="$pre" \
+        "${RUN[@]}" --standalone --nproc_per_node 2 "$WORK" alloc --label "$lib" --out "$outdir/a2_alloc_$lib.json"
+done
 
 # b) performance.
 for n in 2 4; do

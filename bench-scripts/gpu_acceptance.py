@@ -10,6 +10,14 @@ Modes:
   bench  all_reduce float32 timing over sizes (CUDA events, after warm-up);
          rank 0 prints one JSON line per size.
   smoke  one all_reduce (for the net-plugin run).
+  alloc  rank 0 calls all_reduce, then allocates device memory
+         (cudaMalloc) and pinned host memory (cudaHostAlloc) while its
+         peers, 1 s late, have yet to call: the call must still finish.
+         CUDA's programming guide says such allocations keep commands
+         issued before and after them on different streams from running
+         concurrently; if the driver does so, work the library issues
+         after the allocation can wait behind the waiting stream forever
+         (the step then times out).
 
 All ranks use one GPU (ACC_DEVICE, default 0). Rank 0 writes a JSON summary
 to --out. Exit status 0 only if every check passed.
@@ -97,6 +105,35 @@ def check(rank, world, dev):
     return results
 
 
+def alloc(rank, world, dev):
+    results = []
+    keep = []
+    exp = world * (world + 1) // 2
+    for i, what in enumerate(["device", "pinned", "both"]):
+        dist.barrier()
+        torch.cuda.synchronize()
+        x = torch.full((1 << 20,), float(rank + 1), dtype=torch.float32, device=dev)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.all_reduce(x)  # returns at once; the stream waits for the peers
+            # Sizes no cached block holds, so the allocators call CUDA.
+            if what in ("device", "both"):
+                keep.append(torch.empty((257 + 64 * i) << 20, dtype=torch.uint8, device=dev))
+            if what in ("pinned", "both"):
+                keep.append(torch.empty((33 + 8 * i) << 20, dtype=torch.uint8, pin_memory=True))
+        else:
+            time.sleep(1.0)
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        ok = bool((x == exp).all())
+        results.append({"op": "all_reduce_then_" + what + "_alloc", "dtype": "float32", "count": 1 << 20,
+                        "ok": ok, "detail": f"{time.perf_counter() - t0:.2f} s"})
+        if not ok:
+            print(f"[rank {rank}] FAIL alloc {what}: got {x[:4].tolist()} want {exp}", flush=True)
+    return results
+
+
 def bench(rank, world, dev, iters):
     rows = []
     size = 8
@@ -126,7 +163,7 @@ def bench(rank, world, dev, iters):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["check", "bench", "smoke"])
+    ap.add_argument("mode", choices=["check", "bench", "smoke", "alloc"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default="")
     ap.add_argument("--iters", type=int, default=20)
@@ -137,6 +174,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.mode == "check":
         res = check(rank, world, dev)
+        ok = all(r["ok"] for r in res)
+    elif args.mode == "alloc":
+        res = alloc(rank, world, dev)
         ok = all(r["ok"] for r in res)
     elif args.mode == "bench":
         res = bench(rank, world, dev, args.iters)

@@ -26,6 +26,22 @@ extern "C" {
 #endif // __cplusplus
 
 /**
+ * Writes `comm`'s metrics as one JSON object into `buf` of `len` bytes,
+ * NUL-terminated and truncated if needed; `*needed` (if not NULL) receives
+ * the full length without the NUL, as snprintf does. The object holds
+ * `comm` (the hash, hex), `name` (`commName` or null), `rank`, `nranks`,
+ * `links` (per connected peer: `peer`, `transport`, `bytes_sent`,
+ * `messages_sent`, `bytes_received`, `messages_received`, `errors`),
+ * `collectives` (per kind: `kind`, `calls`, `bytes`, `algorithms` (calls
+ * per algorithm), `latency_ns`), `queue_wait_ns` and
+ * `latency_sample_every` (latency is timed on one call in that many of
+ * each kind, every call while the timeline is on); a histogram is `count`, `sum`, `p50`, `p99` and
+ * `buckets` (`[upper bound in ns or null for +Inf, count]`, non-empty
+ * buckets only). See docs/observability.md.
+ */
+ncclResult_t hetcclCommGetStats(ncclComm_t comm, char *buf, size_t len, size_t *needed);
+
+/**
  * Writes the algorithm each collective would use on `comm`, per message-size
  * range, with the cost model's estimate (like UCX's protocol table), as
  * text into `buf` of `len` bytes, NUL-terminated and truncated if needed.

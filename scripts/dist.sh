@@ -4,7 +4,7 @@
 #   dist/lib/libnccl-net-hetccl.so   -> libhetccl.so  (NCCL_NET_PLUGIN=hetccl)
 #   dist/lib/libnccl.so.2            -> libhetccl.so  (LD_LIBRARY_PATH users)
 #   dist/include/hetccl.h            hetccl's own additions (cbindgen)
-#   dist/bin/hetccl-perf             the benchmark, once built
+#   dist/bin/hetccl-perf             the benchmark
 # Usage: scripts/dist.sh [--no-build] [DEST]   (DEST defaults to ./dist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ build=1
 if [ "${1:-}" = "--no-build" ]; then build=0; shift; fi
 dest=${1:-dist}
 target=${CARGO_TARGET_DIR:-target}
-if [ "$build" = 1 ]; then cargo build --release -p hetccl; fi
+if [ "$build" = 1 ]; then cargo build --release -p hetccl -p hetccl-perf; fi
 mkdir -p "$dest/lib" "$dest/include" "$dest/bin"
 install -m 0755 "$target/release/libhetccl.so" "$dest/lib/libhetccl.so"
 ln -sfn libhetccl.so "$dest/lib/libnccl-net-hetccl.so"

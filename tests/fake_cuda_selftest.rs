@@ -1,14 +1,20 @@
 //! Self-test of the emulated CUDA driver (`tests/c/fake_cuda*.c`): its
 //! exported symbols, and every emulated behaviour as seen by a C program
 //! (`tests/c/fake_cuda_selftest*.c`) built against NVIDIA's real `cuda.h`
-//! and linked to the fake.
+//! and linked to the fake: what it emulates, what makes it as strict as
+//! CUDA (contexts, synchronising calls, host functions, images, the
+//! watchdogs), and its narrow-float kernels against hetccl's host kernels.
 
 use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use hetccl_testkit::{cc, fake_cuda, repo_root};
+
+#[path = "fake_cuda_selftest/narrow.rs"]
+mod narrow;
 
 const TAG: &str = "selftest";
 
@@ -69,6 +75,7 @@ const EXPORTS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamEndCapture",
+    "cuStreamGetCtx",
     "cuStreamIsCapturing",
     "cuStreamQuery",
     "cuStreamSynchronize",
@@ -85,6 +92,7 @@ fn selftest_exe() -> &'static Path {
         let mut extra: Vec<String> = [
             "tests/c/fake_cuda_selftest_streams.c",
             "tests/c/fake_cuda_selftest_kernels.c",
+            "tests/c/fake_cuda_selftest_strict.c",
         ]
         .iter()
         .map(|f| repo_root().join(f).display().to_string())
@@ -107,21 +115,32 @@ fn selftest_exe() -> &'static Path {
     })
 }
 
-/// Runs the self-test in `mode` with only `env` from the fake's switches.
-fn run(mode: &str, env: &[(&str, &str)]) -> (BTreeMap<String, String>, Output) {
+/// The self-test program in `mode` (with `args`) with only `env` from the
+/// fake's switches.
+fn command(mode: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(selftest_exe());
     cmd.arg(mode)
+        .args(args)
         .env("LD_LIBRARY_PATH", fake_cuda::ld_library_path(TAG))
         .env("FAKE_CUDA_TIMEOUT_S", "60");
     for k in [
         "FAKE_CUDA_DEVICES",
         "FAKE_CUDA_NO_STREAM_MEMOPS",
         "FAKE_CUDA_LOG",
+        "FAKE_CUDA_DEADLOCK_S",
+        "FAKE_CUDA_HOSTFN_LIMIT_S",
+        "FAKE_CUDA_DRIVER_VERSION",
+        "FAKE_CUDA_REJECT_CUBIN",
     ] {
         cmd.env_remove(k);
     }
     cmd.envs(env.iter().copied());
-    let out = cc::run_ok(&mut cmd);
+    cmd
+}
+
+/// Runs the self-test in `mode` with only `env` from the fake's switches.
+fn run(mode: &str, env: &[(&str, &str)]) -> (BTreeMap<String, String>, Output) {
+    let out = cc::run_ok(&mut command(mode, &[], env));
     let kv = cc::parse_kv(&String::from_utf8_lossy(&out.stdout));
     (kv, out)
 }
@@ -277,9 +296,12 @@ fn emulated_driver_behaves() {
         ("event.fresh", "0"),
         ("event.destroy_pending", "0"),
         ("event.destroy_pending_sync", "0"),
+        // A free waits until the streams are idle (here for a flag that a
+        // thread sets 50 ms later), so queued work has run.
         ("free.pending_rc", "0"),
-        ("free.pending_sync", "0"),
+        ("free.waited_for_stream", "1"),
         ("free.pending_data", "1"),
+        ("free.pending_sync", "0"),
         // Host functions: on the worker thread, in stream order.
         ("hostfn.ran_before", "0"),
         ("hostfn.order", "12"),
@@ -317,10 +339,9 @@ fn emulated_driver_behaves() {
         ("capture.null_stream", "0"),
         ("capture.begin_null", "900"),
         ("capture.copy_after", "0"),
-        // Kernels: modules of hetccl's PTX only; the 62 emulated entry
-        // points of reduce.cu (reduce/premul/postdiv for the integer, f32
-        // and f64 types); other entries NOT_SUPPORTED (801), absent
-        // NOT_FOUND (500).
+        // Kernels: modules of hetccl's kernels only; all 90 entry points
+        // of reduce.cu; names that are no entry of reduce.cu
+        // NOT_SUPPORTED (801), absent NOT_FOUND (500).
         ("kernel.load_garbage", "200"), // CUDA_ERROR_INVALID_IMAGE
         ("kernel.load_elf", "200"),
         ("kernel.load_null", "1"),
@@ -328,13 +349,13 @@ fn emulated_driver_behaves() {
         ("kernel.module_nonnull", "1"),
         ("kernel.get_f32_sum", "0"),
         ("kernel.same_handle", "1"),
-        ("kernel.get_f16_sum", "801"),
+        ("kernel.get_f16_sum", "0"),
         ("kernel.get_f32_avg", "0"),
         ("kernel.get_premul", "0"),
         ("kernel.get_postdiv", "0"),
         ("kernel.premul_own_handle", "1"),
-        ("kernel.get_f16_premul", "801"),
-        ("kernel.get_bf16_avg", "801"),
+        ("kernel.get_f16_premul", "0"),
+        ("kernel.get_bf16_avg", "0"),
         ("kernel.get_f32_postdiv", "801"), // not an entry of reduce.cu
         ("kernel.get_missing", "500"),
         ("kernel.get_prefix", "500"),
@@ -396,6 +417,48 @@ fn emulated_driver_behaves() {
         ("kernel.launch_capturing", "900"),
         ("kernel.unload", "0"),
         ("kernel.unload_again", "400"),
+        // Contexts: streams and events carry theirs; an event recorded on
+        // another context's stream is INVALID_HANDLE (400), as a kernel
+        // launched on one; a kernel whose module is of another context
+        // than the current one INVALID_CONTEXT (201). Waits on events and
+        // copies cross contexts.
+        ("ctxrule.stream_ctx", "1"),
+        ("ctxrule.default_stream_ctx", "1"),
+        ("ctxrule.record_other_ctx", "400"),
+        ("ctxrule.record_other_default", "400"),
+        ("ctxrule.record_same", "0"),
+        ("ctxrule.record_own_stream_other_current", "0"),
+        ("ctxrule.wait_event_cross", "0"),
+        ("ctxrule.copy_other_ctx_stream", "0"),
+        ("ctxrule.launch_other_stream", "400"),
+        ("ctxrule.launch_other_module", "201"),
+        ("ctxrule.launch_same", "0"),
+        // Synchronising calls: cuMemFree waits for its context's streams,
+        // cuMemFreeHost for every context's, cuModuleLoadData for the
+        // current one's.
+        ("quiesce.free_other_ctx", "0"),
+        ("quiesce.free_other_ctx_did_not_wait", "1"),
+        ("quiesce.freehost", "0"),
+        ("quiesce.freehost_waited", "1"),
+        ("quiesce.load", "0"),
+        ("quiesce.load_waited", "1"),
+        // Host functions: one thread for all, one at a time; a CUDA call
+        // inside one is CUDA_ERROR_NOT_PERMITTED (800).
+        ("hostfn.shared_thread", "1"),
+        ("hostfn.serialised", "1"),
+        ("hostfn.cuda_call", "800"),
+        // Images: a CUBIN for sm_90 (the device's) loads with its global
+        // functions as entries; sm_80's is NO_BINARY_FOR_GPU (209); PTX of
+        // ISA 9.9 (newer than the 12.9 driver's 8.8) is
+        // UNSUPPORTED_PTX_VERSION (222), for sm_100 NO_BINARY_FOR_GPU.
+        ("cubin.load", "0"),
+        ("cubin.get_f32_sum", "0"),
+        ("cubin.get_f16_premul", "0"),
+        ("cubin.get_absent", "500"),
+        ("cubin.runs", "1"),
+        ("cubin.other_arch", "209"),
+        ("ptx.newer_isa", "222"),
+        ("ptx.newer_target", "209"),
         // Error names.
         ("err.name_600", "CUDA_ERROR_NOT_READY"),
         ("err.name_900", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"),
@@ -416,15 +479,17 @@ fn emulated_driver_behaves() {
         ("ipc.child_range_closed", "500"),
         ("ipc.child_read_ok", "1"),
         ("ipc.child_close", "0"),
+        ("ipc.child_close_waited", "1"),
         ("ipc.child_close_again", "1"),
         ("ipc.child_exit", "0"),
         ("ipc.parent_sees_child", "1"),
         ("done", "1"),
     ];
     expect(&kv, want, &out);
-    // CUDA_VERSION of the fetched cuda.h (12090 for CUDA 12.9).
+    // CUDA_VERSION of the fetched cuda.h (12090 for CUDA 12.9); the PTX of
+    // `kernel.load` is ISA 8.5 (CUDA 12.5).
     let ver: u32 = kv["drv.version"].parse().expect("drv.version is a number");
-    assert!(ver >= 12000, "drv.version {ver}");
+    assert!(ver >= 12050, "drv.version {ver}");
     let unchecked: Vec<&String> = kv
         .keys()
         .filter(|k| *k != "drv.version" && !want.iter().any(|(w, _)| w == k))
@@ -481,6 +546,104 @@ fn zero_devices_fail_init() {
         &[
             ("init.rc", "100"), // CUDA_ERROR_NO_DEVICE
             ("init.count_after_failure", "3"),
+        ],
+        &out,
+    );
+}
+
+/// Runs `mode`, which must be aborted by the fake (SIGABRT) with a message
+/// containing every one of `words` on stderr, after printing `started`.
+fn expect_abort(mode: &str, env: &[(&str, &str)], started: &str, words: &[&str]) {
+    let t0 = std::time::Instant::now();
+    let out = command(mode, &[], env)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the self-test: {e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.signal(),
+        Some(6),
+        "{mode}: want SIGABRT, got {}\nstdout:\n{stdout}\nstderr:\n{err}",
+        out.status
+    );
+    assert!(
+        stdout.contains(started),
+        "{mode}: never reached the wait:\n{stdout}"
+    );
+    assert!(
+        !stdout.contains("returned 1"),
+        "{mode}: the call returned:\n{stdout}"
+    );
+    for w in words {
+        assert!(err.contains(w), "{mode}: stderr lacks {w:?}:\n{err}");
+    }
+    assert!(
+        t0.elapsed().as_secs() < 30,
+        "{mode}: the watchdog took {:?}",
+        t0.elapsed()
+    );
+}
+
+/// The watchdogs: a free made while a stream waits for a flag nobody sets
+/// aborts after FAKE_CUDA_DEADLOCK_S naming the call and what the stream
+/// waits on; a host function that waits past FAKE_CUDA_HOSTFN_LIMIT_S
+/// aborts too; so does a pinned or device allocation while a stream waits
+/// (at once; one after the wait is over does not).
+#[test]
+fn watchdogs_abort_deadlocks_and_waiting_host_functions() {
+    expect_abort(
+        "deadlock",
+        &[("FAKE_CUDA_DEADLOCK_S", "1")],
+        "freeing 1",
+        &[
+            "cuMemFreeHost: deadlock",
+            "cuStreamWaitValue32",
+            "FAKE_CUDA_DEADLOCK_S",
+        ],
+    );
+    expect_abort(
+        "hostfn_wait",
+        &[("FAKE_CUDA_HOSTFN_LIMIT_S", "1")],
+        "waiting 1",
+        &["a host function has run for 1 s", "must not wait"],
+    );
+    for (mode, call) in [
+        ("alloc_wait", "cuMemHostAlloc"),
+        ("alloc_wait_dev", "cuMemAlloc"),
+    ] {
+        expect_abort(
+            mode,
+            &[],
+            "allocating 1",
+            &[
+                &format!("{call} while stream"),
+                "waits on cuStreamWaitValue32",
+                "implicit synchronisation",
+            ],
+        );
+    }
+}
+
+/// An old driver: `FAKE_CUDA_DRIVER_VERSION` is what cuDriverGetVersion
+/// reports and bounds the PTX ISA it takes (12.2: 8.2);
+/// `FAKE_CUDA_REJECT_CUBIN` refuses every CUBIN.
+#[test]
+fn old_driver_and_rejected_cubins() {
+    let (kv, out) = run(
+        "oldcuda",
+        &[
+            ("FAKE_CUDA_DRIVER_VERSION", "12020"),
+            ("FAKE_CUDA_REJECT_CUBIN", "1"),
+        ],
+    );
+    expect(
+        &kv,
+        &[
+            ("old.version", "12020"),
+            ("old.ptx_8_5", "222"), // CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+            ("old.ptx_8_2", "0"),
+            ("old.cubin_rejected", "209"), // CUDA_ERROR_NO_BINARY_FOR_GPU
+            ("done", "1"),
         ],
         &out,
     );

@@ -7,13 +7,18 @@
 //! The emulated driver maps device memory `PROT_NONE` in the process, so a
 //! host access of a device pointer crashes the rank; its streams run their
 //! operations in order on worker threads, so results are right only if
-//! hetccl orders its work on the caller's stream. What it cannot show: GPU
-//! timing, real DMA, kernels (none run on this path), and the legacy default
-//! stream's implicit synchronisation (docs/gpu.md, "Tested without a GPU").
+//! hetccl orders its work on the caller's stream. It is as strict as CUDA
+//! where hetccl could deadlock or misuse a context: frees, IPC closes and
+//! module loads wait for idle streams (a watchdog aborts a deadlock),
+//! events and kernels must be used in their stream's context, host
+//! functions share one thread and may not call CUDA. What it cannot show
+//! is listed in docs/gpu.md ("Tested without a GPU").
 //!
 //! Layouts: 2 ranks (every mode), 4 ranks on one device, 3 ranks with
-//! nonblocking communicators, 4 ranks on two devices, and 2 ranks with
-//! stream memory operations switched off (the `cuLaunchHostFunc` wait).
+//! nonblocking communicators, 4 ranks on two devices, 2 ranks with stream
+//! memory operations switched off, and the jobs of CUDA's rules (one thread
+//! driving two GPUs, a group with inits, a staging-pool overflow, IPC
+//! eviction under load, narrow floats, CUBIN and PTX loading).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -47,6 +52,7 @@ fn exe() -> &'static Path {
                 extra: vec![
                     src("tests/c/device_check_colls.c"),
                     src("tests/c/device_check_features.c"),
+                    src("tests/c/device_check_strict.c"),
                     format!("-L{}", dir.display()),
                     "-l:libcuda.so.1".into(),
                     "-ldl".into(),
@@ -274,13 +280,76 @@ fn device_calls_after_the_proxy_went_idle() {
     }
 }
 
+/// Device-buffer calls on the timeline and in the metrics: with
+/// `HETCCL_TRACE_FILE`, each rank's file holds, on the GPU proxy's track,
+/// a `queued` (enqueued to started) and a `run` slice per device call, with
+/// trace ids that match across ranks; `hetcclCommGetStats` is not reachable
+/// from the C program, so the enqueue-to-start histogram is checked through
+/// `HETCCL_METRICS_FILE`.
+#[test]
+fn device_calls_on_the_timeline_and_in_the_metrics() {
+    let dir = hetccl_testkit::tmp_dir().join("gpu_timeline");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.%r.json").display().to_string();
+    let metrics = dir.join("m.%r.prom").display().to_string();
+    run(vec![job("dev_2_timeline", 2, "idle")
+        .env("HETCCL_TRACE_FILE", &trace)
+        .env("HETCCL_METRICS_FILE", &metrics)]);
+    let mut ids: Vec<Vec<String>> = Vec::new();
+    for r in 0..2 {
+        let text = std::fs::read_to_string(dir.join(format!("t.{r}.json")))
+            .unwrap_or_else(|e| panic!("rank {r}: no timeline: {e}"));
+        let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        let events = v["traceEvents"].as_array().expect("traceEvents");
+        let proxy_tids: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["args"]["name"] == "hetccl-gpu-proxy")
+            .map(|e| &e["tid"])
+            .collect();
+        let device: Vec<&serde_json::Value> =
+            events.iter().filter(|e| e["cat"] == "device").collect();
+        let runs: Vec<String> = device
+            .iter()
+            .filter(|e| e["name"] == "allreduce run")
+            .map(|e| e["args"]["trace_id"].as_str().unwrap_or("").to_string())
+            .collect();
+        let queued = device
+            .iter()
+            .filter(|e| e["name"] == "allreduce queued")
+            .count();
+        assert_eq!(
+            runs.len(),
+            2,
+            "rank {r}: device allreduce slices: {device:?}"
+        );
+        assert_eq!(queued, 2, "rank {r}: queued slices");
+        assert!(
+            device.iter().all(|e| proxy_tids.contains(&&e["tid"])),
+            "rank {r}: device slices off the proxy's track"
+        );
+        assert!(runs.iter().all(|id| id.contains(":dev:")), "{runs:?}");
+        ids.push(runs);
+        let prom = std::fs::read_to_string(dir.join(format!("m.{r}.prom"))).unwrap();
+        let count = prom
+            .lines()
+            .find(|l| l.starts_with("hetccl_device_queue_wait_seconds_count"))
+            .and_then(|l| l.split_whitespace().last())
+            .unwrap_or_else(|| panic!("rank {r}: no device queue wait in\n{prom}"));
+        assert_eq!(count, "2", "rank {r}: device queue wait count");
+    }
+    assert_eq!(ids[0], ids[1], "device trace ids differ between ranks");
+}
+
 /// Two devices, ranks alternating between them: CUDA IPC through peer
 /// access, and staging when the devices have none
-/// (`FAKE_CUDA_NO_PEER_ACCESS=1`); and the host-function wait used where
-/// `cuStreamWaitValue32` is not supported, with `NCCL_P2P_DISABLE=1`, which
-/// turns CUDA IPC off: everything is staged.
+/// (`FAKE_CUDA_NO_PEER_ACCESS=1`); and, where `cuStreamWaitValue32` is not
+/// supported, calls that return once done (no host function waits: one
+/// that did, for a peer 3 s late, would trip the driver's 2 s host-function
+/// watchdog), with `NCCL_P2P_DISABLE=1`, which turns CUDA IPC off:
+/// everything is staged.
 #[test]
-fn two_devices_and_host_function_wait() {
+fn two_devices_and_no_stream_memops() {
     let two = |label: &str| {
         logged(label, 4, "memalloc,coll,sendrecv")
             .env("FAKE_CUDA_DEVICES", "2")
@@ -289,13 +358,10 @@ fn two_devices_and_host_function_wait() {
     let out = run(vec![
         two("dev_4_two_devices"),
         two("dev_4_two_devices_no_peer_access").env("FAKE_CUDA_NO_PEER_ACCESS", "1"),
-        logged(
-            "dev_2_host_function_wait_no_p2p",
-            2,
-            "coll,async,group,sendrecv",
-        )
-        .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1")
-        .env("NCCL_P2P_DISABLE", "1"),
+        logged("dev_2_no_memops_no_p2p", 2, "latepeer,coll,group,sendrecv")
+            .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1")
+            .env("FAKE_CUDA_HOSTFN_LIMIT_S", "2")
+            .env("NCCL_P2P_DISABLE", "1"),
     ]);
     for kind in ["allgather", "broadcast", "alltoall", "send", "recv"] {
         for (r, (ipc, _)) in paths(&out[0], kind).into_iter().enumerate() {
@@ -328,6 +394,167 @@ fn two_devices_and_host_function_wait() {
         assert!(
             ipc >= 4 && staged >= 4,
             "no peer access: rank {r}: send: {ipc} IPC, {staged} staged"
+        );
+    }
+}
+
+/// Per rank, how many calls of dtype `dt` (hetccl's `Debug` name, e.g.
+/// `Float16`) went through CUDA IPC.
+fn ipc_of_dtype(o: &coll::Outcome, dt: &str) -> Vec<usize> {
+    o.outs
+        .iter()
+        .map(|r| {
+            r.stdout
+                .lines()
+                .chain(r.stderr.lines())
+                .filter(|l| l.contains(&format!(" {dt}: CUDA IPC")))
+                .count()
+        })
+        .collect()
+}
+
+/// Whether every rank's output has a line containing all of `words`.
+fn every_rank_logs(o: &coll::Outcome, words: &[&str]) -> bool {
+    o.outs.iter().all(|r| {
+        r.stdout
+            .lines()
+            .chain(r.stderr.lines())
+            .any(|l| words.iter().all(|w| l.contains(w)))
+    })
+}
+
+/// CUDA's context rules: one thread drives two GPUs in one group (two
+/// ranks of a second communicator per process, both inits in one group,
+/// then an AllReduce and a send/recv ring ended with the other device's
+/// context current); and a group holding two inits and an AllReduce ended
+/// on a thread with no current context, the rank on device 1. The strict
+/// driver refuses an event recorded on another context's stream.
+#[test]
+fn contexts_of_multi_device_threads_and_init_groups() {
+    run(vec![
+        logged("dev_2_multidev", 2, "multidev").env("FAKE_CUDA_DEVICES", "2"),
+        // Without stream memory operations the group's end waits for the
+        // batch, which holds both devices' calls.
+        logged("dev_2_multidev_no_memops", 2, "multidev")
+            .env("FAKE_CUDA_DEVICES", "2")
+            .env("FAKE_CUDA_NO_STREAM_MEMOPS", "1"),
+        logged("dev_2_initgroup", 2, "initgroup")
+            .env("FAKE_CUDA_DEVICES", "2")
+            .env("DEVICE_CHECK_DEVICE", "1"),
+    ]);
+}
+
+/// No synchronising call and no allocation while a stream waits: 60
+/// staged AllReduces in flight need more pinned buffers than the pool
+/// keeps, and 300 AllGathers through CUDA IPC on fresh buffers more
+/// mappings than the import cache keeps and more flags than a slab holds.
+/// The strict driver's frees and IPC closes wait for idle streams (one
+/// made while a stream waits for the proxy aborts after 10 s), and its
+/// allocations abort while a stream waits.
+#[test]
+fn pool_overflow_and_ipc_eviction_under_load() {
+    let out = run(vec![
+        logged("dev_2_sweep_staged", 2, "sweep")
+            .env("NCCL_P2P_DISABLE", "1")
+            .env("FAKE_CUDA_DEADLOCK_S", "10"),
+        logged("dev_2_evict", 2, "evict").env("FAKE_CUDA_DEADLOCK_S", "10"),
+    ]);
+    for (r, (ipc, staged)) in paths(&out[0], "allreduce").into_iter().enumerate() {
+        assert!(
+            ipc == 0 && staged >= 60,
+            "sweep: rank {r}: {ipc} IPC, {staged} staged"
+        );
+    }
+    for (r, (ipc, _)) in paths(&out[1], "allgather").into_iter().enumerate() {
+        assert!(
+            ipc >= 300,
+            "evict: rank {r}: {ipc} allgathers through CUDA IPC"
+        );
+    }
+    // More batches in flight than a slab has flags: the rest wait on the
+    // caller's thread (flags are allocated only when none is in flight).
+    assert!(
+        every_rank_logs(&out[1], &["no free stream flag"]),
+        "evict: no rank ran out of stream flags"
+    );
+}
+
+/// float16, bfloat16 and both fp8 formats through CUDA IPC with the
+/// emulated kernels, bit for bit the host path's results; the kernels are
+/// a CUBIN for the emulated device (sm_90).
+#[test]
+fn narrow_floats_through_cuda_ipc_match_the_host() {
+    if nvrtc().is_none() {
+        eprintln!("skipping: NVRTC not found (run scripts/fetch-nvrtc.sh)");
+        return;
+    }
+    let out = run(vec![
+        logged("dev_2_narrow", 2, "narrow").env("NCCL_DEBUG_SUBSYS", "COLL,INIT")
+    ]);
+    for dt in ["Float16", "Bfloat16", "Float8e4m3", "Float8e5m2"] {
+        for (r, ipc) in ipc_of_dtype(&out[0], dt).into_iter().enumerate() {
+            // 6 ops x (AllReduce, ReduceScatter, Reduce).
+            assert!(ipc >= 18, "rank {r}: {dt}: {ipc} calls through CUDA IPC");
+        }
+    }
+    assert!(
+        every_rank_logs(
+            &out[0],
+            &["GPU reduction kernels loaded on device 0 as CUBIN sm_90"]
+        ),
+        "no rank says its kernels are a CUBIN for sm_90"
+    );
+}
+
+/// The kernels load where PTX from this NVRTC would not: an emulated
+/// driver 12.2 (PTX ISA 8.2) takes the CUBIN; refusing CUBINs, a 12.9
+/// driver takes the PTX; refusing both, every rank logs a WARN naming the
+/// NVRTC and driver versions and what runs instead, and stages, exactly.
+#[test]
+fn kernels_load_as_cubin_fall_back_to_ptx_and_warn() {
+    if nvrtc().is_none() {
+        eprintln!("skipping: NVRTC not found (run scripts/fetch-nvrtc.sh)");
+        return;
+    }
+    let kernels = |label: &str| logged(label, 2, "avgpremul").env("NCCL_DEBUG_SUBSYS", "COLL,INIT");
+    let out = run(vec![
+        kernels("dev_2_old_driver").env("FAKE_CUDA_DRIVER_VERSION", "12020"),
+        kernels("dev_2_no_cubin").env("FAKE_CUDA_REJECT_CUBIN", "1"),
+        kernels("dev_2_no_kernels")
+            .env("FAKE_CUDA_DRIVER_VERSION", "12020")
+            .env("FAKE_CUDA_REJECT_CUBIN", "1"),
+    ]);
+    for (o, image) in [(&out[0], "as CUBIN sm_90"), (&out[1], "as PTX compute_90")] {
+        assert!(
+            every_rank_logs(o, &["GPU reduction kernels loaded on device 0", image]),
+            "no line says the kernels loaded {image}"
+        );
+        for (r, (ipc, staged)) in paths(o, "allreduce").into_iter().enumerate() {
+            assert!(
+                ipc >= 2 && staged == 0,
+                "{image}: rank {r}: {ipc} IPC, {staged} staged"
+            );
+        }
+    }
+    assert!(
+        every_rank_logs(
+            &out[2],
+            &[
+                "WARN",
+                "GPU reduction kernels could not be loaded on device 0",
+                "NVRTC 12.",
+                "CUDA driver 12.2",
+                "CUDA_ERROR_NO_BINARY_FOR_GPU",
+                "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+                "stage through host memory instead",
+            ]
+        ),
+        "no WARN naming the versions and the fallback"
+    );
+    for (r, (ipc, staged)) in paths(&out[2], "allreduce").into_iter().enumerate() {
+        assert!(
+            ipc == 0 && staged >= 2,
+            "no kernels: rank {r}: {ipc} IPC, {staged} staged"
         );
     }
 }

@@ -3,14 +3,14 @@
 //! (rotating over 1..=3) is killed with `kill -9` or stopped with `SIGSTOP`
 //! in the middle of the loop (`tests/support/faults.rs`). Every survivor's
 //! failing call must return `ncclRemoteError` (6) or `ncclSystemError` (2)
-//! within `HETCCL_TIMEOUT_S` (3 s here) plus a margin after the signal,
+//! within `HETCCL_TIMEOUT_S` (3 s here) plus 2 s after the signal,
 //! `ncclCommGetAsyncError` must report it, a later call must fail too, and
-//! `ncclCommAbort` must return within 2 s. No survivor may hang, crash or see
+//! `ncclCommAbort` must return within 1 s. No survivor may hang, crash or see
 //! a wrong result before the fault.
 //!
 //! Transports: shm (one node), TCP (`NCCL_SHM_DISABLE=1`), and two network
 //! namespaces joined by veth (2 nodes × 2 ranks). Trials per scenario:
-//! `HETCCL_STRESS_REPS` (default 1; `scripts/stress.sh` runs 20). Each
+//! `HETCCL_STRESS_REPS` (default 3, as in CI; `scripts/stress.sh` runs 20). Each
 //! scenario prints one `STRESS` line with its figures.
 //!
 //! The SIGSTOP and idle-peer scenarios also run with
@@ -28,8 +28,8 @@ use hetccl_testkit::{coll, faults, hetccl_so, netns};
 
 const NRANKS: usize = 4;
 const TIMEOUT_S: f64 = 3.0;
-/// Slack for a loaded 2-core machine on top of HETCCL_TIMEOUT_S.
-const MARGIN_S: f64 = 4.0;
+/// What a survivor may take on top of HETCCL_TIMEOUT_S.
+const MARGIN_S: f64 = 2.0;
 
 fn exe() -> &'static Path {
     coll::program("coll_check_faults")
@@ -39,7 +39,7 @@ fn reps() -> usize {
     std::env::var("HETCCL_STRESS_REPS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
+        .unwrap_or(3)
 }
 
 fn base_job(label: &str, fault: Fault) -> Job {

@@ -11,10 +11,11 @@
 //! with `ncclRemoteError` (6) or `ncclSystemError` (2) — at once for
 //! kill -9 (closed sockets), within `HETCCL_TIMEOUT_S` (3 s) plus a margin
 //! for SIGSTOP (the stall limit of a data-socket task that moves nothing, or
-//! of a send whose CTS does not come while nothing else moves) — and
-//! closing every comm and finalizing must take under 2 s.
+//! of a send whose CTS does not come while nothing else moves), the margin
+//! being 4 s — and closing every comm and finalizing must take under 1 s.
 //!
-//! Trials per fault: `HETCCL_STRESS_REPS` (default 1); one `STRESS` line each.
+//! Trials per fault: `HETCCL_STRESS_REPS` (default 1); one `STRESS` line
+//! each.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,7 @@ use hetccl_testkit::net::{pattern, Api, LIMIT, P};
 
 const MSG: usize = 128 << 20;
 const TIMEOUT_S: f64 = 3.0;
+/// Slack for a loaded 2-core machine on top of HETCCL_TIMEOUT_S.
 const MARGIN_S: f64 = 4.0;
 
 /// Posts a receive and a send of `MSG` bytes and polls both; `Err(code)` as
@@ -138,7 +140,7 @@ fn trial(sig: i32, delay: Duration) -> Result<(f64, u64), String> {
     if f.get(2) != Some(&"0") {
         bad.push(format!("{:?} wrong messages before the fault", f.get(2)));
     }
-    if closed > 2000 {
+    if closed > 1000 {
         bad.push(format!("closing took {closed} ms"));
     }
     if !ok {

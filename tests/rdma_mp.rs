@@ -84,6 +84,8 @@ fn suite(label: &str, n: usize, per_node: usize, comm_modes: &[&str]) {
         Job::new(format!("{label} allreduce 1 MiB"), n, "allreduce")
             .args(["--dtypes", "float32", "--big-dtypes", "float32"])
             .args(["--counts", "1048579"])
+            // Collective fingerprints on the verbs links (message-based).
+            .env("HETCCL_CHECK", "1")
             .rank_env(host_env(per_node)),
     ];
     for m in comm_modes {

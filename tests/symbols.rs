@@ -37,6 +37,16 @@ const NET_PLUGIN_TABLES: [&str; 7] = [
     "ncclNetPlugin_v12",
 ];
 
+/// The profiler plugin tables NCCL's loader looks up by name.
+const PROFILER_TABLES: [&str; 2] = ["ncclProfiler_v5", "ncclProfiler_v6"];
+/// The tuner plugin tables NCCL's tuner loader looks up (v6 first).
+const TUNER_PLUGIN_TABLES: [&str; 4] = [
+    "ncclTunerPlugin_v3",
+    "ncclTunerPlugin_v4",
+    "ncclTunerPlugin_v5",
+    "ncclTunerPlugin_v6",
+];
+
 fn torch_imports() -> Vec<&'static str> {
     TORCH_IMPORTS
         .lines()
@@ -121,11 +131,29 @@ fn nccl_functions_and_pnccl_twins_are_exported() {
 fn net_plugin_tables_are_exported_as_data() {
     let so = hetccl_so();
     let syms = defined_dynamic_symbols(&so);
-    let want: Vec<String> = NET_PLUGIN_TABLES.iter().map(|s| s.to_string()).collect();
+    let want: Vec<String> = NET_PLUGIN_TABLES
+        .iter()
+        .chain(&PROFILER_TABLES)
+        .map(|s| s.to_string())
+        .collect();
     let bad = check(&syms, &want, &['D', 'R']);
     assert!(
         bad.is_empty(),
-        "net plugin tables missing or not data objects (type D/R) in {}:\n{}",
+        "plugin tables missing or not data objects (type D/R) in {}:\n{}",
+        so.display(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn tuner_plugin_tables_are_exported_as_data() {
+    let so = hetccl_so();
+    let syms = defined_dynamic_symbols(&so);
+    let want: Vec<String> = TUNER_PLUGIN_TABLES.iter().map(|s| s.to_string()).collect();
+    let bad = check(&syms, &want, &['D', 'R']);
+    assert!(
+        bad.is_empty(),
+        "tuner plugin tables missing or not data objects (type D/R) in {}:\n{}",
         so.display(),
         bad.join("\n")
     );

@@ -10,8 +10,10 @@ pub mod config;
 pub mod datatype;
 pub mod handles;
 pub mod net;
+pub mod profiler;
 pub mod redop;
 pub mod result;
+pub mod tuner;
 pub mod unique_id;
 
 pub use config::{ncclCollConfig_t, ncclConfig_t, ncclSimInfo_t};

@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod intranode;
 pub mod launch;
 pub mod reduce;
+pub mod telemetry;
 pub mod topo;
 pub mod transport;
 pub mod user_ptr;

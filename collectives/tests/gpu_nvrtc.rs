@@ -1,6 +1,6 @@
 //! Compiles every GPU reduction kernel with NVIDIA's NVRTC on the CPU (no
-//! GPU needed), so that a syntax or type error in `gpu/kernels/reduce.cu`
-//! fails CI.
+//! GPU needed), to PTX and to a CUBIN per architecture, so that a syntax or
+//! type error in `gpu/kernels/reduce.cu` fails CI.
 //!
 //! NVRTC comes from NVIDIA's `nvidia-cuda-nvrtc-cu12` wheel, fetched by
 //! `scripts/fetch-nvrtc.sh` (run by `scripts/setup.sh`) into
@@ -8,7 +8,7 @@
 //! path. Without the library the tests skip, unless `HETCCL_REQUIRE_NVRTC=1`
 //! (set by `scripts/test.sh`), where they fail.
 
-use hetccl_collectives::gpu::kernels::{self, CI_ARCHS};
+use hetccl_collectives::gpu::kernels::{self, CI_ARCHS, CI_SMS};
 use hetccl_collectives::gpu::nvrtc::Nvrtc;
 
 use hetccl_testkit::nvrtc::{self, nvrtc_path};
@@ -51,6 +51,46 @@ fn every_kernel_compiles_for_each_ci_architecture() {
             "unexpected extra entry points for {arch}"
         );
     }
+}
+
+/// Whether `bin` holds `name` as a NUL-terminated string (its string table).
+fn has_symbol(bin: &[u8], name: &str) -> bool {
+    let mut pat = vec![0u8];
+    pat.extend_from_slice(name.as_bytes());
+    pat.push(0);
+    bin.windows(pat.len()).any(|w| w == pat)
+}
+
+#[test]
+fn every_kernel_compiles_to_a_cubin_for_each_ci_architecture() {
+    let Some(nvrtc) = open() else { return };
+    let names = kernels::all_kernel_names();
+    for sm in CI_SMS {
+        let bin = kernels::compile_cubin(&nvrtc, sm)
+            .unwrap_or_else(|e| panic!("NVRTC {:?} CUBIN for {sm}: {e}", nvrtc.version()));
+        assert_eq!(&bin[..4], b"\x7fELF", "{sm}: not an ELF image");
+        // e_machine EM_CUDA (190); e_flags' low byte is the architecture.
+        assert_eq!(
+            u16::from_le_bytes([bin[18], bin[19]]),
+            190,
+            "{sm}: e_machine"
+        );
+        let flags = u32::from_le_bytes(bin[48..52].try_into().unwrap());
+        assert_eq!(
+            flags & 0xff,
+            sm["sm_".len()..].parse::<u32>().unwrap(),
+            "{sm}: e_flags"
+        );
+        for n in &names {
+            assert!(
+                has_symbol(&bin, n),
+                "{n} is missing from the CUBIN for {sm}"
+            );
+        }
+    }
+    // A virtual architecture gives PTX only: asking for a CUBIN fails.
+    let e = kernels::compile_cubin(&nvrtc, "compute_90").unwrap_err();
+    assert!(!e.log.is_empty(), "{e}");
 }
 
 #[test]

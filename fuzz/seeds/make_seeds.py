@@ -3,7 +3,8 @@
 
 Run from anywhere: python3 fuzz/seeds/make_seeds.py. The formats are those
 of collectives/src/bootstrap/{id,card,frame,auth}.rs, api/config_read.rs and
-nccl-net-plugin/src/wire.rs.
+nccl-net-plugin/src/wire.rs and
+nccl-net-plugin/src/tuner/table.rs.
 """
 import os
 import struct
@@ -185,3 +186,18 @@ put("boot_hello", "unknown", boot(b"XXXX", 1))
 put("boot_hello", "root_v4", b"ROOT" + card())
 put("boot_hello", "root_v6", b"ROOT" + card(1, 3, 6, bytes(15) + b"\x01"))
 put("boot_hello", "root_short", b"ROOT" + card()[:47])
+
+
+def tuning(entries, layout='"nranks": 4, "nnodes": 2'):
+    return ('{"format": "hetccl-nccl-tuning", "version": 1, "layouts": [{%s, "entries": [%s]}]}'
+            % (layout, entries)).encode()
+
+
+AR = '{"collective": "allreduce", "max_bytes": 65535, "algo": "tree", "proto": "ll"}'
+AR2 = ('{"collective": "allreduce", "min_bytes": 65536, "algo": "pat", "proto": "simple",'
+       ' "nchannels": 6, "chunk_bytes": 131072}')
+put("tuning_table", "valid", tuning(AR + ", " + AR2 + ', {"collective": "broadcast", "algo": "nvls", "proto": "ll128"}'))
+put("tuning_table", "overlap", tuning(AR + ", " + AR2.replace("65536", "65535")))
+put("tuning_table", "unknown_key", tuning(AR.replace("max_bytes", "max_byte")))
+put("tuning_table", "bad_layout", tuning(AR, '"nranks": 2, "nnodes": 3'))
+put("tuning_table", "truncated", tuning(AR)[:60])

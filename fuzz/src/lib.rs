@@ -16,7 +16,8 @@
 //! (`bootstrap::frame::recv`), the acceptor's side of authentication
 //! (`bootstrap::auth::verify`), the `ncclConfig_t` and `ncclCollConfig_t`
 //! readers (`api::config_read`), and the net plugin's connect handle, hello
-//! and frame header (`nccl_net_plugin::wire`).
+//! and frame header (`nccl_net_plugin::wire`), and the tuner plugin's
+//! tuning table (`nccl_net_plugin::tuner::table`).
 
 use std::io::Write;
 use std::mem::offset_of;
@@ -34,7 +35,7 @@ use hetccl_collectives::bootstrap::{self, auth, frame, root};
 use nccl_net_plugin::wire;
 
 /// The names of all targets, as `fuzz_targets/` and `seeds/` name them.
-pub const TARGETS: [&str; 11] = [
+pub const TARGETS: [&str; 12] = [
     "unique_id",
     "card",
     "card_table",
@@ -46,6 +47,7 @@ pub const TARGETS: [&str; 11] = [
     "net_hello",
     "net_frame",
     "boot_hello",
+    "tuning_table",
 ];
 
 /// Runs target `name` on `data`; false for an unknown name.
@@ -62,6 +64,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "net_hello" => net_hello(data),
         "net_frame" => net_frame(data),
         "boot_hello" => boot_hello(data),
+        "tuning_table" => tuning_table(data),
         _ => return false,
     }
     true
@@ -332,5 +335,47 @@ pub fn net_frame(data: &[u8]) {
     let b: [u8; wire::FRAME_BYTES] = fixed(data);
     if let Ok(f) = wire::decode_frame(&b) {
         assert_eq!(wire::encode_frame(&f), b, "{f:?}");
+    }
+}
+
+// ------------------------------------------------------------ tuner
+
+/// `Table::parse` on the fuzz bytes. A table that parses has distinct
+/// layouts with valid counts and sorted, non-overlapping ranges, and
+/// applying each entry to a cost table of NCCL's shape never writes a
+/// -1.0 cell and makes the entry's pair win whenever it was usable.
+pub fn tuning_table(data: &[u8]) {
+    use nccl_net_plugin::tuner::{cost, table::Table};
+    let Ok(t) = Table::parse(data) else {
+        return;
+    };
+    for (i, l) in t.layouts.iter().enumerate() {
+        assert!(1 <= l.nnodes && l.nnodes <= l.nranks);
+        assert!(t.layouts[..i]
+            .iter()
+            .all(|o| (o.nranks, o.nnodes) != (l.nranks, l.nnodes)));
+        for w in l.entries.windows(2) {
+            assert!((w[0].collective, w[0].min_bytes) <= (w[1].collective, w[1].min_bytes));
+            assert!(w[0].collective != w[1].collective || w[0].max_bytes < w[1].min_bytes);
+        }
+        for e in &l.entries {
+            assert!(e.min_bytes <= e.max_bytes && e.algo < 7 && e.proto < 3);
+            assert_eq!(l.lookup(e.collective, e.min_bytes), Some(e));
+            let mut cells = [-1.0_f32; 21];
+            for (k, c) in cells.iter_mut().enumerate() {
+                if k % 4 != 1 {
+                    *c = (k as f32 * 7.0) % 11.0;
+                }
+            }
+            let before = cells;
+            let usable = before[e.algo * 3 + e.proto] >= 0.0;
+            cost::prefer(&mut cells, 3, e.algo, e.proto);
+            for k in 0..21 {
+                if before[k] < 0.0 {
+                    assert_eq!(cells[k].to_bits(), before[k].to_bits());
+                }
+            }
+            assert_eq!(usable, cost::winner(&cells, 3) == Some((e.algo, e.proto)));
+        }
     }
 }

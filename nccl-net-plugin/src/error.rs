@@ -27,6 +27,10 @@ pub enum NetError {
     /// No progress within the configured timeout.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// The peer closed the connection because rank `.0` of its
+    /// communicator revoked it (a CLOSE frame; the engine's links only).
+    #[error("remote error: rank {0} revoked the communicator")]
+    Revoked(u32),
 }
 
 impl NetError {
@@ -40,7 +44,7 @@ impl NetError {
             Self::Internal(_) => NcclResult::InternalError,
             Self::System(_) => NcclResult::SystemError,
             Self::Remote(_) => NcclResult::RemoteError,
-            Self::Timeout(_) => NcclResult::RemoteError,
+            Self::Timeout(_) | Self::Revoked(_) => NcclResult::RemoteError,
         }
     }
 

@@ -8,6 +8,8 @@
 //! - [`transport`]: the traits a transport implements.
 //! - [`plugin`]: the one internal API behind the C tables, and one adapter
 //!   file per `ncclNetPlugin_vN` (v6 to v12), all exported from `libhetccl.so`.
+//! - [`tuner`]: NVIDIA NCCL's tuner plugin (`ncclTunerPlugin_v3..v6`),
+//!   which applies a measured tuning table to NCCL's cost table.
 //! - [`wire`]: everything that crosses the network, with bounded decoders.
 //! - [`iface`]: device discovery (`NCCL_SOCKET_IFNAME`, `/sys/class/net`).
 
@@ -19,6 +21,7 @@ pub mod plugin;
 mod sock;
 pub mod tcp;
 pub mod transport;
+pub mod tuner;
 pub mod wire;
 
 pub use error::{NetError, Result};

@@ -210,6 +210,12 @@ pub enum Frame {
         /// The message.
         seq: u64,
     },
+    /// Either side: the connection ends because rank `by` of the engine's
+    /// communicator revoked it; the comm fails with that reason.
+    Close {
+        /// The revoking rank.
+        by: u32,
+    },
 }
 
 /// Encodes a frame header.
@@ -231,6 +237,7 @@ pub fn encode_frame(f: &Frame) -> [u8; FRAME_BYTES] {
             mode: DataMode::Lanes(t),
         } => (3, 1, 0, seq, t),
         Frame::Reject { seq } => (4, 0, 0, seq, 0),
+        Frame::Close { by } => (5, 0, 0, u64::from(by), 0),
     };
     let mut b = [0u8; FRAME_BYTES];
     b[0] = kind;
@@ -266,6 +273,9 @@ pub fn decode_frame(b: &[u8; FRAME_BYTES]) -> Result<Frame> {
             mode: DataMode::Lanes(size),
         },
         (4, 0) if tag == 0 && size == 0 => Frame::Reject { seq },
+        (5, 0) if tag == 0 && size == 0 && seq <= u64::from(u32::MAX) => {
+            Frame::Close { by: seq as u32 }
+        }
         (k, fl) => return Err(NetError::proto(format!("bad frame kind {k}/{fl}"))),
     };
     Ok(f)
@@ -346,12 +356,16 @@ mod tests {
                 mode: DataMode::Lanes(65536),
             },
             Frame::Reject { seq: 1 },
+            Frame::Close { by: 7 },
         ] {
             assert_eq!(decode_frame(&encode_frame(&f)).unwrap(), f);
         }
         let mut b = encode_frame(&Frame::Data { seq: 1, len: 1 });
         b[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(decode_frame(&b).is_err());
+        let mut c = encode_frame(&Frame::Close { by: 7 });
+        c[8..16].copy_from_slice(&(u64::from(u32::MAX) + 1).to_le_bytes());
+        assert!(decode_frame(&c).is_err(), "a revoking rank beyond u32");
         let mut b = encode_frame(&Frame::Reject { seq: 1 });
         b[0] = 9;
         assert!(decode_frame(&b).is_err());

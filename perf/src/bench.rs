@@ -328,6 +328,18 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
         return Err(e);
     }
 
+    // The library's per-link counters, gathered before the footer so that
+    // the summary follows it.
+    let links = if opts.link_stats {
+        let r: crate::link_stats::Report = match nccl.comm_stats(comm) {
+            None => Ok(None),
+            Some(Ok(j)) => Ok(Some(j)),
+            Some(Err(e)) => Err(e.to_string()),
+        };
+        ctx.ch.gather(&crate::link_stats::encode(&r))?
+    } else {
+        None
+    };
     // Footer: failed checks summed over ranks; bandwidth average is rank 0's.
     let errs = ctx.ch.gather(&ctx.errors.to_le_bytes())?;
     let mut outcome = Outcome::default();
@@ -346,6 +358,12 @@ pub fn run_rank(args: &RankArgs<'_>, mut ch: Channel) -> Result<Outcome, RankErr
         let p = ctx.printer.as_mut().expect("rank 0 prints");
         for l in report::footer(total, avg, min_bw, &program, &last) {
             p.print(&l);
+        }
+        if let Some(all) = &links {
+            let reports: Vec<_> = all.iter().map(|b| crate::link_stats::decode(b)).collect();
+            for l in crate::link_stats::lines(&reports) {
+                p.print(&l);
+            }
         }
         if let Some((mut f, mut doc)) = p.json.take() {
             doc["results"] = Value::Array(std::mem::take(&mut p.results));

@@ -68,6 +68,9 @@ pub struct Options {
     pub threads: usize,
     /// `--lib`.
     pub lib: Option<PathBuf>,
+    /// `--link-stats`: print the library's per-link counters at the end
+    /// (`hetcclCommGetStats`).
+    pub link_stats: bool,
     /// `--id-file`.
     pub id_file: Option<PathBuf>,
     /// `--alloc`.
@@ -177,6 +180,7 @@ pub fn command() -> Command {
         .arg(Arg::new("alloc").long("alloc").num_args(1).help("buffers from 'nccl' (ncclMemAlloc, default), 'host' or 'device' (cuMemAlloc)"))
         .arg(Arg::new("bind-to").long("bind-to").num_args(1).help("-np ranks: 'core' pins rank r to the r-th usable CPU, 'none' does not (default: core unless ranks outnumber CPUs)"))
         .arg(Arg::new("init").long("init").num_args(1).help("'config' (ncclCommInitRankConfig, default) or 'rank' (ncclCommInitRank)"))
+        .arg(Arg::new("link-stats").long("link-stats").action(ArgAction::SetTrue).help("print a per-link summary at the end (bytes, messages, errors per peer, from hetcclCommGetStats)"))
         .arg(Arg::new("help").short('h').long("help").action(ArgAction::Help).help("print help"))
 }
 
@@ -348,6 +352,7 @@ pub fn parse(coll: Coll, flags: &[String]) -> Result<Options, String> {
         np,
         threads,
         lib: get(&m, "lib").map(PathBuf::from),
+        link_stats: m.get_flag("link-stats"),
         id_file: get(&m, "id-file").map(PathBuf::from),
         alloc,
         init_config,

@@ -69,6 +69,11 @@ fn watchdog(progress: Arc<Progress>, timeout_s: u64) {
 /// (0 ok, 1 wrong results or bandwidth below `NCCL_TESTS_MIN_BW`, 2 library
 /// or run error, 4 timeout, 64 usage).
 pub fn main_entry(argv: Vec<String>) -> i32 {
+    match argv.get(1).map(String::as_str) {
+        Some("trace-merge") => return crate::trace_merge::main(&argv[2..]),
+        Some("status") => return crate::status::main(&argv[2..]),
+        _ => {}
+    }
     let (coll, flags) = match cli::split_argv(&argv) {
         Ok(v) => v,
         Err(e) if e.is_empty() => {

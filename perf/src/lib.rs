@@ -8,7 +8,9 @@
 //! run), [`launch`], [`launcher`] and [`store`] (how ranks start, what their
 //! launcher told them, and how they talk out of band),
 //! [`nccl`] (the dynamically loaded API), [`buffers`] and [`cuda`] (host
-//! or device buffers, and the CUDA driver for the latter).
+//! or device buffers, and the CUDA driver for the latter). [`trace_merge`]
+//! is the `trace-merge` subcommand, [`link_stats`] the `--link-stats`
+//! summary, [`status`] the `status` subcommand.
 
 pub mod bench;
 pub mod buffers;
@@ -19,7 +21,10 @@ pub mod cuda;
 pub mod dtype;
 pub mod launch;
 pub mod launcher;
+pub mod link_stats;
 pub mod nccl;
 pub mod report;
+pub mod status;
 pub mod store;
+pub mod trace_merge;
 pub mod verifiable;

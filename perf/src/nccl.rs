@@ -130,6 +130,7 @@ type FnPreMul = unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, c_int, Comm
 type FnOpDestroy = unsafe extern "C" fn(c_int, Comm) -> NcclResult;
 type FnMemAlloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> NcclResult;
 type FnMemFree = unsafe extern "C" fn(*mut c_void) -> NcclResult;
+type FnGetStats = unsafe extern "C" fn(Comm, *mut c_char, usize, *mut usize) -> NcclResult;
 
 /// An error from the library: the call, its result code and the library's
 /// own words for it.
@@ -187,6 +188,7 @@ pub struct Nccl {
     op_destroy: Option<FnOpDestroy>,
     mem_alloc: Option<FnMemAlloc>,
     mem_free: Option<FnMemFree>,
+    get_stats: Option<FnGetStats>,
     _lib: libloading::Library,
 }
 
@@ -257,6 +259,7 @@ impl Nccl {
             op_destroy: opt_sym!(lib, "ncclRedOpDestroy"),
             mem_alloc: opt_sym!(lib, "ncclMemAlloc"),
             mem_free: opt_sym!(lib, "ncclMemFree"),
+            get_stats: opt_sym!(lib, "hetcclCommGetStats"),
             _lib: lib,
         })
     }
@@ -275,6 +278,26 @@ impl Nccl {
     pub fn error_string(&self, code: NcclResult) -> String {
         // SAFETY: NCCL returns a static C string (or NULL).
         unsafe { cstr((self.error_string)(code)) }
+    }
+
+    /// `hetcclCommGetStats(comm)`: the communicator's metrics as JSON text;
+    /// `None` when the library lacks the function.
+    pub fn comm_stats(&self, comm: Comm) -> Option<Result<String, NcclError>> {
+        let f = self.get_stats?;
+        let mut needed = 0usize;
+        // SAFETY: a NULL buffer of length 0 asks for the size; `needed` is a
+        // valid out pointer.
+        let rc = unsafe { f(comm, std::ptr::null_mut(), 0, &mut needed) };
+        if let Err(e) = self.check("hetcclCommGetStats", rc, comm) {
+            return Some(Err(e));
+        }
+        let mut buf = vec![0u8; needed + 1];
+        // SAFETY: `buf` holds `buf.len()` writable bytes.
+        let rc = unsafe { f(comm, buf.as_mut_ptr().cast(), buf.len(), &mut needed) };
+        Some(self.check("hetcclCommGetStats", rc, comm).map(|()| {
+            buf.truncate(needed.min(buf.len() - 1));
+            String::from_utf8_lossy(&buf).into_owned()
+        }))
     }
 
     /// `ncclGetLastError(comm)` (empty when the library lacks it).

@@ -74,7 +74,7 @@ fn signal(pid: i32, sig: i32) {
 /// `timeout_s`) with `victim` and `fault`; `delay_ms` after the victim's
 /// announcement the signal is sent. A survivor must return 2 or 6 within
 /// `timeout_s + margin_s` of the signal, report an asynchronous error, fail
-/// a later call, and abort within 2 s.
+/// a later call, and abort within 1 s.
 #[allow(clippy::too_many_arguments)]
 pub fn trial(
     exe: &Path,
@@ -219,7 +219,7 @@ fn judge_survivor(o: &ranks::RankOutput, t_sig: f64, limit_s: f64, v: &mut Verdi
         ));
     }
     match num("fault.abort_ms") {
-        Some(ms) if ms <= 2000.0 => v.abort_ms = v.abort_ms.max(ms),
+        Some(ms) if ms <= 1000.0 => v.abort_ms = v.abort_ms.max(ms),
         x => v.bad.push(format!("rank {r}: ncclCommAbort took {x:?} ms")),
     }
     match num("fault.fail_mono_ms") {

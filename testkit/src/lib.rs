@@ -33,7 +33,9 @@ pub mod net;
 pub mod netns;
 pub mod nvrtc;
 pub mod perf;
+pub mod prom;
 pub mod ranks;
+pub mod revoke;
 pub mod threads;
 
 use std::path::{Path, PathBuf};

@@ -31,6 +31,15 @@ pub fn check(r: i32) {
     }
 }
 
+/// `ncclGetLastError`'s text on this thread.
+pub fn last_error() -> String {
+    // SAFETY: ncclGetLastError accepts NULL and returns a NUL-terminated
+    // string that stays valid until the next call on this thread.
+    unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// A communicator handle that may cross threads.
 #[derive(Clone, Copy)]
 pub struct Comm(pub ncclComm_t);

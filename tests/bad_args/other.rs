@@ -577,16 +577,24 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
     });
     // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
     // other pointer is a live fixture (leaked for the test's life).
-    t.add("ncclCommGrow: rank -1", e, "rank", move || unsafe {
-        ncclCommGrow(c1, 2, ids, -1, out, null_mut())
+    t.add("ncclCommGrow: new rank -1", e, "rank", move || unsafe {
+        ncclCommGrow(null_mut(), 2, ids, -1, out, null_mut())
     });
+    // SAFETY: a bad-argument row: the bad argument must be refused before any access, and every
+    // other pointer is a live fixture (leaked for the test's life).
+    t.add(
+        "ncclCommGrow: existing rank passes a rank",
+        e,
+        "rank -1",
+        move || unsafe { ncclCommGrow(c1, 2, ids, 0, out, null_mut()) },
+    );
     t.add(
         "ncclCommGrow: uniqueId NULL",
         e,
         "uniqueId",
         // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
         // every other pointer is a live fixture (leaked for the test's life).
-        move || unsafe { ncclCommGrow(c1, 2, null(), 0, out, null_mut()) },
+        move || unsafe { ncclCommGrow(null_mut(), 2, null(), 0, out, null_mut()) },
     );
     for (what, k, sub) in bad_comm_configs() {
         let k = leak(k);
@@ -917,13 +925,14 @@ pub(super) fn other_rows(t: &mut Table, fx: Fx) {
         // every other pointer is a live fixture (leaked for the test's life).
         move || unsafe { ncclAllReduce(fx.sbuf, fx.rbuf, 4, FLOAT, SUM, revoked, null_mut()) },
     );
+    // A revoked comm may be split or shrunk (NCCL's contract), not finalized.
     t.add(
-        "ncclCommSplit: revoked comm",
+        "ncclCommFinalize: revoked comm",
         u,
         "revoked",
         // SAFETY: a bad-argument row: the bad argument must be refused before any access, and
         // every other pointer is a live fixture (leaked for the test's life).
-        move || unsafe { ncclCommSplit(revoked, 0, 0, out, null_mut()) },
+        move || unsafe { ncclCommFinalize(revoked) },
     );
     let suspended = {
         let mut c: ncclComm_t = null_mut();

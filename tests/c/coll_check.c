@@ -1502,21 +1502,38 @@ static void mode_mismatch(ncclComm_t comm) {
   int memalloc = alloc && !strcmp(alloc, "memalloc");
   size_t count = c ? (size_t)strtoull(c, NULL, 10) : 100000;
   ncclDataType_t dt = ncclFloat32;
-  if (strcmp(what, "count") && strcmp(what, "dtype")) die("COLL_CHECK_MM_WHAT is count or dtype");
+  int kind_bcast = 0, root = 0;
+  ncclRedOp_t op = ncclSum;
+  if (strcmp(what, "count") && strcmp(what, "dtype") && strcmp(what, "op") && strcmp(what, "kind") &&
+      strcmp(what, "root") && strcmp(what, "reduce"))
+    die("COLL_CHECK_MM_WHAT is count, dtype, op, kind, root or reduce");
   if (g_rank != 0 && !strcmp(what, "count")) count *= 2;
   if (g_rank != 0 && !strcmp(what, "dtype")) dt = ncclFloat64;
+  if (g_rank != 0 && !strcmp(what, "op")) op = ncclMax;
+  /* kind: rank 0 calls AllReduce, the others Broadcast (same buffer sizes);
+   * root: every rank calls Broadcast, rank 0 with root 0, the others root 1. */
+  if (!strcmp(what, "kind")) kind_bcast = g_rank != 0;
+  /* reduce: rank 0 calls AllReduce, the others Reduce to root 0. */
+  int kind_reduce = !strcmp(what, "reduce") && g_rank != 0;
+  if (!strcmp(what, "root")) {
+    kind_bcast = 1;
+    root = g_rank != 0;
+  }
   size_t bytes = count * dt_size[dt];
   mm_buf s, r;
   mm_alloc(&s, bytes, memalloc, NULL);
   mm_alloc(&r, bytes, memalloc, NULL);
   pat_fill(s.buf, bytes, g_rank, 0, 7);
-  begin_check("a mismatched AllReduce (%zu %s, %s buffers) fails", count, dt_name[dt],
-              memalloc ? "ncclMemAlloc" : "guarded");
+  begin_check("a mismatched %s (%zu %s, %s buffers) fails", kind_bcast ? "Broadcast" : "AllReduce",
+              count, dt_name[dt], memalloc ? "ncclMemAlloc" : "guarded");
   double t = now_ms();
-  ncclResult_t rc = ncclAllReduce(s.buf, r.buf, count, dt, ncclSum, comm, NULL);
+  ncclResult_t rc = kind_bcast    ? ncclBroadcast(s.buf, r.buf, count, dt, root, comm, NULL)
+                    : kind_reduce ? ncclReduce(s.buf, r.buf, count, dt, op, 0, comm, NULL)
+                                  : ncclAllReduce(s.buf, r.buf, count, dt, op, comm, NULL);
   printf("mismatch.rc %d\nmismatch.ms %.1f\n", (int)rc, now_ms() - t);
   kv_str("mismatch.last_error", ncclGetLastError(comm));
-  if (rc == ncclSuccess) fail("the mismatched AllReduce returned ncclSuccess");
+  /* A Reduce's non-root needs nothing from the root, so it may finish. */
+  if (rc == ncclSuccess && !kind_reduce) fail("the mismatched AllReduce returned ncclSuccess");
   int untouched = 1;
   for (size_t i = 0; i < bytes && untouched; i++) untouched = r.buf[i] == FRESH_BYTE;
   int in_ok = 1;

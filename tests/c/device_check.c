@@ -75,6 +75,37 @@
  *              ncclWinGetUserPtr returns the buffer, ncclSignal to the next
  *              rank and ncclCommWindowDeregister succeed (the harness reads
  *              the fallback's call log for the mirror communicator)
+ *
+ * The modes of CUDA's rules (device_check_strict.c), for the strict
+ * emulated driver:
+ *   multidev   (2 devices) one thread drives two ranks of a second
+ *              communicator of 2N ranks, rank 2p on device 0 and 2p+1 on
+ *              device 1: both inits in one group (helper threads), then an
+ *              AllReduce and a send/recv ring of both ranks in one group,
+ *              each on its device's buffers and stream, ended with device
+ *              1's context current; results exact, the context unchanged
+ *   initgroup  (2 devices, the rank on device 1) a group holding the init
+ *              of two new communicators and an AllReduce on the first,
+ *              ended on a thread with no current context; the result is
+ *              exact, no context is current afterwards, and the new
+ *              communicators work
+ *   sweep      (NCCL_P2P_DISABLE=1: staged) 40 AllReduces of growing sizes
+ *              back to back, then one group of 20, all in flight before
+ *              one synchronisation (more staging buffers than the pinned
+ *              pool keeps); twice, the second round on the buffers pinned
+ *              after the first; results exact
+ *   evict      300 AllGathers through CUDA IPC on fresh buffers, all in
+ *              flight (more peer allocations than the import cache keeps,
+ *              more batches than a slab has flags); results exact
+ *   latepeer   rank N-1 calls an AllReduce 3 s after the others (with
+ *              FAKE_CUDA_NO_STREAM_MEMOPS=1 and FAKE_CUDA_HOSTFN_LIMIT_S=2
+ *              a host function that waited for it would be caught)
+ *   narrow     AllReduce, ReduceScatter and Reduce of float16, bfloat16,
+ *              fp8 e4m3 and e5m2 with sum, prod, max, min, avg and a
+ *              per-rank PreMulSum on pseudo-random bit patterns (2 ranks,
+ *              so any folding order gives the same bits): the device
+ *              result equals, bit for bit (NaN as NaN), the same call on
+ *              host buffers (hetccl's host kernels)
  */
 #define _GNU_SOURCE
 #include "device_check.h"
@@ -251,19 +282,19 @@ static void print_origins(void) {
   nccl_print_origins(fns, sizeof fns / sizeof fns[0], kv_str);
 }
 
-static void exchange_id(ncclUniqueId* id) {
+void exchange_id(const char* path, ncclUniqueId* id) {
   if (g_rank == 0) {
     NC(NULL, ncclGetUniqueId(id));
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", g_idpath, (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE* f = fopen(tmp, "wb");
     if (f == NULL || fwrite(id, sizeof *id, 1, f) != 1 || fclose(f) != 0) die("writing the id");
-    if (rename(tmp, g_idpath) != 0) die("renaming the id file");
+    if (rename(tmp, path) != 0) die("renaming the id file");
     return;
   }
   double deadline = now_ms() + 60e3;
   for (;;) {
-    FILE* f = fopen(g_idpath, "rb");
+    FILE* f = fopen(path, "rb");
     if (f != NULL) {
       size_t got = fread(id, sizeof *id, 1, f);
       fclose(f);
@@ -311,7 +342,7 @@ int main(int argc, char** argv) {
   CU(cuStreamCreate(&g_stream2, CU_STREAM_NON_BLOCKING));
 
   ncclUniqueId id;
-  exchange_id(&id);
+  exchange_id(g_idpath, &id);
   ncclComm_t comm = NULL;
   if (g_nonblocking) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -346,6 +377,12 @@ int main(int argc, char** argv) {
     else if (!strcmp(m, "peerdeath")) aborted = mode_peerdeath(comm);
     else if (!strcmp(m, "mismatch")) aborted = mode_mismatch(comm);
     else if (!strcmp(m, "mismatch_p2p")) aborted = mode_mismatch_p2p(comm);
+    else if (!strcmp(m, "multidev")) mode_multidev(comm);
+    else if (!strcmp(m, "initgroup")) mode_initgroup(comm);
+    else if (!strcmp(m, "sweep")) mode_sweep(comm);
+    else if (!strcmp(m, "evict")) mode_evict(comm);
+    else if (!strcmp(m, "latepeer")) mode_latepeer(comm);
+    else if (!strcmp(m, "narrow")) mode_narrow(comm);
     else {
       fprintf(stderr, "unknown mode %s\n", m);
       exit(2);

@@ -67,6 +67,8 @@ void die_nccl(const char* call, ncclResult_t rc, int line) __attribute__((noretu
 void die_cu(const char* call, CUresult r, int line) __attribute__((noreturn));
 void die(const char* what) __attribute__((noreturn));
 void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Rank 0 writes a new unique id to `path`; the others wait for it. */
+void exchange_id(const char* path, ncclUniqueId* id);
 
 /* device_check_colls.c */
 void one_allreduce_f(ncclComm_t comm, size_t n, int in_place);
@@ -95,5 +97,13 @@ int mode_peerdeath(ncclComm_t comm);
 void mode_forward(ncclComm_t comm);
 int mode_mismatch(ncclComm_t comm);
 int mode_mismatch_p2p(ncclComm_t comm);
+
+/* device_check_strict.c */
+void mode_multidev(ncclComm_t comm);
+void mode_initgroup(ncclComm_t comm);
+void mode_sweep(ncclComm_t comm);
+void mode_evict(ncclComm_t comm);
+void mode_latepeer(ncclComm_t comm);
+void mode_narrow(ncclComm_t comm);
 
 #endif

@@ -7,11 +7,12 @@
  * The files: fake_cuda.c (this one: the model, the switches, init, devices,
  * contexts, error names), fake_cuda_memory.c (the allocation table, device
  * and pinned allocations, pointer attributes, address ranges, IPC),
- * fake_cuda_streams.c (streams and their worker threads, copies, memsets,
- * waits, host functions, cuCtxSynchronize, graph capture, events),
- * fake_cuda_kernels.c (modules and the emulated kernels) and
- * fake_cuda_internal.h (what they share, all of it hidden: the library
- * exports only the CUDA API).
+ * fake_cuda_streams.c (streams and their worker threads, the shared
+ * host-function worker, quiesce and the watchdogs, copies, memsets, waits,
+ * cuCtxSynchronize, graph capture, events), fake_cuda_kernels.c (modules,
+ * CUBIN and PTX images, and the emulated kernels) and fake_cuda_internal.h
+ * (what they share, all of it hidden: the library exports only the CUDA
+ * API).
  *
  * The model
  * - Devices: FAKE_CUDA_DEVICES of them (default 1; 0 makes cuInit fail with
@@ -20,7 +21,8 @@
  *   per device, the same in every process). One primary context per
  *   device; the current context is thread-local. Calls that allocate, create
  *   or enqueue need one (else CUDA_ERROR_INVALID_CONTEXT, as in the real
- *   driver); queries, synchronisation and frees do not.
+ *   driver); queries, synchronisation and frees do not. cuDriverGetVersion
+ *   reports FAKE_CUDA_DRIVER_VERSION (default: the CUDA_VERSION of cuda.h).
  * - Device memory (cuMemAlloc) is a memfd mapped twice: a PROT_NONE view whose
  *   address is the CUdeviceptr, so a host access of a device pointer faults
  *   as on a real GPU, and a read-write "shadow" view that the fake copies
@@ -31,21 +33,49 @@
  *   knows device, IPC-mapped and pinned allocations (else NOT_FOUND).
  * - Streams: each has a worker thread running a FIFO of operations (copy,
  *   memset, event record, wait for an event, wait for a 32-bit value, host
- *   function, kernel). Stream handles 0, CU_STREAM_LEGACY and
- *   CU_STREAM_PER_THREAD all name one lazily created process-wide default
- *   stream. Synchronous copies and memsets run on the default stream and
- *   wait for it to drain.
- * - Events: pending from cuEventRecord until the worker reaches the record.
+ *   function, kernel), and a context. Stream handles 0, CU_STREAM_LEGACY
+ *   and CU_STREAM_PER_THREAD all name the current context's default stream
+ *   (none current: CUDA_ERROR_INVALID_CONTEXT). Synchronous copies and
+ *   memsets run on it and wait for it to drain.
+ * - Events: created in the current context; pending from cuEventRecord
+ *   until the worker reaches the record.
+ * - Contexts, as CUDA's rules say: an event recorded on a stream of another
+ *   context is CUDA_ERROR_INVALID_HANDLE; a kernel launched while its
+ *   module's context is not current is CUDA_ERROR_INVALID_CONTEXT, on a
+ *   stream of another context CUDA_ERROR_INVALID_HANDLE. Copies, waits for
+ *   events and host functions may use any context's stream.
+ * - Synchronising calls wait, as on a GPU, until the streams have run what
+ *   was queued before the call: cuMemFree and cuIpcCloseMemHandle those of
+ *   the allocation's context, cuMemFreeHost those of every context,
+ *   cuModuleLoadData and a function's first cuModuleGetFunction (CUDA's
+ *   lazy loading) those of the current or the module's context. A wait
+ *   past FAKE_CUDA_DEADLOCK_S (default 30) aborts the process naming the
+ *   call and what the stream is stuck on: on a GPU it would never return.
+ * - Allocations: cuMemAlloc and cuMemHostAlloc abort the process while a
+ *   stream waits on cuStreamWaitValue32. CUDA's programming guide says such
+ *   an allocation keeps commands issued before and after it on different
+ *   streams from running concurrently, so work issued after it could stay
+ *   behind the wait for good.
+ * - Host functions: all of them run on one shared worker thread, in the
+ *   order their streams reach them (the stream waits for its function). A
+ *   CUDA call from inside one returns CUDA_ERROR_NOT_PERMITTED; one that
+ *   runs past FAKE_CUDA_HOSTFN_LIMIT_S (default 10) aborts the process.
  * - IPC: a handle names the owner's pid and memfd; another process opens
  *   /proc/<pid>/fd/<fd> and maps it (same uid, owner still alive).
  * - Kernels: hetccl's reduction kernels (collectives/src/gpu/kernels/
- *   reduce.cu) are emulated on the host. cuModuleLoadData takes NUL-terminated
- *   PTX text containing ".entry hetccl_reduce_" (anything else:
- *   CUDA_ERROR_INVALID_IMAGE) and keeps a copy; cuModuleGetFunction looks the
- *   name up among its ".entry" names (absent: CUDA_ERROR_NOT_FOUND). A launch
- *   copies exactly the kernel's parameters (each with its size; the scalar s
- *   is sizeof(T) bytes) and queues the kernel, run by the stream's worker as
- *   reduce.cu does it, for i < n:
+ *   reduce.cu) are emulated on the host, for all 12 datatypes (90 entry
+ *   points). cuModuleLoadData takes a CUBIN (an ELF image for EM_CUDA whose
+ *   e_flags name sm_90; its global functions are the entries; another
+ *   architecture, or any CUBIN under FAKE_CUDA_REJECT_CUBIN=1:
+ *   CUDA_ERROR_NO_BINARY_FOR_GPU) or NUL-terminated PTX text (its .version
+ *   at most what the driver version compiles, else
+ *   CUDA_ERROR_UNSUPPORTED_PTX_VERSION; its .target at most sm_90), either
+ *   holding an entry "hetccl_reduce_..." (anything else:
+ *   CUDA_ERROR_INVALID_IMAGE); cuModuleGetFunction looks the name up among
+ *   its entries (absent: CUDA_ERROR_NOT_FOUND). A launch copies exactly the
+ *   kernel's parameters (each with its size; the scalar s is sizeof(T)
+ *   bytes) and queues the kernel, run by the stream's worker as reduce.cu
+ *   does it, for i < n:
  *     hetccl_reduce_<dt>_<op>(dst, a, b, n, s)  (5 parameters)
  *       sum/prod/max/min: dst[i] = op(a[i], b[i]);
  *       avg, premulsum:   dst[i] = a[i]*s + b[i];
@@ -55,16 +85,18 @@
  *   each product rounded before the add (no fused multiply-add, as NVRTC's
  *   --fmad=false); float max/min return the non-NaN operand of a NaN pair;
  *   postdiv divides in 64 bits, signed types truncating toward zero with d
- *   taken as a signed 64-bit value (as reduce.cu's (long long)d).
+ *   taken as a signed 64-bit value (as reduce.cu's (long long)d). float16,
+ *   bfloat16 and fp8 compute one float operation on the exactly loaded
+ *   values and round once on store, to nearest even (fp8 through float16,
+ *   saturating), with reduce.cu's conversions.
  *
  * Limits (where a test could be misled)
- * - Only the kernels above, for dt in i8 u8 i32 u32 i64 u64 f32 f64 (62
- *   entry points). Every other entry point in the PTX (the f16, bf16 and fp8
- *   types) makes cuModuleGetFunction return CUDA_ERROR_NOT_SUPPORTED: the
- *   fake cannot run them. The PTX is never compiled: the arithmetic is the
- *   fake's own copy of reduce.cu's, and a change to that file is not seen
- *   here. A postdiv by d == 0 with n > 0 fails the launch with
- *   CUDA_ERROR_INVALID_VALUE (the GPU would store unspecified values).
+ * - The images are never run: the arithmetic is the fake's own copy of
+ *   reduce.cu's, and a change to that file is not seen here. A NaN stored
+ *   as float16 is 0x7fff (as PTX cvt.rn.f16.f32 is taken to give). A
+ *   postdiv by d == 0 with n > 0 fails the launch with
+ *   CUDA_ERROR_INVALID_VALUE (the GPU would store unspecified values). A
+ *   CUBIN's size is not known to cuModuleLoadData: its headers are trusted.
  * - A launch ignores grid and block sizes (they must be >= 1, at most 1024
  *   threads a block; the real kernels are grid-stride loops) and shared
  *   memory; `extra` (CU_LAUNCH_PARAM_*) is CUDA_ERROR_NOT_SUPPORTED. A buffer
@@ -75,15 +107,18 @@
  *   kernel's parameter list is not detected (nor by the real driver).
  * - The legacy default stream does not synchronise with other streams (the
  *   real one waits for, and blocks, every blocking stream of its context),
- *   and there is one default stream for all contexts.
+ *   and the per-thread default stream is the legacy one.
+ * - A synchronising call waits for the streams only: it takes no lock that
+ *   blocks other threads' CUDA calls meanwhile (a real driver may), and
+ *   allocations (cuMemAlloc, cuMemHostAlloc, cuIpcOpenMemHandle) do not
+ *   wait at all.
  * - Enqueuing any work on a capturing stream fails with
  *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (the real driver would record it
  *   into the graph): hetccl must refuse before enqueuing, and this makes a
  *   mistake visible. Capture modes are not emulated.
- * - cuMemFree/cuMemFreeHost do not synchronise; memory that queued work
- *   still uses stays mapped until that work has run (never a crash).
  * - cuStreamDestroy returns at once; the worker drains the queue, then exits
- *   (as the real driver releases a busy stream's resources later).
+ *   (as the real driver releases a busy stream's resources later). A
+ *   stream's memory is never freed.
  * - A re-recorded event completes when any of its records does: a wait for
  *   an older record may be released by a newer one finishing first.
  * - cuIpcOpenMemHandle returns the base of the exported allocation (as the
@@ -97,19 +132,26 @@
  *   racing with the poll (ThreadSanitizer reports it; a GPU has the same race).
  *
  * FAKE_CUDA_LOG=1 prints one line per call to stderr; FAKE_CUDA_NO_STREAM_
- * MEMOPS=1 makes cuStreamWaitValue32 return CUDA_ERROR_NOT_SUPPORTED; every
- * blocking wait aborts the process after FAKE_CUDA_TIMEOUT_S (default 120)
- * seconds, so that a bug never hangs CI.
+ * MEMOPS=1 makes cuStreamWaitValue32 return CUDA_ERROR_NOT_SUPPORTED;
+ * FAKE_CUDA_NO_PEER_ACCESS=1 turns peer access off; FAKE_CUDA_DRIVER_VERSION,
+ * FAKE_CUDA_REJECT_CUBIN, FAKE_CUDA_DEADLOCK_S and FAKE_CUDA_HOSTFN_LIMIT_S
+ * are above; every other blocking wait aborts the process after
+ * FAKE_CUDA_TIMEOUT_S (default 120) seconds, so that a bug never hangs CI.
  */
 #include "fake_cuda_internal.h"
 
 /* ---------------------------------------------------------------- basics */
 
-int g_log;          /* FAKE_CUDA_LOG */
-int g_no_memops;    /* FAKE_CUDA_NO_STREAM_MEMOPS */
-int g_no_peer;      /* FAKE_CUDA_NO_PEER_ACCESS */
+int g_log;                 /* FAKE_CUDA_LOG */
+int g_no_memops;           /* FAKE_CUDA_NO_STREAM_MEMOPS */
+int g_no_peer;             /* FAKE_CUDA_NO_PEER_ACCESS */
+int g_reject_cubin;        /* FAKE_CUDA_REJECT_CUBIN */
+int g_driver_version = CUDA_VERSION; /* FAKE_CUDA_DRIVER_VERSION */
+int g_deadlock_s = 30;     /* FAKE_CUDA_DEADLOCK_S */
+int g_hostfn_limit_s = 10; /* FAKE_CUDA_HOSTFN_LIMIT_S */
 static int g_timeout_s = 120;
-int g_inited;       /* cuInit succeeded (atomic access) */
+int g_inited;              /* cuInit succeeded (atomic access) */
+__thread int t_in_hostfn;  /* set by the host-function worker around each call */
 static int g_ndev = 1;
 
 __attribute__((format(printf, 1, 2))) void say(const char *fmt, ...) {
@@ -135,12 +177,14 @@ void cond_init(pthread_cond_t *cv) {
     pthread_condattr_destroy(&a);
 }
 
-struct timespec deadline(void) {
+struct timespec deadline_in(int s) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    t.tv_sec += g_timeout_s;
+    t.tv_sec += s;
     return t;
 }
+
+struct timespec deadline(void) { return deadline_in(g_timeout_s); }
 
 int past(const struct timespec *dl) {
     struct timespec t;
@@ -161,8 +205,14 @@ size_t page_round(size_t n) {
 
 /* ------------------------------------------------------------- contexts */
 
-static struct fake_ctx g_ctx[MAX_DEV];
+struct fake_ctx g_ctx[MAX_DEV];
 __thread struct fake_ctx *t_ctx; /* the calling thread's current context */
+
+/* A positive integer from the environment, or `dflt`. */
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && atoi(e) > 0 ? atoi(e) : dflt;
+}
 
 __attribute__((constructor)) static void fake_cuda_load(void) {
     const char *e = getenv("FAKE_CUDA_LOG");
@@ -171,8 +221,12 @@ __attribute__((constructor)) static void fake_cuda_load(void) {
     g_no_memops = e && *e && strcmp(e, "0") != 0;
     e = getenv("FAKE_CUDA_NO_PEER_ACCESS");
     g_no_peer = e && *e && strcmp(e, "0") != 0;
-    e = getenv("FAKE_CUDA_TIMEOUT_S");
-    if (e && atoi(e) > 0) g_timeout_s = atoi(e);
+    e = getenv("FAKE_CUDA_REJECT_CUBIN");
+    g_reject_cubin = e && *e && strcmp(e, "0") != 0;
+    g_timeout_s = env_int("FAKE_CUDA_TIMEOUT_S", g_timeout_s);
+    g_deadlock_s = env_int("FAKE_CUDA_DEADLOCK_S", g_deadlock_s);
+    g_hostfn_limit_s = env_int("FAKE_CUDA_HOSTFN_LIMIT_S", g_hostfn_limit_s);
+    g_driver_version = env_int("FAKE_CUDA_DRIVER_VERSION", g_driver_version);
     for (int i = 0; i < MAX_DEV; i++) g_ctx[i] = (struct fake_ctx){CTX_MAGIC, i};
     cond_init(&g_ev_cv);
 }
@@ -191,9 +245,9 @@ CUresult cuInit(unsigned int flags) {
 }
 
 CUresult cuDriverGetVersion(int *v) {
-    LOG("cuDriverGetVersion");
+    LOG("cuDriverGetVersion -> %d", g_driver_version);
     NEED_PTR(v);
-    *v = CUDA_VERSION;
+    *v = g_driver_version;
     return CUDA_SUCCESS;
 }
 
@@ -232,8 +286,8 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attr, CUdevice dev) {
     NEED_PTR(pi);
     NEED_DEV(dev);
     switch (attr) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = DEVICE_SM / 10; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = DEVICE_SM % 10; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
@@ -365,6 +419,10 @@ static const struct {
     E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
     E(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"),
     E(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
+    E(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device"),
+    E(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "the provided PTX was compiled with an unsupported toolchain"),
+    E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted"),
+    E(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"),
     E(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported between these two devices"),
     E(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
     E(CUDA_ERROR_NOT_READY, "device not ready"),

@@ -2,8 +2,9 @@
  * fake_cuda_internal.h: what the files of the emulated CUDA driver share
  * (tests/c/fake_cuda.c describes the model and its limits): the handle
  * magics, the switches, the logging and argument-check macros, the timed
- * waits, the current context, the two memory-table calls the streams and
- * kernels use, and the queued operation (struct op) with its calls.
+ * waits and the watchdogs, the current context, the two memory-table calls
+ * the streams and kernels use, the queued operation (struct op) with its
+ * calls, and quiesce() (what a synchronising call waits for).
  *
  * Everything declared here is hidden: the shared library exports only the
  * CUDA API (tests/fake_cuda_selftest.rs checks the list).
@@ -40,17 +41,28 @@
 #define MODULE_MAGIC 0x30D030D0u
 #define FUNC_MAGIC 0xF0F0F0F0u
 
-extern int g_log;       /* FAKE_CUDA_LOG */
-extern int g_no_memops; /* FAKE_CUDA_NO_STREAM_MEMOPS */
-extern int g_no_peer;   /* FAKE_CUDA_NO_PEER_ACCESS */
-extern int g_inited;    /* cuInit succeeded (atomic access) */
+extern int g_log;            /* FAKE_CUDA_LOG */
+extern int g_no_memops;      /* FAKE_CUDA_NO_STREAM_MEMOPS */
+extern int g_no_peer;        /* FAKE_CUDA_NO_PEER_ACCESS */
+extern int g_reject_cubin;   /* FAKE_CUDA_REJECT_CUBIN */
+extern int g_driver_version; /* FAKE_CUDA_DRIVER_VERSION, else CUDA_VERSION */
+extern int g_deadlock_s;     /* FAKE_CUDA_DEADLOCK_S */
+extern int g_hostfn_limit_s; /* FAKE_CUDA_HOSTFN_LIMIT_S */
+extern int g_inited;         /* cuInit succeeded (atomic access) */
+extern __thread int t_in_hostfn; /* this thread is running a host function */
+
+/* The emulated devices' compute capability (9.0) as sm_XX's number. */
+#define DEVICE_SM 90
 
 __attribute__((format(printf, 1, 2))) void say(const char *fmt, ...);
 
 #define LOG(...) do { if (g_log) say(__VA_ARGS__); } while (0)
 
+/* Every call but cuInit, the version and the error names: initialised,
+ * and not from inside a host function (CUDA forbids CUDA calls there). */
 #define NEED_INIT()                                                                                \
     do {                                                                                           \
+        if (t_in_hostfn) return CUDA_ERROR_NOT_PERMITTED;                                          \
         if (!__atomic_load_n(&g_inited, __ATOMIC_ACQUIRE)) return CUDA_ERROR_NOT_INITIALIZED;      \
     } while (0)
 
@@ -64,6 +76,8 @@ void die_timeout(const char *what);
 void cond_init(pthread_cond_t *cv);
 /* FAKE_CUDA_TIMEOUT_S from now; past(): whether that time has come. */
 struct timespec deadline(void);
+/* `s` seconds from now. */
+struct timespec deadline_in(int s);
 int past(const struct timespec *dl);
 /* One wait on `cv`; aborts the process once `dl` has passed. */
 void wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, const struct timespec *dl,
@@ -78,6 +92,7 @@ struct fake_ctx {
     int device;
 };
 extern __thread struct fake_ctx *t_ctx; /* the calling thread's current context */
+extern struct fake_ctx g_ctx[MAX_DEV];  /* the primary contexts, one per device */
 
 #define NEED_CTX() do { if (t_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
 
@@ -123,6 +138,18 @@ struct op *op_new(int kind);
 void op_free(struct op *o);
 /* Appends `o` to stream `h` (ownership passes; freed on failure). */
 CUresult submit(CUstream h, struct op *o);
+/* The context of stream `h` (a default stream: the current context; NULL
+ * with CUDA_ERROR_INVALID_CONTEXT when none is current). */
+CUresult stream_ctx(CUstream h, struct fake_ctx **out);
+/* What a synchronising call (a free, an IPC close, a module load) does:
+ * waits until every stream of `ctx` (NULL: of every context) has run what
+ * was queued before the call. A wait past FAKE_CUDA_DEADLOCK_S aborts the
+ * process naming `what` and the operation a stream is stuck on: the caller
+ * would deadlock on a GPU. */
+void quiesce(struct fake_ctx *ctx, const char *what);
+/* Aborts when a stream waits on cuStreamWaitValue32: called by the page-
+ * locked host and device memory allocations (see fake_cuda.c). */
+void no_alloc_while_waiting(const char *what);
 
 /* ---------------------------------------- kernels (fake_cuda_kernels.c) */
 

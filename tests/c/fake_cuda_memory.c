@@ -2,7 +2,9 @@
  * fake_cuda_memory.c: the emulated CUDA driver's memory (the model and its
  * limits are described in fake_cuda.c): the table of allocations, with the
  * address translation the stream workers use; device and pinned
- * allocations; pointer attributes; address ranges; IPC handles.
+ * allocations; pointer attributes; address ranges; IPC handles. Frees and
+ * IPC closes synchronise as CUDA's do: they wait (quiesce) until the
+ * streams are idle.
  */
 #include "fake_cuda_internal.h"
 
@@ -69,6 +71,27 @@ static CUresult remove_alloc(uintptr_t p, int kind) {
     return CUDA_SUCCESS;
 }
 
+/* The allocation starting exactly at `p` of kind `kind`: whether there is
+ * one, and its context. */
+static int find_start(uintptr_t p, int kind, struct fake_ctx **ctx) {
+    pthread_mutex_lock(&g_mem);
+    struct alloc *a = g_allocs;
+    while (a && !(a->dev == p && a->kind == kind)) a = a->next;
+    if (a) *ctx = a->ctx;
+    pthread_mutex_unlock(&g_mem);
+    return a != NULL;
+}
+
+/* A free or close of the allocation at `p`: waits, as CUDA's frees do,
+ * until the streams of `all ? every context : its context` are idle, then
+ * removes it. */
+static CUresult sync_remove(uintptr_t p, int kind, int all, const char *what) {
+    struct fake_ctx *ctx = NULL;
+    if (!find_start(p, kind, &ctx)) return CUDA_ERROR_INVALID_VALUE;
+    quiesce(all ? NULL : ctx, what);
+    return remove_alloc(p, kind);
+}
+
 /* A copy of the entry holding `p` (the fields only), for the attribute calls. */
 static int lookup(uintptr_t p, struct alloc *out) {
     pthread_mutex_lock(&g_mem);
@@ -124,6 +147,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     NEED_PTR(dptr);
     NEED_CTX();
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    no_alloc_while_waiting("cuMemAlloc");
     size_t maplen = page_round(size);
     /* Each allocation's memfd is named with a serial number that its IPC
      * handles carry, so a handle is unique to its allocation (as the real
@@ -154,7 +178,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
 CUresult cuMemFree_v2(CUdeviceptr p) {
     LOG("cuMemFree_v2(%#llx)", p);
     NEED_INIT();
-    return remove_alloc(p, K_DEVICE);
+    return sync_remove(p, K_DEVICE, 0, "cuMemFree");
 }
 
 CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
@@ -162,6 +186,7 @@ CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
     NEED_PTR(pp);
     NEED_CTX();
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    no_alloc_while_waiting("cuMemHostAlloc");
     size_t maplen = page_round(size);
     void *m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -175,10 +200,11 @@ CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
+/* Pinned memory is mapped in every context: its free waits for all. */
 CUresult cuMemFreeHost(void *p) {
     LOG("cuMemFreeHost(%p)", p);
     NEED_INIT();
-    return remove_alloc((uintptr_t)p, K_PINNED);
+    return sync_remove((uintptr_t)p, K_PINNED, 1, "cuMemFreeHost");
 }
 
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags) {
@@ -351,5 +377,5 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned in
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
     LOG("cuIpcCloseMemHandle(%#llx)", p);
     NEED_INIT();
-    return remove_alloc(p, K_IPC);
+    return sync_remove(p, K_IPC, 0, "cuIpcCloseMemHandle");
 }

@@ -7,12 +7,20 @@
  * This file has main, the shared helpers and the tests of devices,
  * contexts, copies, pointer attributes, error names and IPC;
  * fake_cuda_selftest_streams.c tests streams, events, waits, host functions
- * and capture, fake_cuda_selftest_kernels.c the emulated kernels
+ * and capture, fake_cuda_selftest_kernels.c the emulated kernels,
+ * fake_cuda_selftest_strict.c what makes the fake as strict as CUDA
  * (fake_cuda_selftest.h: what they share).
  *
  * Usage: fake_cuda_selftest all        (FAKE_CUDA_DEVICES=2)
  *        fake_cuda_selftest nomemops   (FAKE_CUDA_NO_STREAM_MEMOPS=1)
  *        fake_cuda_selftest nodev      (FAKE_CUDA_DEVICES=0)
+ *        fake_cuda_selftest deadlock   (aborts: a free while a stream waits)
+ *        fake_cuda_selftest hostfn_wait (aborts: a host function waits)
+ *        fake_cuda_selftest alloc_wait, alloc_wait_dev (abort: pinned or
+ *                                       device allocation while a stream waits)
+ *        fake_cuda_selftest oldcuda    (FAKE_CUDA_DRIVER_VERSION=12020,
+ *                                       FAKE_CUDA_REJECT_CUBIN=1)
+ *        fake_cuda_selftest narrow <cases> <out>   (the narrow kernels)
  *        fake_cuda_selftest ipc_child <hex handle>   (started by `all`)
  * A call that must succeed and does not makes the program exit 2.
  */
@@ -396,7 +404,15 @@ static int ipc_child(const char *hex) {
     kv("ipc.child_read_ok", check(buf, N, 7, 3));
     fill(buf, N, 11, 5);
     CK(cuMemcpyHtoD(p, buf, N));
+    /* The close waits, as CUDA's does, until the context's streams are idle. */
+    CUstream s = new_stream();
+    volatile uint32_t *flag = new_flag(0);
+    CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    pthread_t th;
+    pthread_create(&th, NULL, set_later, (void *)flag);
     kv("ipc.child_close", cuIpcCloseMemHandle(p));
+    kv("ipc.child_close_waited", __atomic_load_n(flag, __ATOMIC_ACQUIRE) == 1);
+    pthread_join(th, NULL);
     kv("ipc.child_close_again", cuIpcCloseMemHandle(p));
     kv("ipc.child_range_closed", cuMemGetAddressRange(&base, &size, p + 100));
     return 0;
@@ -406,6 +422,12 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *mode = argc > 1 ? argv[1] : "all";
     if (strcmp(mode, "ipc_child") == 0 && argc > 2) return ipc_child(argv[2]);
+    if (strcmp(mode, "deadlock") == 0) return m_deadlock();
+    if (strcmp(mode, "hostfn_wait") == 0) return m_hostfn_wait();
+    if (strcmp(mode, "alloc_wait") == 0) return m_alloc_wait(0);
+    if (strcmp(mode, "alloc_wait_dev") == 0) return m_alloc_wait(1);
+    if (strcmp(mode, "oldcuda") == 0) return m_oldcuda();
+    if (strcmp(mode, "narrow") == 0 && argc > 3) return m_narrow(argv[2], argv[3]);
     if (strcmp(mode, "nodev") == 0) {
         kv("init.rc", cuInit(0));
         int n = -1;
@@ -446,6 +468,8 @@ int main(int argc, char **argv) {
     t_cross_stream();
     t_capture();
     t_kernels();
+    CK(cuCtxSetCurrent(ctx0));
+    t_strict(ctx0, ctx1);
     t_errors();
     t_ipc(argv[0]);
     printf("done 1\n");

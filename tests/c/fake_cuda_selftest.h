@@ -2,7 +2,8 @@
  * fake_cuda_selftest.h: what the files of the emulated CUDA driver's
  * self-test share (fake_cuda_selftest.c has main and describes the
  * program): CK, the `key value` printers, small helpers, and the test
- * groups of fake_cuda_selftest_streams.c and fake_cuda_selftest_kernels.c.
+ * groups and modes of fake_cuda_selftest_streams.c,
+ * fake_cuda_selftest_kernels.c and fake_cuda_selftest_strict.c.
  */
 #ifndef FAKE_CUDA_SELFTEST_H
 #define FAKE_CUDA_SELFTEST_H
@@ -51,6 +52,8 @@ CUstream new_stream(void);
 CUevent new_event(void);
 
 /* fake_cuda_selftest_streams.c */
+/* Sets the flag at `arg` to 1 after 50 ms (a thread's body). */
+void *set_later(void *arg);
 void t_fifo(void);
 void t_host_funcs(void);
 void t_cross_stream(void);
@@ -60,5 +63,13 @@ void wait_flag_fn(void *u);
 
 /* fake_cuda_selftest_kernels.c */
 void t_kernels(void);
+
+/* fake_cuda_selftest_strict.c */
+void t_strict(CUcontext c0, CUcontext c1);
+int m_deadlock(void);
+int m_hostfn_wait(void);
+int m_alloc_wait(int device);
+int m_oldcuda(void);
+int m_narrow(const char *in, const char *out);
 
 #endif /* FAKE_CUDA_SELFTEST_H */

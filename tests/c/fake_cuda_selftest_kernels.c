@@ -130,7 +130,8 @@ void t_kernels(void) {
     CUmodule m = NULL, junk = NULL;
     CUfunction f = NULL;
     kv("kernel.load_garbage", cuModuleLoadData(&junk, "not a cubin"));
-    kv("kernel.load_elf", cuModuleLoadData(&junk, "\177ELF\2\1\1"));
+    static const unsigned char not_cuda[64] = {0x7f, 'E', 'L', 'F', 2, 1, 1};
+    kv("kernel.load_elf", cuModuleLoadData(&junk, not_cuda)); /* ELF, but not EM_CUDA */
     kv("kernel.load_null", cuModuleLoadData(&junk, NULL));
     kv("kernel.load", cuModuleLoadData(&m, PTX));
     kv("kernel.module_nonnull", m != NULL);

@@ -7,6 +7,13 @@
 
 /* --------------------------------------------------------- stream order */
 
+/* Sets the flag at `arg` to 1 after 50 ms. */
+void *set_later(void *arg) {
+    sleep_ms(50);
+    set_flag(arg, 1);
+    return NULL;
+}
+
 void t_fifo(void) {
     enum { N = 4096 };
     static unsigned char src[N];
@@ -91,16 +98,21 @@ void t_fifo(void) {
     set_flag(flag, 1);
     kv("event.destroy_pending_sync", cuStreamSynchronize(s));
 
-    /* Freeing memory that queued work still reads: it stays mapped until then. */
+    /* Freeing memory that queued work still reads waits, as CUDA's frees
+     * do, until the context's streams are idle: here until a thread sets
+     * the flag the stream waits on. */
     set_flag(flag, 0);
     memset(out, 0, N);
     CK(cuMemcpyHtoD(a, src, N));
     CK(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
     CK(cuMemcpyDtoHAsync(out, a, N, s));
+    pthread_t th;
+    pthread_create(&th, NULL, set_later, (void *)flag);
     kv("free.pending_rc", cuMemFree(a));
-    set_flag(flag, 1);
-    kv("free.pending_sync", cuStreamSynchronize(s));
+    kv("free.waited_for_stream", __atomic_load_n(flag, __ATOMIC_ACQUIRE) == 1);
     kv("free.pending_data", check(out, N, 3, 1));
+    pthread_join(th, NULL);
+    kv("free.pending_sync", cuStreamSynchronize(s));
 
     CK(cuEventDestroy(e));
     CK(cuStreamDestroy(s));
@@ -165,12 +177,6 @@ void t_host_funcs(void) {
 }
 
 /* ------------------------------------------------- cross-stream, ctx sync */
-
-static void *set_later(void *arg) {
-    sleep_ms(50);
-    set_flag(arg, 1);
-    return NULL;
-}
 
 void t_cross_stream(void) {
     CUstream s1 = new_stream(), s2 = new_stream();

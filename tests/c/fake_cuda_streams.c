@@ -1,8 +1,10 @@
 /*
  * fake_cuda_streams.c: the emulated CUDA driver's streams (the model and
  * its limits are described in fake_cuda.c): the queued operations, the
- * worker thread of each stream that runs them, copies and memsets, waits,
- * host functions, cuCtxSynchronize, graph capture and events.
+ * worker thread of each stream that runs them, the one shared worker that
+ * runs every host function (with its watchdog), quiesce() for the
+ * synchronising calls (with the deadlock watchdog), copies and memsets,
+ * waits, cuCtxSynchronize, graph capture and events.
  */
 #include "fake_cuda_internal.h"
 
@@ -10,9 +12,10 @@
 
 struct fake_event {
     uint32_t magic;
-    int refs;           /* the user's, plus one per queued operation naming it */
-    uint64_t recorded;  /* records requested (the newest record's number) */
-    uint64_t completed; /* the highest record number the workers have reached */
+    struct fake_ctx *ctx; /* the context it was created in */
+    int refs;             /* the user's, plus one per queued operation naming it */
+    uint64_t recorded;    /* records requested (the newest record's number) */
+    uint64_t completed;   /* the highest record number the workers have reached */
 };
 static pthread_mutex_t g_ev = PTHREAD_MUTEX_INITIALIZER; /* guards every event */
 pthread_cond_t g_ev_cv; /* initialised by fake_cuda_load (fake_cuda.c) */
@@ -43,21 +46,120 @@ void op_free(struct op *o) {
     free(o);
 }
 
+/* A stream. Its memory is never freed (a destroyed stream leaves the list
+ * and loses its magic), so that quiesce() may wait on one that ends. */
 struct fake_stream {
     uint32_t magic;
     struct fake_stream *next; /* in g_streams */
-    struct fake_ctx *ctx;     /* NULL for the default stream */
+    struct fake_ctx *ctx;     /* its context (a default stream's too) */
     pthread_mutex_t mu;
     pthread_cond_t cv; /* work queued, an op finished, or stop */
     struct op *head, *tail;
+    uint64_t nsub, ndone; /* ops queued, ops run (for quiesce) */
     int busy;      /* the worker is running an op */
+    int running;   /* that op's kind */
+    struct op *cur; /* that op (for no_alloc_while_waiting) */
     int stop;      /* destroyed: drain, then exit */
     int capturing; /* between cuStreamBeginCapture and cuStreamEndCapture */
 };
 static pthread_mutex_t g_streams_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct fake_stream *g_streams; /* every live stream, for cuCtxSynchronize */
+static struct fake_stream *g_streams; /* every live stream */
 static pthread_mutex_t g_default_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct fake_stream *g_default;
+static struct fake_stream *g_default[MAX_DEV]; /* per primary context */
+
+/* ------------------------------------------- the shared host-function worker */
+
+/* As in CUDA, every host function of the process runs on one thread, in
+ * the order the streams reach them; a stream waits for its function. One
+ * that runs longer than FAKE_CUDA_HOSTFN_LIMIT_S aborts the process: it
+ * waits for something, which stalls every other host function. */
+struct hf_job {
+    struct hf_job *next;
+    CUhostFn fn;
+    void *user;
+    int done;
+};
+static pthread_mutex_t g_hf_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_hf_cv; /* a job queued or done */
+static struct hf_job *g_hf_head, *g_hf_tail;
+static int64_t g_hf_since; /* when the running function started (ns); 0: none */
+static pthread_once_t g_hf_once = PTHREAD_ONCE_INIT;
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void *hf_worker(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&g_hf_mu);
+    for (;;) {
+        while (!g_hf_head) pthread_cond_wait(&g_hf_cv, &g_hf_mu); /* idle: no timeout */
+        struct hf_job *j = g_hf_head;
+        g_hf_head = j->next;
+        if (!g_hf_head) g_hf_tail = NULL;
+        __atomic_store_n(&g_hf_since, now_ns(), __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&g_hf_mu);
+        t_in_hostfn = 1;
+        j->fn(j->user);
+        t_in_hostfn = 0;
+        pthread_mutex_lock(&g_hf_mu);
+        __atomic_store_n(&g_hf_since, 0, __ATOMIC_RELEASE);
+        j->done = 1;
+        pthread_cond_broadcast(&g_hf_cv);
+    }
+    return NULL;
+}
+
+static void *hf_watchdog(void *arg) {
+    (void)arg;
+    const struct timespec nap = {0, 50000000}; /* 50 ms */
+    for (;;) {
+        nanosleep(&nap, NULL);
+        int64_t t = __atomic_load_n(&g_hf_since, __ATOMIC_ACQUIRE);
+        if (t && now_ns() - t > (int64_t)g_hostfn_limit_s * 1000000000) {
+            say("a host function has run for %d s (FAKE_CUDA_HOSTFN_LIMIT_S): host functions must "
+                "not wait (CUDA runs every one of them on one thread, so a waiting one stalls the "
+                "others and can deadlock); aborting",
+                g_hostfn_limit_s);
+            abort();
+        }
+    }
+    return NULL;
+}
+
+static void start_thread(void *(*fn)(void *), void *arg, const char *name) {
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_t th;
+    if (pthread_create(&th, &at, fn, arg) != 0) {
+        say("cannot start a worker thread");
+        abort();
+    }
+    pthread_attr_destroy(&at);
+    pthread_setname_np(th, name);
+}
+
+static void hf_start(void) {
+    cond_init(&g_hf_cv);
+    start_thread(hf_worker, NULL, "fake-cuda-hostfn");
+    start_thread(hf_watchdog, NULL, "fake-cuda-hfdog");
+}
+
+/* Runs fn(user) on the shared worker and waits for it (the stream's turn). */
+static void run_host_fn(CUhostFn fn, void *user) {
+    pthread_once(&g_hf_once, hf_start);
+    struct hf_job j = {NULL, fn, user, 0};
+    pthread_mutex_lock(&g_hf_mu);
+    if (g_hf_tail) g_hf_tail->next = &j;
+    else g_hf_head = &j;
+    g_hf_tail = &j;
+    pthread_cond_broadcast(&g_hf_cv);
+    while (!j.done) pthread_cond_wait(&g_hf_cv, &g_hf_mu); /* bounded by the watchdog */
+    pthread_mutex_unlock(&g_hf_mu);
+}
 
 static int wait_value_ok(uint32_t cur, uint32_t v, unsigned flags) {
     switch (flags & 3u) {
@@ -95,7 +197,7 @@ static void run_op(struct op *o) {
         }
         break;
     }
-    case OP_HOST_FN: o->fn(o->user); break;
+    case OP_HOST_FN: run_host_fn(o->fn, o->user); break;
     case OP_KERNEL:
         if (o->n) run_kernel(o);
         break;
@@ -112,25 +214,26 @@ static void *worker(void *arg) {
         s->head = o->next;
         if (!s->head) s->tail = NULL;
         s->busy = 1;
+        s->running = o->kind;
+        s->cur = o;
         pthread_mutex_unlock(&s->mu);
         run_op(o);
+        pthread_mutex_lock(&s->mu);
+        s->cur = NULL;
+        pthread_mutex_unlock(&s->mu);
         op_free(o);
         pthread_mutex_lock(&s->mu);
         s->busy = 0;
+        s->ndone++;
         pthread_cond_broadcast(&s->cv);
     }
     pthread_mutex_unlock(&s->mu);
-    /* cuCtxSynchronize holds g_streams_mu while it drains streams; this one
-     * is drained, so it only has to wait for that to finish. */
     pthread_mutex_lock(&g_streams_mu);
     struct fake_stream **pp = &g_streams;
     while (*pp != s) pp = &(*pp)->next;
     *pp = s->next;
     pthread_mutex_unlock(&g_streams_mu);
-    s->magic = 0;
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
+    s->magic = 0; /* the memory stays (see struct fake_stream) */
     return NULL;
 }
 
@@ -145,16 +248,7 @@ static struct fake_stream *stream_new(struct fake_ctx *ctx) {
     s->next = g_streams;
     g_streams = s;
     pthread_mutex_unlock(&g_streams_mu);
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    pthread_t th;
-    if (pthread_create(&th, &at, worker, s) != 0) {
-        say("cannot start a stream worker thread");
-        abort();
-    }
-    pthread_attr_destroy(&at);
-    pthread_setname_np(th, "fake-cuda-strm");
+    start_thread(worker, s, "fake-cuda-strm");
     return s;
 }
 
@@ -162,17 +256,34 @@ static int is_default(CUstream h) {
     return h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
 }
 
+/* The stream `h` names; the default handles name the current context's
+ * default stream (none current: CUDA_ERROR_INVALID_CONTEXT). */
 static CUresult get_stream(CUstream h, struct fake_stream **out) {
     if (is_default(h)) {
+        if (t_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
         pthread_mutex_lock(&g_default_mu);
-        if (!g_default) g_default = stream_new(NULL);
-        *out = g_default;
+        struct fake_stream **d = &g_default[t_ctx - g_ctx];
+        if (!*d) *d = stream_new(t_ctx);
+        *out = *d;
         pthread_mutex_unlock(&g_default_mu);
         return CUDA_SUCCESS;
     }
     struct fake_stream *s = (struct fake_stream *)h;
     if (s->magic != STREAM_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
     *out = s;
+    return CUDA_SUCCESS;
+}
+
+CUresult stream_ctx(CUstream h, struct fake_ctx **out) {
+    *out = NULL;
+    if (is_default(h)) {
+        if (t_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+        *out = t_ctx;
+        return CUDA_SUCCESS;
+    }
+    struct fake_stream *s = (struct fake_stream *)h;
+    if (s->magic != STREAM_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    *out = s->ctx;
     return CUDA_SUCCESS;
 }
 
@@ -204,6 +315,7 @@ CUresult submit(CUstream h, struct op *o) {
     if (s->tail) s->tail->next = o;
     else s->head = o;
     s->tail = o;
+    s->nsub++;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return CUDA_SUCCESS;
@@ -214,6 +326,87 @@ static void drain(struct fake_stream *s, const char *what) {
     pthread_mutex_lock(&s->mu);
     while (s->head || s->busy) wait_until(&s->cv, &s->mu, &dl, what);
     pthread_mutex_unlock(&s->mu);
+}
+
+static const char *op_name(int kind) {
+    switch (kind) {
+    case OP_COPY: return "a copy";
+    case OP_SET: return "a memset";
+    case OP_RECORD: return "an event record";
+    case OP_WAIT_EVENT: return "cuStreamWaitEvent";
+    case OP_WAIT_VALUE: return "cuStreamWaitValue32 (a flag nobody has set)";
+    case OP_HOST_FN: return "a host function";
+    default: return "a kernel";
+    }
+}
+
+/* Waits until every stream of `ctx` (NULL: all) has run what was queued
+ * on it when the call began. After `secs` (0: FAKE_CUDA_TIMEOUT_S) a
+ * deadlock report (deadlock) or die_timeout. */
+static void wait_streams(struct fake_ctx *ctx, const char *what, int secs, int deadlock) {
+    struct target {
+        struct fake_stream *s;
+        uint64_t n;
+    } *t = NULL;
+    size_t n = 0, cap = 0;
+    pthread_mutex_lock(&g_streams_mu);
+    for (struct fake_stream *s = g_streams; s; s = s->next) {
+        if (ctx && s->ctx != ctx) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            t = realloc(t, cap * sizeof *t);
+            if (!t) abort();
+        }
+        pthread_mutex_lock(&s->mu);
+        t[n++] = (struct target){s, s->nsub};
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_unlock(&g_streams_mu);
+    struct timespec dl = secs ? deadline_in(secs) : deadline();
+    for (size_t i = 0; i < n; i++) {
+        struct fake_stream *s = t[i].s;
+        pthread_mutex_lock(&s->mu);
+        while (s->ndone < t[i].n) {
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &dl) != ETIMEDOUT) continue;
+            if (!deadlock) die_timeout(what);
+            say("%s: deadlock: the call waits until every stream of the context is idle, but "
+                "stream %p (device %d) has been stuck for %d s (FAKE_CUDA_DEADLOCK_S) on %s; on a "
+                "GPU the call would never return; aborting",
+                what, (void *)s, s->ctx ? s->ctx->device : -1, secs,
+                op_name(s->busy ? s->running : s->head ? s->head->kind : -1));
+            abort();
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    free(t);
+}
+
+void no_alloc_while_waiting(const char *what) {
+    struct fake_stream *w = NULL;
+    pthread_mutex_lock(&g_streams_mu);
+    for (struct fake_stream *s = g_streams; s && !w; s = s->next) {
+        pthread_mutex_lock(&s->mu);
+        /* A wait not yet satisfied, running or queued. */
+        for (struct op *o = s->cur ? s->cur : s->head; o && !w; o = o == s->cur ? s->head : o->next)
+            if (o->kind == OP_WAIT_VALUE &&
+                !wait_value_ok(__atomic_load_n((uint32_t *)o->dst, __ATOMIC_ACQUIRE), o->value,
+                               o->flags))
+                w = s;
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_unlock(&g_streams_mu);
+    if (!w) return;
+    say("%s while stream %p (device %d) waits on cuStreamWaitValue32: CUDA's implicit "
+        "synchronisation keeps commands issued before and after an allocation on different "
+        "streams from running concurrently, so work issued after it may never start; aborting",
+        what, (void *)w, w->ctx ? w->ctx->device : -1);
+    abort();
+}
+
+void quiesce(struct fake_ctx *ctx, const char *what) {
+    LOG("%s: waiting for the streams of %s to go idle", what,
+        ctx ? "its context" : "every context");
+    wait_streams(ctx, what, g_deadlock_s, 1);
 }
 
 /* ---------------------------------------------------------------- copies */
@@ -304,10 +497,7 @@ CUresult cuCtxSynchronize(void) {
     LOG("cuCtxSynchronize");
     NEED_INIT();
     NEED_CTX();
-    pthread_mutex_lock(&g_streams_mu);
-    for (struct fake_stream *s = g_streams; s; s = s->next)
-        if (s->ctx == t_ctx || s->ctx == NULL) drain(s, "cuCtxSynchronize");
-    pthread_mutex_unlock(&g_streams_mu);
+    wait_streams(t_ctx, "cuCtxSynchronize", 0, 0);
     return CUDA_SUCCESS;
 }
 
@@ -320,6 +510,16 @@ CUresult cuStreamCreate(CUstream *ph, unsigned int flags) {
     *ph = (CUstream)stream_new(t_ctx); /* flags (NON_BLOCKING) change nothing here */
     LOG("cuStreamCreate(flags=%#x) -> %p", flags, (void *)*ph);
     return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx) {
+    NEED_INIT();
+    NEED_PTR(pctx);
+    struct fake_ctx *c;
+    CUresult rc = stream_ctx(h, &c);
+    *pctx = (CUcontext)c;
+    LOG("cuStreamGetCtx(%p) -> %p", (void *)h, (void *)c);
+    return rc;
 }
 
 CUresult cuStreamDestroy_v2(CUstream h) {
@@ -452,6 +652,7 @@ CUresult cuEventCreate(CUevent *ph, unsigned int flags) {
     struct fake_event *e = calloc(1, sizeof *e);
     if (!e) abort();
     e->magic = EVENT_MAGIC;
+    e->ctx = t_ctx;
     e->refs = 1;
     *ph = (CUevent)e;
     LOG("cuEventCreate(flags=%#x) -> %p", flags, (void *)e);
@@ -463,6 +664,14 @@ CUresult cuEventRecord(CUevent ev, CUstream h) {
     NEED_INIT();
     if (!ev || ((struct fake_event *)ev)->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
     NEED_CTX();
+    /* As in CUDA: the event and the stream must belong to one context. */
+    struct fake_ctx *sc;
+    CUresult rc = stream_ctx(h, &sc);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (sc != ((struct fake_event *)ev)->ctx) {
+        LOG("cuEventRecord: the event's context is not the stream's");
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
     struct op *o = op_new(OP_RECORD);
     o->ev = (struct fake_event *)ev; /* submit takes a reference */
     return submit(h, o);

@@ -2,8 +2,7 @@
 //! `ncclCommInitRank[Config]`, `ncclCommInitAll`, `ncclCommInitRankScalable`,
 //! `ncclCommGetUniqueId`, `ncclCommSplit`, `ncclCommShrink`, `ncclCommGrow`.
 //!
-//! Arguments are checked fully before anything is created. `ncclCommGrow`
-//! is not served yet (see docs/api-status.md).
+//! Arguments are checked fully before anything is created.
 
 use std::collections::HashSet;
 use std::ffi::c_int;
@@ -19,11 +18,10 @@ use hetccl_abi::NcclResult;
 
 use super::check;
 use super::config_read::{read_comm_config, CommConfig};
-use super::engine_gate::unavailable;
 use super::guard::guard;
 use crate::bootstrap::id::UniqueId;
 use crate::bootstrap::{self, root};
-use crate::comm::{handle, init, split, Comm};
+use crate::comm::{grow, handle, init, split, Comm};
 use crate::error::{Error, Result};
 use crate::export;
 use crate::launch;
@@ -76,7 +74,11 @@ fn process_params() -> bootstrap::Params {
         .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |d| {
             d.addr
         });
-    bootstrap::Params { ip, timeout }
+    bootstrap::Params {
+        ip,
+        timeout,
+        ..Default::default()
+    }
 }
 
 fn decode_id(raw: &ncclUniqueId) -> Result<UniqueId> {
@@ -266,7 +268,7 @@ export! {
         guard("ncclCommGetUniqueId", || {
             let c = handle::lookup(comm)?;
             check::non_null(unique_id, "uniqueId")?;
-            let id = c.engine()?.id.encode();
+            let id = grow::issue_uid(&c)?.encode();
             // SAFETY: checked non-NULL.
             unsafe { *unique_id = id };
             Ok(())
@@ -280,7 +282,11 @@ export! {
         newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t {
         guard("ncclCommSplit", || {
             let c = handle::lookup(comm)?;
-            c.check_usable()?;
+            // A revoked communicator may be split (NCCL's contract), once
+            // its bootstrap is free again.
+            if !c.revoked.load(Ordering::Acquire) {
+                c.check_usable()?;
+            }
             check::non_null(newcomm, "newcomm")?;
             if color < NCCL_SPLIT_NOCOLOR {
                 return Err(Error::arg(format!("color {color} must be >= 0 or NCCL_SPLIT_NOCOLOR")));
@@ -333,20 +339,75 @@ export! {
 }
 
 export! {
-    /// Grows a communicator by new ranks joining through `unique_id`.
+    /// Grows a communicator by new ranks joining through `unique_id`
+    /// (`comm::grow`): existing ranks pass `comm` and rank -1 (the root of
+    /// the grow also the id from `ncclCommGetUniqueId`), new ranks pass NULL,
+    /// the id and their rank.
     fn ncclCommGrow / pncclCommGrow(comm: ncclComm_t, nranks: c_int, unique_id: *const ncclUniqueId,
         rank: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t {
         guard("ncclCommGrow", || {
-            if !comm.is_null() {
-                handle::lookup(comm)?;
-            }
             check::non_null(newcomm, "newcomm")?;
             check_nranks(nranks)?;
-            check::rank_in(rank, nranks, "rank")?;
-            check::non_null(unique_id, "uniqueId")?;
             // SAFETY: NULL or a caller-provided ncclConfig_t.
-            let _cfg = unsafe { read_comm_config(config)? };
-            Err(unavailable("ncclCommGrow"))
+            let cfg = unsafe { read_comm_config(config)? };
+            // SAFETY: NULL or the caller's ncclUniqueId.
+            let id = unsafe { unique_id.as_ref() }.map(decode_id).transpose()?;
+            if comm.is_null() {
+                let Some(id) = id else {
+                    return Err(Error::arg("a new rank of ncclCommGrow passes the uniqueId"));
+                };
+                let rank = check::rank_in(rank, nranks, "rank")?;
+                // SAFETY: checked non-NULL; the caller's output slot.
+                return unsafe { create(newcomm, id, nranks as usize, rank, cfg) };
+            }
+            let c = handle::lookup(comm)?;
+            c.check_usable()?;
+            if rank != -1 {
+                return Err(Error::arg(format!(
+                    "an existing rank of ncclCommGrow passes rank -1 (it keeps its rank {}), not {rank}",
+                    c.rank
+                )));
+            }
+            grow_existing(&c, nranks as usize, id, cfg, newcomm)
         })
     }
+}
+
+/// The existing ranks' side of `ncclCommGrow`, blocking or not.
+fn grow_existing(
+    c: &Arc<Comm>,
+    nranks: usize,
+    id: Option<UniqueId>,
+    cfg: CommConfig,
+    out: *mut ncclComm_t,
+) -> Result<()> {
+    if cfg.blocking {
+        let child = grow::grow_existing(c, nranks, id, cfg)?;
+        // SAFETY: checked non-NULL by the caller; the caller's output slot.
+        unsafe { *out = handle::register(child) };
+        return Ok(());
+    }
+    let child = Arc::new(Comm::new(nranks, c.rank));
+    child
+        .async_error
+        .store(NcclResult::InProgress.raw(), Ordering::Release);
+    // SAFETY: as above.
+    unsafe { *out = handle::register(child.clone()) };
+    let parent = c.clone();
+    std::thread::Builder::new()
+        .name("hetccl-grow".into())
+        .spawn(move || {
+            let r = grow::prepare(&parent, nranks, id)
+                .and_then(|id| init::init_engine(&child, &id, cfg));
+            let code = match r {
+                Ok(()) => NcclResult::Success.raw(),
+                Err(e) => {
+                    super::guard::set_last_error(&format!("nonblocking ncclCommGrow: {e}"));
+                    e.code().raw()
+                }
+            };
+            child.async_error.store(code, Ordering::Release);
+        })
+        .map_err(|e| Error::System(format!("spawn: {e}")))?;
+    Err(Error::InProgress)
 }

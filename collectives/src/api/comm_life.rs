@@ -9,7 +9,7 @@ use hetccl_abi::{ncclComm_t, ncclResult_t, CommMemStat, NcclResult};
 
 use super::check;
 use super::guard::guard;
-use crate::comm::{finalize, handle};
+use crate::comm::{finalize, handle, revoke};
 use crate::error::{Error, Result};
 use crate::export;
 
@@ -77,6 +77,12 @@ export! {
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
         guard("ncclCommFinalize", || {
             let c = handle::lookup(comm)?;
+            if c.revoked.load(Ordering::Acquire) {
+                return Err(Error::usage(
+                    "ncclCommFinalize after ncclCommRevoke: a revoked communicator can be \
+                     destroyed, split or shrunk, not finalized",
+                ));
+            }
             let nonblocking = c.engine.get().is_some_and(|e| !e.config.blocking);
             if !nonblocking {
                 return finalize::finalize(&c);
@@ -124,6 +130,7 @@ export! {
                 tracing::warn!(target: "hetccl::INIT",
                     "ncclCommDestroy: rank {}: {e}; closing the links at once", c.rank);
             }
+            finalize::write_telemetry(&c);
             Ok(())
         })
     }
@@ -152,6 +159,7 @@ export! {
                 // one bounded wait; peers see the closed links.
                 e.links.close_all();
             }
+            finalize::write_telemetry(&c);
             Ok(())
         })
     }
@@ -165,7 +173,7 @@ export! {
             if flags != 0 {
                 return Err(Error::arg(format!("revokeFlags must be 0, not {flags:#x}")));
             }
-            c.revoked.store(true, Ordering::Release);
+            revoke::revoke(&c, c.rank);
             Ok(())
         })
     }

@@ -23,6 +23,8 @@ pub struct Card {
     pub proc_nonce: u64,
     /// Where the rank accepts peer connections.
     pub addr: SocketAddr,
+    /// Whether the rank checks collective fingerprints (`HETCCL_CHECK`).
+    pub checks: bool,
 }
 
 impl Card {
@@ -35,6 +37,7 @@ impl Card {
         b[16..20].copy_from_slice(&self.pid.to_be_bytes());
         b[20..28].copy_from_slice(&self.proc_nonce.to_be_bytes());
         b[28..30].copy_from_slice(&self.addr.port().to_be_bytes());
+        b[31] = u8::from(self.checks);
         match self.addr.ip() {
             IpAddr::V4(a) => {
                 b[30] = 4;
@@ -56,9 +59,9 @@ impl Card {
         let u32_at = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_be_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         let port = u16::from_be_bytes([b[28], b[29]]);
-        // Padding must be zero, as in the unique id: byte 31, and the unused
-        // tail of an IPv4 address.
-        let pad_ok = b[31] == 0 && (b[30] != 4 || b[36..48].iter().all(|&x| x == 0));
+        // Flags (byte 31) hold one bit; padding must be zero, as in the
+        // unique id: the unused tail of an IPv4 address.
+        let pad_ok = b[31] <= 1 && (b[30] != 4 || b[36..48].iter().all(|&x| x == 0));
         if !pad_ok {
             return Err(Error::Remote("card with garbage in its padding".into()));
         }
@@ -76,6 +79,7 @@ impl Card {
             pid: u32_at(16),
             proc_nonce: u64_at(20),
             addr: SocketAddr::new(ip, port),
+            checks: b[31] == 1,
         };
         if c.nranks == 0 || c.rank >= c.nranks || port == 0 {
             return Err(Error::Remote(format!(
@@ -127,7 +131,12 @@ mod tests {
             pid: 42,
             proc_nonce: 7,
             addr: "[::1]:99".parse().unwrap(),
+            checks: r_checks(rank),
         }
+    }
+
+    fn r_checks(rank: u32) -> bool {
+        rank != 2
     }
 
     #[test]
@@ -142,5 +151,10 @@ mod tests {
         assert!(decode_table(&bad, 3).is_err());
         assert!(Card::decode(&card(3, 3).encode()).is_err());
         assert!(Card::decode(&[0u8; 5]).is_err());
+        // The flags byte holds one bit.
+        let mut flags = card(1, 3).encode();
+        flags[31] = 2;
+        assert!(Card::decode(&flags).is_err());
+        assert!(!Card::decode(&card(2, 3).encode()).unwrap().checks);
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod card;
+pub mod clock_sync;
 pub mod frame;
 pub mod gate;
 pub mod id;
@@ -35,6 +36,9 @@ pub struct Params {
     pub ip: IpAddr,
     /// The bound of one bootstrap phase (`HETCCL_TIMEOUT_S`).
     pub timeout: Duration,
+    /// Whether this rank checks collective fingerprints (`HETCCL_CHECK`),
+    /// published on its card so that the ranks can agree.
+    pub checks: bool,
 }
 
 impl Default for Params {
@@ -43,6 +47,7 @@ impl Default for Params {
         Self {
             ip: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             timeout: Duration::from_secs(300),
+            checks: true,
         }
     }
 }
@@ -148,6 +153,7 @@ impl Bootstrap {
             pid: std::process::id(),
             proc_nonce: proc_nonce(),
             addr: listener.local_addr()?,
+            checks: params.checks,
         };
         let mut h = root::ROOT_TAG.to_vec();
         h.extend_from_slice(&me.encode());

@@ -197,6 +197,7 @@ mod tests {
             pid: 2,
             proc_nonce: 3,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            checks: true,
         }
     }
 

@@ -1,7 +1,6 @@
 //! The part of a communicator that moves data: its bootstrap, topology,
 //! links, and the lock that serialises operations on it.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -32,8 +31,12 @@ pub struct Engine {
     pub arena: Option<Arc<Arena>>,
     /// Held while an operation runs on this communicator.
     pub exec_lock: Mutex<()>,
-    /// Shared with `links.aborted`.
-    pub aborted: Arc<AtomicBool>,
+    /// Why operations must stop (abort, revoke); shared with `links.stop`.
+    pub stop: Arc<crate::exec::stop::Stop>,
+    /// Collectives run so far (the sequence number in fingerprints: the
+    /// same on every rank, unlike `seq`, which counts point-to-point calls
+    /// too).
+    pub coll_seq: std::sync::atomic::AtomicU64,
     /// Number of operations run so far (the sequence part of trace ids).
     pub seq: std::sync::atomic::AtomicU64,
     /// Scratch buffers kept between operations (plans never read scratch
@@ -49,4 +52,6 @@ pub struct Engine {
     pub costs: crate::cost::CostModel,
     /// What it took from the configuration at init (passed down from here).
     pub settings: super::settings::Settings,
+    /// What this rank is doing, for the status service (when it is on).
+    pub status: Option<Arc<crate::exec::watch::Doing>>,
 }

@@ -18,9 +18,28 @@ use std::sync::atomic::Ordering;
 use super::Comm;
 use crate::error::{Error, Result};
 
-/// Finalizes `c` on the calling thread. Idempotent; bounded by the
-/// bootstrap deadline (`HETCCL_TIMEOUT_S`).
+/// Finalizes `c` on the calling thread, and writes the timeline file
+/// (`crate::telemetry::trace`). Idempotent; bounded by the bootstrap
+/// deadline (`HETCCL_TIMEOUT_S`).
 pub fn finalize(c: &Comm) -> Result<()> {
+    let r = close_links(c);
+    crate::telemetry::trace::flush();
+    r
+}
+
+/// The last metrics file of `c` and the timeline file, and the end of its
+/// status service (destroy, abort).
+pub fn write_telemetry(c: &Comm) {
+    if let Some(e) = c.engine.get() {
+        crate::telemetry::writer::unregister(&e.links.metrics);
+        if let Some(d) = &e.status {
+            crate::telemetry::status::unregister(d);
+        }
+    }
+    crate::telemetry::trace::flush();
+}
+
+fn close_links(c: &Comm) -> Result<()> {
     if c.finalized.swap(true, Ordering::AcqRel) {
         return Ok(());
     }
@@ -35,7 +54,7 @@ pub fn finalize(c: &Comm) -> Result<()> {
             "ncclCommFinalize: an operation on another thread did not finish in time".into(),
         ));
     };
-    if c.has_failed() || e.aborted.load(Ordering::Acquire) {
+    if c.has_failed() || e.stop.is_set() {
         return Ok(());
     }
     e.links.finish(deadline);

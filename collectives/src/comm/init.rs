@@ -5,7 +5,7 @@
 //! one rank (say, the shm arena cannot be created) reaches the others as an
 //! error or a timeout rather than a hang.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -37,6 +37,7 @@ pub fn bootstrap_params(s: &Settings) -> Params {
     Params {
         ip: s.bootstrap_ip(),
         timeout: s.timeout,
+        checks: s.check,
     }
 }
 
@@ -58,6 +59,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     hetccl_core::obs::print_version_once();
     hetccl_core::config::log_once();
     let mut settings = Settings::new(hetccl_core::config::get(), &config)?;
+    crate::telemetry::clock::init();
     let mut bs = Bootstrap::join(
         id,
         rank,
@@ -65,6 +67,28 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         topo::host_hash(settings.host_id.as_deref()),
         bootstrap_params(&settings),
     )?;
+    // The status service's listener for the other ranks, published with
+    // the clock probe (every rank takes part, with or without a service).
+    let status_listener = settings.status_port.and_then(|_| {
+        crate::telemetry::status::Listener::bind(settings.bootstrap_ip())
+            .map_err(|e| {
+                tracing::warn!(target: "hetccl::INIT",
+                    "rank {rank}: status: cannot listen: {e}; the status service is off");
+            })
+            .ok()
+    });
+    let card = status_listener
+        .as_ref()
+        .map(crate::telemetry::status::Listener::card)
+        .unwrap_or_default();
+    let (sync, status_cards) = bs.clock_sync(crate::telemetry::clock::now_unix_ns, &card)?;
+    // Fingerprints change every plan's messages: the ranks must agree.
+    if settings.check && bs.cards.iter().any(|c| !c.checks) {
+        tracing::warn!(target: "hetccl::INIT",
+            "rank {rank}: HETCCL_CHECK is off on some ranks of this communicator: collective \
+             fingerprints are off on every rank");
+        settings.check = false;
+    }
     let hashes: Vec<u64> = bs.cards.iter().map(|c| c.host_hash).collect();
     let node_of = topo::node_of_ranks(&hashes);
     let procs: Vec<u32> = {
@@ -164,7 +188,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     for (p, conns) in verbs::setup(&mut bs, &verbs_peers, &ib_ports, NCHAN, &vparams)? {
         peers[p] = Some(conns);
     }
-    let aborted = Arc::new(AtomicBool::new(false));
+    let stop: Arc<crate::exec::stop::Stop> = Arc::default();
     let hw = topo::host::host_info();
     if local.len() > hw.pus {
         settings.patience.spin = std::time::Duration::ZERO;
@@ -185,7 +209,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
             Some(crate::intranode::Node::new(
                 a.clone(),
                 me_local,
-                aborted.clone(),
+                stop.clone(),
                 crate::intranode::Options {
                     patience: settings.patience,
                     copy_min: settings.copy_min_bytes,
@@ -201,18 +225,26 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     // The node's progress board (exec/watch.rs): mapped before the last
     // barrier, its name removed after it.
     let on_node: Vec<bool> = (0..nranks).map(|r| node_of[r] == node_of[rank]).collect();
-    let watch = Watch::open(comm_hash, node_of[rank], rank, on_node);
+    let doing = status_listener
+        .as_ref()
+        .map(|_| Arc::new(crate::exec::watch::Doing::default()));
+    let mut watch = Watch::open(comm_hash, node_of[rank], rank, on_node);
+    if let Some(d) = &doing {
+        watch = watch.with_doing(d.clone());
+    }
     let last = bs.barrier();
     Watch::unlink(comm_hash, node_of[rank]);
     last?;
     let bell = arena.as_ref().map(|a| a.bell(me_local));
+    let metrics = Arc::new(crate::telemetry::Metrics::new(rank, &choice));
     let links = Links {
         rank,
         label: settings.label(comm_hash),
         peers,
         bell,
-        aborted: aborted.clone(),
+        stop: stop.clone(),
         watch,
+        metrics: metrics.clone(),
     };
     let kinds: Vec<&str> = links
         .peers
@@ -233,17 +265,56 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         links,
         arena,
         exec_lock: Mutex::new(()),
-        aborted,
+        stop,
         seq: AtomicU64::new(0),
+        coll_seq: AtomicU64::new(0),
         plans: Mutex::new(Default::default()),
         scratch_pool: Mutex::new(Vec::new()),
         intranode: direct,
         costs,
         settings,
+        status: doing.clone(),
+    };
+    let observe = (
+        engine.settings.metrics_file.clone(),
+        engine.settings.trace_file.clone(),
+    );
+    let interval = engine.settings.metrics_interval;
+    let status_port = engine.settings.status_port;
+    let label = engine.settings.label(comm_hash);
+    let pids: Vec<u32> = engine
+        .bootstrap
+        .lock()
+        .cards
+        .iter()
+        .map(|c| c.pid)
+        .collect();
+    let max_events = engine.settings.trace_max_events;
+    let meta = crate::telemetry::render::Meta {
+        comm_hash,
+        comm_name: engine.settings.comm_name.clone(),
+        nranks,
     };
     comm.engine
         .set(engine)
-        .map_err(|_| Error::Internal("communicator initialised twice".into()))
+        .map_err(|_| Error::Internal("communicator initialised twice".into()))?;
+    if let Some(t) = &observe.1 {
+        crate::telemetry::trace::start(t, rank, comm_hash, max_events, sync);
+    }
+    if let Some(m) = &observe.0 {
+        crate::telemetry::writer::register(metrics, meta, m, interval);
+    }
+    if let (Some(l), Some(d), Some(port)) = (status_listener, doing, status_port) {
+        use crate::telemetry::status;
+        let peers = status_cards
+            .iter()
+            .zip(&pids)
+            .map(|(c, &pid)| status::parse_card(c, pid))
+            .collect();
+        let entry = status::Entry::new(label, rank, peers, id.secret, d);
+        status::register(Arc::new(entry), l, port);
+    }
+    Ok(())
 }
 
 /// The node leader creates the arena; everyone maps it; the leader unlinks

@@ -8,11 +8,13 @@
 pub mod config;
 pub mod engine;
 pub mod finalize;
+pub mod grow;
 pub mod handle;
 pub mod init;
 pub mod owner;
 pub mod plan_cache;
 pub mod redop_table;
+pub mod revoke;
 pub mod settings;
 pub mod split;
 
@@ -62,6 +64,9 @@ pub struct Comm {
     pub gpu_p2p: Mutex<Vec<(u64, u64)>>,
     /// The thread inside an operation on this communicator.
     pub owner: owner::Owner,
+    /// The unique id `ncclCommGetUniqueId` issued for a grow, until a grow
+    /// consumes it.
+    pub grow_uid: Mutex<grow::GrowUid>,
     /// Set when `ncclCommFinalize` starts: no new operations.
     pub finalized: AtomicBool,
     /// A nonblocking communicator's finalize, running on a helper thread
@@ -87,6 +92,7 @@ impl Comm {
             gpu_seq: std::sync::atomic::AtomicU64::new(0),
             gpu_p2p: Mutex::new(vec![(0, 0); nranks]),
             owner: owner::Owner::default(),
+            grow_uid: Mutex::new(grow::GrowUid::default()),
             finalized: AtomicBool::new(false),
             finalizer: Mutex::new(None),
         }

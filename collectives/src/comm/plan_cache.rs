@@ -10,6 +10,7 @@ use std::sync::Arc;
 use hetccl_abi::DataType;
 
 use crate::algo::{Algorithm, Collective, Plan};
+use crate::exec::fingerprint::Layout;
 use crate::reduce::ReduceOp;
 
 /// Everything selection and generation depend on, besides the topology.
@@ -29,7 +30,13 @@ pub struct PlanKey {
     pub in_place: bool,
     /// The algorithms the call may use (`AlgoFilter::mask`).
     pub allowed: u8,
+    /// Whether the plan exchanges collective fingerprints.
+    pub checked: bool,
 }
+
+/// A cached plan: its algorithm, the plan, and where its fingerprints live
+/// (when it exchanges them).
+pub type Cached = (Algorithm, Arc<Plan>, Option<Layout>);
 
 /// The most plans kept per communicator; the cache is emptied when full.
 pub const MAX_PLANS: usize = 256;
@@ -37,7 +44,7 @@ pub const MAX_PLANS: usize = 256;
 /// The cache.
 #[derive(Debug, Default)]
 pub struct PlanCache {
-    map: HashMap<PlanKey, (Algorithm, Arc<Plan>)>,
+    map: HashMap<PlanKey, Cached>,
 }
 
 impl PlanCache {
@@ -45,18 +52,18 @@ impl PlanCache {
     pub fn get_or_try_insert<E>(
         &mut self,
         key: PlanKey,
-        make: impl FnOnce() -> Result<(Algorithm, Plan), E>,
-    ) -> Result<(Algorithm, Arc<Plan>), E> {
-        if let Some((a, p)) = self.map.get(&key) {
-            return Ok((*a, p.clone()));
+        make: impl FnOnce() -> Result<(Algorithm, Plan, Option<Layout>), E>,
+    ) -> Result<Cached, E> {
+        if let Some((a, p, l)) = self.map.get(&key) {
+            return Ok((*a, p.clone(), *l));
         }
-        let (a, p) = make()?;
+        let (a, p, l) = make()?;
         if self.map.len() >= MAX_PLANS {
             self.map.clear();
         }
         let p = Arc::new(p);
-        self.map.insert(key, (a, p.clone()));
-        Ok((a, p))
+        self.map.insert(key, (a, p.clone(), l));
+        Ok((a, p, l))
     }
 
     /// Cached entries.

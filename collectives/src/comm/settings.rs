@@ -46,6 +46,20 @@ pub struct Settings {
     pub comm_name: Option<String>,
     /// `HETCCL_NVRTC_LIB`: the NVRTC that compiles the GPU kernels.
     pub nvrtc_lib: Option<String>,
+    /// `HETCCL_CHECK`: collectives on the executor's links exchange
+    /// fingerprints (`exec::fingerprint`).
+    pub check: bool,
+    /// `HETCCL_METRICS_FILE`: the Prometheus file template (unexpanded).
+    pub metrics_file: Option<String>,
+    /// `HETCCL_METRICS_INTERVAL_S`: how often the metrics file is rewritten.
+    pub metrics_interval: Duration,
+    /// `HETCCL_TRACE_FILE`: the timeline file template (unexpanded).
+    pub trace_file: Option<String>,
+    /// `HETCCL_TRACE_MAX_EVENTS`: timeline events kept per thread.
+    pub trace_max_events: usize,
+    /// The status service's query port (`HETCCL_STATUS_PORT`, 0 for any
+    /// when only `HETCCL_STATUS` is set); `None`: the service is off.
+    pub status_port: Option<u16>,
     /// Whether verbs may join ranks on different nodes: off with
     /// `NCCL_IB_DISABLE=1`, `NCCL_NET=Socket` or `HETCCL_NET=socket`.
     pub verbs: bool,
@@ -100,6 +114,12 @@ impl Settings {
             host_id: cfg.host_id.clone(),
             comm_name: comm.comm_name.clone(),
             nvrtc_lib: cfg.nvrtc_lib.clone(),
+            check: cfg.check,
+            metrics_file: cfg.metrics_file.clone(),
+            metrics_interval: secs(cfg.metrics_interval_s).unwrap_or(Duration::from_secs(15)),
+            trace_file: cfg.trace_file.clone(),
+            trace_max_events: cfg.trace_max_events,
+            status_port: cfg.status_port.or(cfg.status.then_some(0)),
             verbs: verbs_allowed(cfg),
             ib: nccl_net_plugin::ib::IbOptions::from_config(cfg),
             ib_ports: nccl_net_plugin::plugin::backend::discover_opts(cfg),

@@ -86,7 +86,7 @@ pub fn shrink(
 ) -> Result<Arc<Comm>> {
     let e = parent.engine()?;
     if abort {
-        e.aborted.store(true, Ordering::Release);
+        e.stop.abort();
         parent.revoked.store(true, Ordering::Release);
     }
     // Wait for any operation still running on another thread (it ends

@@ -28,6 +28,10 @@ pub enum Error {
     /// The operation was accepted and is still running (`ncclInProgress`).
     #[error("operation in progress")]
     InProgress,
+    /// Rank `.0` revoked the communicator (`ncclCommRevoke`): operations
+    /// end with `ncclRemoteError`.
+    #[error("remote error: rank {0} revoked the communicator")]
+    Revoked(usize),
 }
 
 impl Error {
@@ -41,6 +45,7 @@ impl Error {
             Self::Timeout(_) => NcclResult::Timeout,
             Self::Internal(_) => NcclResult::InternalError,
             Self::InProgress => NcclResult::InProgress,
+            Self::Revoked(_) => NcclResult::RemoteError,
         }
     }
 

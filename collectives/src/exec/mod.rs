@@ -13,12 +13,15 @@
 //! at the deadline or when the communicator is aborted.
 
 pub mod clock;
+pub mod fingerprint;
+mod mismatch;
 pub mod self_p2p;
 mod step;
+pub mod stop;
 pub mod watch;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,11 +52,14 @@ pub struct Links {
     pub peers: Vec<Option<Vec<Conn>>>,
     /// This rank's doorbell, if any of its links ring one.
     pub bell: Option<Doorbell>,
-    /// Set when the communicator is aborted: every wait ends with an error.
-    pub aborted: Arc<AtomicBool>,
+    /// Set when the communicator is aborted or revoked: every wait ends
+    /// with an error saying which.
+    pub stop: Arc<stop::Stop>,
     /// The node's progress board: peer liveness and hang summaries
     /// ([`watch::Watch::none`] when there is none).
     pub watch: watch::Watch,
+    /// The communicator's metrics (`crate::telemetry`): the links' counters.
+    pub metrics: Arc<crate::telemetry::Metrics>,
 }
 
 /// The buffers of one operation.
@@ -84,6 +90,9 @@ pub struct Job {
     /// A send to, or receive from, this rank itself: it has no steps until
     /// `self_p2p::pair` matches it with its counterpart.
     pub self_p2p: bool,
+    /// Where the plan's collective fingerprints are (`fingerprint`), when
+    /// the plan exchanges them.
+    pub fingerprint: Option<fingerprint::Layout>,
 }
 
 /// The identity of one operation across ranks: the same on every rank.
@@ -93,6 +102,8 @@ pub struct Trace {
     pub comm_hash: u64,
     /// The operation's sequence number on the communicator.
     pub seq: u64,
+    /// Its timeline identity (`crate::telemetry::trace`), the same on every rank.
+    pub id: crate::telemetry::trace::TraceId,
 }
 
 impl Job {
@@ -124,6 +135,9 @@ pub struct Batch<'a> {
     /// list beats a map).
     queues: Vec<(LinkKey, VecDeque<u32>)>,
     remaining: usize,
+    /// When each step started, in `telemetry::clock` ticks; empty unless the
+    /// timeline is on.
+    started: Vec<u64>,
 }
 
 impl<'a> Batch<'a> {
@@ -141,6 +155,11 @@ impl<'a> Batch<'a> {
             queues: Vec::new(),
             remaining: total,
             jobs: Vec::new(),
+            started: if crate::telemetry::trace::on() {
+                vec![0; total]
+            } else {
+                Vec::new()
+            },
         };
         let mut base = 0u32;
         for (ji, job) in jobs.iter().enumerate() {
@@ -235,7 +254,15 @@ impl<'a> Batch<'a> {
                     continue;
                 }
                 None => {
+                    let t0 = if self.started.is_empty() {
+                        0
+                    } else {
+                        crate::telemetry::clock::ticks()
+                    };
                     step::run_local(&mut self.jobs[ji], &kind)?;
+                    if !self.started.is_empty() {
+                        self.started[g as usize] = t0;
+                    }
                     ran_local = true;
                     true
                 }
@@ -252,28 +279,94 @@ impl<'a> Batch<'a> {
                     }
                     let conn = &self.links.peers[peer as usize].as_ref().expect("checked")[lc];
                     let before = self.moved[g as usize];
-                    let done = step::run_message(
+                    if !self.started.is_empty() && self.started[g as usize] == 0 {
+                        self.started[g as usize] = crate::telemetry::clock::ticks();
+                    }
+                    let r = step::run_message(
                         &mut self.jobs[ji],
                         &kind,
                         conn,
                         &mut self.moved[g as usize],
-                    )?;
-                    progressed |= self.moved[g as usize] != before;
-                    if done {
+                    );
+                    let moved = self.moved[g as usize] - before;
+                    self.count_link(peer as usize, is_send, moved, &r);
+                    progressed |= moved != 0;
+                    if r? {
                         self.queue_mut(key).pop_front();
+                        true
+                    } else {
+                        false
                     }
-                    done
                 }
             };
             if finished {
                 progressed = true;
                 self.ready.swap_remove(i);
+                if !self.started.is_empty() {
+                    self.trace_step(g);
+                }
                 self.complete(g);
             } else {
                 i += 1;
             }
         }
         Ok(progressed)
+    }
+
+    /// Counts a message step's progress on its link: the bytes it moved,
+    /// one message when it completed, one error when it failed.
+    #[inline]
+    fn count_link(&self, peer: usize, is_send: bool, moved: usize, r: &Result<bool>) {
+        use crate::telemetry::metrics::bump;
+        let Some(l) = self.links.metrics.link(peer) else {
+            return;
+        };
+        let (bytes, msgs) = if is_send {
+            (&l.bytes_sent, &l.msgs_sent)
+        } else {
+            (&l.bytes_recv, &l.msgs_recv)
+        };
+        if moved != 0 {
+            bump(bytes, moved as u64);
+        }
+        match r {
+            Ok(true) => bump(msgs, 1),
+            Ok(false) => {}
+            Err(_) => bump(&l.errors, 1),
+        }
+    }
+
+    /// Records the timeline slice of step `g`, just completed.
+    #[cold]
+    fn trace_step(&self, g: u32) {
+        let (ji, si) = self.index[g as usize];
+        let job = &self.jobs[ji];
+        let kind = &job.plan.steps[si].kind;
+        let (name, bytes) = step::trace_name(kind);
+        let (peer, chan) = match kind.message() {
+            Some((p, c, _)) => (
+                p as i32,
+                if job.p2p {
+                    P2P_CHAN as i32
+                } else {
+                    i32::from(c)
+                },
+            ),
+            None => (-1, -1),
+        };
+        crate::telemetry::trace::record(crate::telemetry::trace::Event {
+            what: crate::telemetry::trace::What::Step(name),
+            start: self.started[g as usize],
+            end: crate::telemetry::clock::ticks(),
+            id: job.trace.id,
+            rank: self.links.rank as u32,
+            algo: "",
+            dtype: job.plan.dtype.name(),
+            op: "",
+            peer,
+            chan,
+            bytes: bytes as u64,
+        });
     }
 
     /// What to wait on: the wait sources of the links at the head of a
@@ -298,7 +391,7 @@ impl Links {
     /// Marks every link dead (abort): this rank's waits end and peers see
     /// the links closed.
     pub fn close_all(&self) {
-        self.aborted.store(true, Ordering::Release);
+        self.stop.abort();
         self.close_links();
     }
 
@@ -309,6 +402,16 @@ impl Links {
         for c in self.peers.iter().flatten().flatten() {
             c.tx.finish(deadline);
             c.rx.finish(deadline);
+        }
+    }
+
+    /// Marks every link dead because rank `by` revoked the communicator:
+    /// this rank's waits end, and peers learn who revoked it.
+    pub fn revoke(&self, by: usize) {
+        self.stop.revoke(by);
+        for c in self.peers.iter().flatten().flatten() {
+            c.tx.revoke(by);
+            c.rx.revoke(by);
         }
     }
 
@@ -416,7 +519,11 @@ pub fn drive(batches: &mut [Batch<'_>], patience: Patience) -> Result<()> {
 /// [`drive`] on a given clock.
 pub fn drive_with(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clock) -> Result<()> {
     for b in batches.iter() {
-        b.links.watch.begin(b.seq());
+        let kind = b
+            .jobs
+            .last()
+            .map_or(crate::algo::Collective::Send, |j| j.plan.collective);
+        b.links.watch.begin_op(b.seq(), kind);
     }
     let r = drive_loop(batches, patience, clock).map_err(|e| match e {
         // Transport-level stalls are peer failures too; ncclTimeout is kept
@@ -440,17 +547,24 @@ fn drive_loop(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clock) 
         let mut progressed = false;
         for b in batches.iter_mut() {
             if !b.finished() {
-                progressed |= b.poll()?;
+                // A link that fails because this communicator was stopped
+                // (its own links closed) reports why it was stopped.
+                match b.poll() {
+                    Ok(moved) => progressed |= moved,
+                    Err(e) => {
+                        return Err(match b.links.stop.error() {
+                            Some(stopped) => stopped,
+                            None => b.explain_failure(e),
+                        })
+                    }
+                }
             }
         }
         if batches.iter().all(Batch::finished) {
             return Ok(());
         }
-        if batches
-            .iter()
-            .any(|b| b.links.aborted.load(Ordering::Acquire))
-        {
-            return Err(Error::Remote("the communicator was aborted".into()));
+        if let Some(e) = batches.iter().find_map(|b| b.links.stop.error()) {
+            return Err(e);
         }
         if progressed {
             if stall.moved() {
@@ -525,8 +639,9 @@ fn stall_error(batches: &[Batch<'_>], idle: Duration) -> Error {
     ))
 }
 
-/// Logs this rank's hang report lines and, from one rank per node, the
-/// node's hang summary (see `watch`).
+/// Logs this rank's hang report lines, from one rank per node the node's
+/// hang summary (see `watch`), and with the status service on, its view of
+/// every rank (`telemetry::status`).
 fn hang_report(batches: &[Batch<'_>], idle: Duration, after: Duration) {
     for b in batches.iter().filter(|b| !b.finished()) {
         for line in b.describe_wait() {
@@ -543,6 +658,7 @@ fn hang_report(batches: &[Batch<'_>], idle: Duration, after: Duration) {
             }
         }
     }
+    crate::telemetry::status::log_view();
 }
 
 /// Sleeps until a link may have moved, or `until`: on the doorbell when
@@ -571,7 +687,7 @@ fn wait(
         if !b.finished() {
             match b.poll() {
                 Ok(m) => moved = moved.map(|x| x | m),
-                Err(e) => moved = Err(e),
+                Err(e) => moved = Err(b.links.stop.error().unwrap_or(e)),
             }
         }
     }

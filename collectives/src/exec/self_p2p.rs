@@ -111,6 +111,7 @@ pub fn pair(jobs: Vec<Job>) -> Result<Vec<Job>> {
             p2p: true,
             trace: r.trace,
             self_p2p: false,
+            fingerprint: None,
         });
     }
     Ok(out.into_iter().flatten().collect())

@@ -5,12 +5,12 @@
 //! step are either identical or disjoint (see `algo::plan`), which is what
 //! makes the slices built here sound.
 
-use crate::algo::{BufRange, StepKind};
+use crate::algo::{BufId, BufRange, StepKind};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::transport::Conn;
 
-use super::{base, Job};
+use super::{base, fingerprint, Job};
 
 fn ptr(job: &mut Job, r: &BufRange) -> *mut u8 {
     // SAFETY: plans only address ranges inside their buffers (checked by
@@ -72,6 +72,60 @@ pub(super) fn run_local(job: &mut Job, kind: &StepKind) -> Result<()> {
     Ok(())
 }
 
+/// Moves what it can of a peer's first message on a link (a receive into
+/// a fingerprint slot, `fingerprint::Layout`), checking the fingerprint at
+/// its head against this rank's as soon as it is in. Returns whether the
+/// message is complete.
+fn run_first_recv(
+    job: &mut Job,
+    l: fingerprint::Layout,
+    dst: BufRange,
+    conn: &Conn,
+    moved: &mut usize,
+    from: usize,
+) -> Result<bool> {
+    let mine = slice(
+        job,
+        &BufRange::new(BufId::Scratch, l.out, fingerprint::BYTES),
+    );
+    let slot = slice_mut(job, &dst.sub(0, fingerprint::SLOT));
+    let me = job.plan.rank as usize;
+    let check = |slot: &[u8]| fingerprint::check(mine, &slot[..fingerprint::BYTES], me, from);
+    while *moved < dst.len {
+        let before = *moved;
+        let (n, whole) = conn
+            .rx
+            .try_recv_first(&mut slot[*moved..], dst.len - *moved)?;
+        *moved += n;
+        if whole {
+            if *moved < fingerprint::BYTES {
+                return Err(Error::usage(format!(
+                    "rank {from} sent a first message of {} bytes, too short for the \
+                     fingerprint of a collective, to rank {me}: the ranks' calls are \
+                     mismatched (or HETCCL_CHECK differs between them)",
+                    *moved
+                )));
+            }
+            check(slot)?;
+            if *moved != dst.len {
+                return Err(Error::usage(format!(
+                    "rank {from} sent a first message of {} bytes where rank {me} expected \
+                     {} for the same call",
+                    *moved, dst.len
+                )));
+            }
+            return Ok(true);
+        }
+        if before < fingerprint::BYTES && *moved >= fingerprint::BYTES {
+            check(slot)?;
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(*moved == dst.len)
+}
+
 /// Moves what it can of a message step; returns whether it is complete.
 /// `moved` is the step's progress in bytes, kept by the caller.
 pub(super) fn run_message(
@@ -94,7 +148,10 @@ pub(super) fn run_message(
             }
             Ok(*moved == src.len)
         }
-        StepKind::Recv { dst, .. } => {
+        StepKind::Recv { peer, dst, .. } => {
+            if let Some(l) = job.fingerprint.filter(|l| l.is_inbox(&dst)) {
+                return run_first_recv(job, l, dst, conn, moved, peer as usize);
+            }
             let d = slice_mut(job, &dst);
             while *moved < dst.len {
                 let n = conn.rx.try_recv_into(&mut d[*moved..])?;
@@ -135,5 +192,18 @@ pub(super) fn run_message(
             Ok(*moved == dst.len)
         }
         _ => Err(Error::Internal("local step run as message".into())),
+    }
+}
+
+/// A step's name in the timeline, and the bytes it moves or touches.
+pub(super) fn trace_name(kind: &StepKind) -> (&'static str, usize) {
+    match *kind {
+        StepKind::Send { src, .. } => ("send", src.len),
+        StepKind::Recv { dst, .. } => ("recv", dst.len),
+        StepKind::RecvReduce { dst, .. } => ("recv_reduce", dst.len),
+        StepKind::Copy { src, .. } => ("copy", src.len),
+        StepKind::Reduce { dst, .. } => ("reduce", dst.len),
+        StepKind::PreOp { src, .. } => ("pre_op", src.len),
+        StepKind::PostOp { buf } => ("post_op", buf.len),
     }
 }

@@ -1,6 +1,5 @@
 //! Executor tests over real TCP links with a silent peer.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,10 +18,19 @@ fn links_to_silent_peer() -> (Links, Vec<Conn>) {
         label: "comm 0000000000000abc".into(),
         peers: vec![None, Some(mine)],
         bell: None,
-        aborted: Arc::new(AtomicBool::new(false)),
+        stop: Arc::default(),
         watch: watch::Watch::none(),
+        metrics: metrics(2),
     };
     (links, theirs)
+}
+
+/// Rank 0's metrics with TCP links to `n - 1` peers.
+fn metrics(n: usize) -> Arc<crate::telemetry::Metrics> {
+    let t: Vec<_> = (0..n)
+        .map(|p| (p != 0).then_some(crate::cost::TransportKind::Tcp))
+        .collect();
+    Arc::new(crate::telemetry::Metrics::new(0, &t))
 }
 
 fn recv_job(buf: &mut [u8]) -> Job {
@@ -57,8 +65,10 @@ fn recv_job(buf: &mut [u8]) -> Job {
         trace: Trace {
             comm_hash: 0xabc,
             seq: 7,
+            id: Default::default(),
         },
         self_p2p: false,
+        fingerprint: None,
     }
 }
 
@@ -120,12 +130,12 @@ fn a_late_message_within_the_stall_limit_completes() {
 fn abort_flag_ends_the_wait() {
     let (links, _theirs) = links_to_silent_peer();
     let mut buf = vec![0u8; 8];
-    let aborted = links.aborted.clone();
+    let stop = links.stop.clone();
     let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
     let t = Instant::now();
     let h = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
-        aborted.store(true, std::sync::atomic::Ordering::Release);
+        stop.abort();
     });
     let p = Patience {
         spin: Duration::ZERO,
@@ -155,7 +165,7 @@ fn a_failed_operation_closes_its_links() {
         .try_send(&[1, 2, 3])
         .unwrap_err();
     assert_eq!(e.code(), hetccl_abi::NcclResult::RemoteError, "{e}");
-    assert!(!links.aborted.load(std::sync::atomic::Ordering::Acquire));
+    assert!(!links.stop.is_set());
     drop(theirs);
 }
 
@@ -245,8 +255,9 @@ fn a_dead_local_peer_is_noticed_at_the_first_check_on_a_manual_clock() {
         label: "comm 0000000000000abc".into(),
         peers: vec![None, Some(mine)],
         bell: None,
-        aborted: Arc::new(AtomicBool::new(false)),
+        stop: Arc::default(),
         watch: me,
+        metrics: metrics(3),
     };
     let mut buf = vec![0u8; 8];
     let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
@@ -296,8 +307,9 @@ fn a_peer_that_left_after_its_part_is_not_reported_dead() {
         label: "comm 0000000000000abc".into(),
         peers: vec![None, Some(to(1)), Some(to(2))],
         bell: None,
-        aborted: Arc::new(AtomicBool::new(false)),
+        stop: Arc::default(),
         watch: me,
+        metrics: metrics(3),
     };
     let mut buf = vec![0u8; 16];
     let mut job = recv_job(&mut buf);

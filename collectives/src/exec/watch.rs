@@ -66,6 +66,38 @@ impl WaitOn {
     }
 }
 
+/// What this rank is doing, kept in this process for the status service
+/// (`crate::telemetry::status`) when it is on, board or no board.
+#[derive(Debug, Default)]
+pub struct Doing {
+    /// 1 + the sequence number of the operation in progress; 0 when idle.
+    pub current: AtomicU64,
+    /// 1 + the sequence number of the last operation that ended; 0 before
+    /// the first.
+    pub done: AtomicU64,
+    /// 1 + the `Collective` of the operation in progress; 0 when unknown.
+    pub kind: AtomicU64,
+    /// Since when (`mono_ms`) the operation has been stalled; 0 while it
+    /// moves.
+    pub stalled_ms: AtomicU64,
+    /// What it waits on ([`WaitOn`], encoded), while stalled.
+    pub wait: AtomicU64,
+}
+
+impl Doing {
+    /// What a stalled operation waits on.
+    pub fn waits_on(&self) -> Option<WaitOn> {
+        WaitOn::decode(self.wait.load(Ordering::Relaxed))
+    }
+}
+
+impl WaitOn {
+    /// "waits for data from", "waits for room to send to", ...
+    pub fn describe(self) -> &'static str {
+        self.words()
+    }
+}
+
 /// How a local process is doing, as far as `/proc` tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProcState {
@@ -131,6 +163,8 @@ pub struct Watch {
     comm_hash: u64,
     /// Whether each rank is on this node (has a slot worth reading).
     local: Vec<bool>,
+    /// What this rank is doing, for the status service (when it is on).
+    doing: Option<std::sync::Arc<Doing>>,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics.
@@ -156,7 +190,24 @@ impl Watch {
             rank: 0,
             comm_hash: 0,
             local: Vec::new(),
+            doing: None,
         }
+    }
+
+    /// Keeps what this rank is doing in `doing` too (the status service).
+    pub fn with_doing(mut self, doing: std::sync::Arc<Doing>) -> Self {
+        self.doing = Some(doing);
+        self
+    }
+
+    /// This rank enters operation `seq`, a `kind`.
+    pub fn begin_op(&self, seq: u64, kind: crate::algo::Collective) {
+        if let Some(d) = &self.doing {
+            d.stalled_ms.store(0, Ordering::Relaxed);
+            d.kind.store(kind as u64 + 1, Ordering::Relaxed);
+            d.current.store(seq + 1, Ordering::Release);
+        }
+        self.begin(seq);
     }
 
     /// Maps (creating if needed) the board `board_name(comm_hash, node)` and
@@ -174,6 +225,7 @@ impl Watch {
                     rank,
                     comm_hash,
                     local,
+                    doing: None,
                 };
                 w.word(rank, W_PID)
                     .store(u64::from(std::process::id()), Ordering::Relaxed);
@@ -258,6 +310,12 @@ impl Watch {
 
     /// This rank left its operation (done or failed).
     pub fn end(&self) {
+        if let Some(d) = &self.doing {
+            let cur = d.current.swap(0, Ordering::AcqRel);
+            if cur != 0 {
+                d.done.store(cur, Ordering::Release);
+            }
+        }
         if self.active() {
             self.word(self.rank, W_STATE).store(0, Ordering::Release);
         }
@@ -265,6 +323,12 @@ impl Watch {
 
     /// This rank has been stalled for `idle`, waiting on `on`.
     pub fn stalled(&self, idle: Duration, on: Option<WaitOn>) {
+        if let Some(d) = &self.doing {
+            let since = mono_ms().saturating_sub(idle.as_millis() as u64).max(1);
+            d.wait
+                .store(on.map_or(0, WaitOn::encode), Ordering::Relaxed);
+            d.stalled_ms.store(since, Ordering::Release);
+        }
         if self.active() {
             let since = mono_ms().saturating_sub(idle.as_millis() as u64).max(1);
             self.word(self.rank, W_WAIT)
@@ -276,6 +340,9 @@ impl Watch {
 
     /// This rank moved again after [`Watch::stalled`].
     pub fn moving(&self) {
+        if let Some(d) = &self.doing {
+            d.stalled_ms.store(0, Ordering::Release);
+        }
         if self.active() {
             self.word(self.rank, W_STALLED_MS)
                 .store(0, Ordering::Release);

@@ -12,10 +12,13 @@
 //!
 //! A handle names one allocation for its lifetime: a buffer freed and
 //! allocated again gets a new handle, so a cached mapping is never reused
-//! for different memory. The cache holds at most [`MAX_IMPORTS`] mappings
-//! and closes the oldest beyond that. Ranks of one process (threads) use
-//! each other's pointers directly: the driver refuses to open a handle in
-//! the process that exported it.
+//! for different memory. The cache holds at most [`MAX_IMPORTS`] mappings;
+//! beyond that the oldest is evicted, but `cuIpcCloseMemHandle` waits for
+//! the device, so evicted mappings are closed only at a safe point
+//! ([`super::safe`]; until then a handle seen again takes its mapping
+//! back). Ranks of one process (threads) use each other's pointers
+//! directly: the driver refuses to open a handle in the process that
+//! exported it.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
@@ -232,12 +235,25 @@ pub fn check_peer_access(mine: &[u8; 16], peer: &[u8; 16]) -> Result<()> {
     }
 }
 
-/// Peer allocations opened in this process, for one communicator: the
-/// local base and the size of each mapping.
+/// An imported allocation: the exporter's pid and handle.
+type Key = (u32, [u8; HANDLE_BYTES]);
+
+/// One mapping: the local base, its size, and the context it was opened in
+/// (its close must be made there).
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    base: u64,
+    size: u64,
+    ctx: usize,
+}
+
+/// Peer allocations opened in this process, for one communicator.
 #[derive(Debug, Default)]
 pub struct Imports {
-    open: HashMap<(u32, [u8; HANDLE_BYTES]), (u64, u64)>,
-    order: VecDeque<(u32, [u8; HANDLE_BYTES])>,
+    open: HashMap<Key, Mapping>,
+    order: VecDeque<Key>,
+    /// Evicted, still mapped until the next safe point.
+    evicted: HashMap<Key, Mapping>,
 }
 
 /// The allocation that holds device pointer `p` in this process: (base,
@@ -283,9 +299,12 @@ impl Imports {
             return Ok(e.ptr);
         }
         let key = (pid, e.handle);
-        if let Some(&(base, size)) = self.open.get(&key) {
-            fits(&what, e.offset, len, size)?;
-            return Ok(base + e.offset);
+        if let Some(m) = self.evicted.remove(&key) {
+            self.insert(key, m);
+        }
+        if let Some(m) = self.open.get(&key) {
+            fits(&what, e.offset, len, m.size)?;
+            return Ok(m.base + e.offset);
         }
         let mut h = cu::CUipcMemHandle {
             reserved: [0; HANDLE_BYTES],
@@ -306,28 +325,69 @@ impl Imports {
             Ok((b, size)) if b == base => size,
             _ => 0,
         };
+        let ctx = driver::current_context()? as usize;
+        self.insert(key, Mapping { base, size, ctx });
+        fits(&what, e.offset, len, size)?;
+        Ok(base + e.offset)
+    }
+
+    /// Adds a mapping, evicting the oldest beyond [`MAX_IMPORTS`] (kept
+    /// mapped: an operation of this batch may still use it).
+    fn insert(&mut self, key: Key, m: Mapping) {
         if self.order.len() >= MAX_IMPORTS {
             if let Some(old) = self.order.pop_front() {
-                if let Some((b, _)) = self.open.remove(&old) {
-                    // SAFETY: opened here; no operation uses it any more
-                    // (operations end with their stream synchronised).
-                    unsafe { cu::cuIpcCloseMemHandle(b) };
+                if let Some(om) = self.open.remove(&old) {
+                    self.evicted.insert(old, om);
                 }
             }
         }
-        self.open.insert(key, (base, size));
+        self.open.insert(key, m);
         self.order.push_back(key);
-        fits(&what, e.offset, len, size)?;
-        Ok(base + e.offset)
+    }
+
+    /// Mappings open (cached) and evicted (awaiting their close).
+    pub fn counts(&self) -> (usize, usize) {
+        (self.open.len(), self.evicted.len())
+    }
+
+    /// Closes the evicted mappings. Call at a safe point only
+    /// ([`super::safe::end`]): `cuIpcCloseMemHandle` waits for the device.
+    pub fn close_evicted(&mut self) {
+        if self.evicted.is_empty() {
+            return;
+        }
+        tracing::debug!(target: "hetccl::COLL", "closing {} evicted CUDA IPC mappings", self.evicted.len());
+        close_all(self.evicted.drain().map(|(_, m)| m).collect());
+    }
+}
+
+/// Closes mappings, each in its own context, restoring the caller's.
+fn close_all(maps: Vec<Mapping>) {
+    let prev = driver::current_context().ok();
+    for m in maps {
+        // SAFETY: the context the mapping was opened in; primary contexts
+        // and the callers' contexts outlive hetccl's work on them.
+        let _ = unsafe { driver::set_current(m.ctx as cu::CUcontext) };
+        // SAFETY: opened by resolve; no operation uses it (a safe point).
+        unsafe { cu::cuIpcCloseMemHandle(m.base) };
+    }
+    if let Some(c) = prev {
+        // SAFETY: the context current on entry.
+        let _ = unsafe { driver::set_current(c) };
     }
 }
 
 impl Drop for Imports {
     fn drop(&mut self) {
-        for (_, (b, _)) in self.open.drain() {
-            // SAFETY: opened by resolve; the proxy owning this cache has no
-            // work in flight when it ends.
-            unsafe { cu::cuIpcCloseMemHandle(b) };
+        let maps: Vec<Mapping> = self
+            .open
+            .drain()
+            .chain(self.evicted.drain())
+            .map(|(_, m)| m)
+            .collect();
+        if !maps.is_empty() {
+            // Another communicator's batch may still be in flight.
+            super::safe::defer(Box::new(move || close_all(maps)));
         }
     }
 }

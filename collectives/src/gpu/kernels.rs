@@ -1,19 +1,18 @@
 //! GPU reduction kernels: their CUDA source (`kernels/reduce.cu`, compiled
-//! at run time by NVRTC), their names per datatype and op, and a per-device
-//! cache of the loaded module.
+//! at run time by NVRTC), their names per datatype and op, and the loaded
+//! kernels of one context with their launches ([`DeviceKernels`]; loading
+//! is in [`super::module`]).
 //!
 //! Every NCCL datatype × op has an entry point `hetccl_reduce_<dt>_<op>`
 //! (plus `hetccl_premul_<dt>` and, for integers, `hetccl_postdiv_<dt>`).
 //! `collectives/tests/gpu_nvrtc.rs` compiles the source on a CPU-only
-//! machine and checks that every name listed here is in the PTX.
+//! machine and checks that every name listed here is in the PTX and in the
+//! CUBIN.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::sync::Arc;
 
 use hetccl_abi::{DataType, RedOp};
-use once_cell::sync::Lazy;
-use parking_lot::Mutex;
 
 use super::driver::{self, cu};
 use super::nvrtc::{CompileError, Nvrtc};
@@ -25,8 +24,11 @@ pub const SOURCE: &str = include_str!("kernels/reduce.cu");
 /// The op names used in kernel names, in NCCL's order (PreMulSum last).
 pub const OPS: [&str; 6] = ["sum", "prod", "max", "min", "avg", "premulsum"];
 
-/// The architectures CI compiles for (Ampere and Hopper).
+/// The architectures CI compiles for (Ampere and Hopper), as PTX.
 pub const CI_ARCHS: [&str; 2] = ["compute_80", "compute_90"];
+
+/// The real architectures CI compiles CUBINs for.
+pub const CI_SMS: [&str; 2] = ["sm_80", "sm_90"];
 
 /// The suffix of `dt` in kernel names.
 pub fn dtype_suffix(dt: DataType) -> &'static str {
@@ -86,8 +88,9 @@ pub fn all_kernel_names() -> Vec<String> {
     v
 }
 
-/// NVRTC options for `arch` (e.g. `compute_90`): no FMA contraction, so a
-/// pre-multiply and a sum round separately, as on the host.
+/// NVRTC options for `arch` (`compute_90` for PTX, `sm_90` for a CUBIN):
+/// no FMA contraction, so a pre-multiply and a sum round separately, as on
+/// the host.
 pub fn options(arch: &str) -> Vec<String> {
     vec![
         format!("--gpu-architecture={arch}"),
@@ -96,34 +99,37 @@ pub fn options(arch: &str) -> Vec<String> {
     ]
 }
 
-/// Compiles [`SOURCE`] for `arch` to PTX.
+/// Compiles [`SOURCE`] for `arch` (`compute_XX`) to PTX.
 pub fn compile_ptx(nvrtc: &Nvrtc, arch: &str) -> std::result::Result<String, CompileError> {
     nvrtc.compile(SOURCE, "hetccl_reduce.cu", &options(arch))
 }
 
-/// The kernels loaded on one device.
+/// Compiles [`SOURCE`] for the real architecture `sm` (`sm_XX`) to a CUBIN.
+pub fn compile_cubin(nvrtc: &Nvrtc, sm: &str) -> std::result::Result<Vec<u8>, CompileError> {
+    nvrtc.compile_cubin(SOURCE, "hetccl_reduce.cu", &options(sm))
+}
+
+/// The kernels loaded in one context: the module and every entry point,
+/// looked up when it was loaded (a lookup may load code, which waits for
+/// the device, so none is made later).
 pub struct DeviceKernels {
     /// The CUDA device ordinal.
     pub device: i32,
-    module: cu::CUmodule,
-    funcs: Mutex<HashMap<String, usize>>,
+    /// What was loaded: `CUBIN sm_90` or `PTX compute_90`.
+    pub image: String,
+    /// Loaded for the life of the process (never unloaded: that waits for the device).
+    _module: cu::CUmodule,
+    funcs: HashMap<String, usize>,
 }
 
 // SAFETY: a CUmodule and its CUfunctions may be used from any thread whose
 // current context is the one they were loaded in.
 unsafe impl Send for DeviceKernels {}
-// SAFETY: as above; the function map is behind a mutex.
+// SAFETY: as above; the function map is read-only after the load.
 unsafe impl Sync for DeviceKernels {}
 
-/// A device's kernels, or why they could not be loaded.
-type Loaded = std::result::Result<Arc<DeviceKernels>, String>;
-
-/// Kernels per device, compiled and loaded at first use, or why they could
-/// not be (not retried: the library or the compiler is missing).
-static CACHE: Lazy<Mutex<HashMap<i32, Loaded>>> = Lazy::new(|| Mutex::new(HashMap::new()));
-
-/// The compute capability of `device` as an NVRTC architecture.
-fn arch_of(device: i32) -> Result<String> {
+/// The compute capability of `device`: (major, minor).
+pub(super) fn capability(device: i32) -> Result<(i32, i32)> {
     use cu::CUdevice_attribute as A;
     let (mut major, mut minor) = (0, 0);
     driver::check(
@@ -148,68 +154,54 @@ fn arch_of(device: i32) -> Result<String> {
         },
         "cuDeviceGetAttribute(minor)",
     )?;
-    Ok(format!("compute_{major}{minor}"))
-}
-
-/// The kernels of `device`, compiling and loading them (in the calling
-/// thread's current context) on first use, with the NVRTC at `nvrtc`
-/// (`HETCCL_NVRTC_LIB`) or the usual sonames.
-pub fn for_device(device: i32, nvrtc: Option<&std::path::Path>) -> Result<Arc<DeviceKernels>> {
-    driver::require("GPU reductions")?;
-    let mut cache = CACHE.lock();
-    if let Some(k) = cache.get(&device) {
-        return k.clone().map_err(Error::Internal);
-    }
-    let k = load(device, nvrtc);
-    if let Err(e) = &k {
-        tracing::info!(target: "hetccl::INIT", "GPU reduction kernels unavailable on device {device}, device reductions stage through host memory: {e}");
-    }
-    let k = k.map_err(|e| e.to_string());
-    cache.insert(device, k.clone());
-    k.map_err(Error::Internal)
-}
-
-fn load(device: i32, nvrtc: Option<&std::path::Path>) -> Result<Arc<DeviceKernels>> {
-    driver::ensure_context()?;
-    let arch = arch_of(device)?;
-    let nvrtc = Nvrtc::open(nvrtc)?;
-    let ptx = compile_ptx(&nvrtc, &arch)
-        .map_err(|e| Error::Internal(format!("compiling the reduction kernels: {e}")))?;
-    let cptx = CString::new(ptx).map_err(|_| Error::Internal("PTX holds a NUL".into()))?;
-    let mut module: cu::CUmodule = std::ptr::null_mut();
-    driver::check(
-        // SAFETY: NUL-terminated PTX; a context is current.
-        unsafe { cu::cuModuleLoadData(&mut module, cptx.as_ptr().cast()) },
-        "cuModuleLoadData",
-    )?;
-    tracing::info!(target: "hetccl::INIT", "GPU reduction kernels compiled for device {device} ({arch}) with NVRTC {:?}", nvrtc.version());
-    Ok(Arc::new(DeviceKernels {
-        device,
-        module,
-        funcs: Mutex::new(HashMap::new()),
-    }))
+    Ok((major, minor))
 }
 
 impl DeviceKernels {
-    fn function(&self, name: &str) -> Result<cu::CUfunction> {
-        let mut funcs = self.funcs.lock();
-        if let Some(&f) = funcs.get(name) {
-            return Ok(f as cu::CUfunction);
-        }
-        let cname = CString::new(name).map_err(|_| Error::Internal("kernel name".into()))?;
-        let mut f: cu::CUfunction = std::ptr::null_mut();
+    /// Loads `image` in the current context and looks up every entry
+    /// point. Call at a safe point only ([`super::safe`]): both steps may
+    /// wait for the device.
+    pub(super) fn load(device: i32, what: String, image: &[u8]) -> Result<DeviceKernels> {
+        let mut module: cu::CUmodule = std::ptr::null_mut();
         driver::check(
-            // SAFETY: a loaded module and a NUL-terminated name.
-            unsafe { cu::cuModuleGetFunction(&mut f, self.module, cname.as_ptr()) },
-            "cuModuleGetFunction",
+            // SAFETY: a CUBIN or NUL-terminated PTX (the caller's); a
+            // context is current.
+            unsafe { cu::cuModuleLoadData(&mut module, image.as_ptr().cast()) },
+            "cuModuleLoadData",
         )?;
-        funcs.insert(name.to_string(), f as usize);
-        Ok(f)
+        let mut funcs = HashMap::new();
+        for name in all_kernel_names() {
+            let cname = CString::new(name.as_str()).expect("kernel names hold no NUL");
+            let mut f: cu::CUfunction = std::ptr::null_mut();
+            // SAFETY: a loaded module and a NUL-terminated name.
+            let r = unsafe { cu::cuModuleGetFunction(&mut f, module, cname.as_ptr()) };
+            if r == cu::CUresult::CUDA_SUCCESS {
+                funcs.insert(name, f as usize);
+            } else {
+                tracing::debug!(target: "hetccl::INIT", "kernel {name}: {}", driver::name(r));
+            }
+        }
+        Ok(DeviceKernels {
+            device,
+            image: what,
+            _module: module,
+            funcs,
+        })
+    }
+
+    fn function(&self, name: &str) -> Result<cu::CUfunction> {
+        match self.funcs.get(name) {
+            Some(&f) => Ok(f as cu::CUfunction),
+            None => Err(Error::Internal(format!(
+                "kernel {name} is not in the module loaded on device {} ({})",
+                self.device, self.image
+            ))),
+        }
     }
 
     /// Whether the kernel `name` can be launched here.
     pub fn has(&self, name: &str) -> bool {
-        self.function(name).is_ok()
+        self.funcs.contains_key(name)
     }
 
     /// Launches `name` over `n` elements with `params` (pointers to the

@@ -13,17 +13,25 @@
 //! - [`ipc`]: exporting and opening device buffers between processes;
 //! - [`p2p`]: sends and receives inside a node through a mailbox per pair;
 //! - [`stage`]: host staging on the proxy's stream, large calls pipelined;
-//! - [`pinned`]: the pool of pinned host buffers;
-//! - [`kernels`] and [`nvrtc`]: reduction kernels compiled at first use.
+//! - [`flags`]: the flags user streams wait on, in slabs;
+//! - [`pinned`]: the pool of pinned host staging buffers;
+//! - [`safe`]: safe points for the calls that wait for the device (frees,
+//!   IPC closes, module loads) and for pinned allocations: never while a
+//!   stream waits on a flag;
+//! - [`kernels`], [`module`] and [`nvrtc`]: reduction kernels compiled at
+//!   first use (a CUBIN for the device, else PTX) and loaded at a safe point.
 
 pub mod driver;
+pub mod flags;
 pub mod ipc;
 pub mod kernels;
 pub mod memory;
+pub mod module;
 pub mod nvrtc;
 pub mod p2p;
 pub mod peer;
 pub mod pinned;
+pub mod safe;
 pub mod stage;
 pub mod stream;
 

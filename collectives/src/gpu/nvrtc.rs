@@ -1,9 +1,10 @@
 //! NVRTC, NVIDIA's run-time CUDA compiler, loaded by path or soname with
-//! `libloading` through a tiny FFI (seven functions).
+//! `libloading` through a tiny FFI (eight functions, two more for CUBIN).
 //!
-//! NVRTC compiles CUDA C++ to PTX without a GPU, which is what lets CI
-//! compile every kernel on a CPU-only machine (`collectives/tests/gpu_nvrtc.rs`,
-//! with the library from NVIDIA's `nvidia-cuda-nvrtc-cu12` wheel fetched by
+//! NVRTC compiles CUDA C++ to PTX, or to a CUBIN for one real architecture
+//! (`sm_XX`), without a GPU, which is what lets CI compile every kernel on
+//! a CPU-only machine (`collectives/tests/gpu_nvrtc.rs`, with the library
+//! from NVIDIA's `nvidia-cuda-nvrtc-cu12` wheel fetched by
 //! `scripts/fetch-nvrtc.sh`). At run time the library is found through
 //! `HETCCL_NVRTC_LIB` or the usual sonames.
 
@@ -14,6 +15,8 @@ use crate::error::{Error, Result};
 
 type Program = *mut c_void;
 type Status = c_int;
+/// `nvrtcGet*Size` (T = usize) or `nvrtcGet*` (T = c_char).
+type Getter<T> = unsafe extern "C" fn(Program, *mut T) -> Status;
 
 /// The sonames tried, newest first, when no path is configured.
 pub const SONAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
@@ -36,6 +39,8 @@ pub struct Nvrtc {
     log: unsafe extern "C" fn(Program, *mut c_char) -> Status,
     destroy: unsafe extern "C" fn(*mut Program) -> Status,
     version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> Status,
+    /// `nvrtcGetCUBINSize` and `nvrtcGetCUBIN` (NVRTC 11.1 and later).
+    cubin: Option<(Getter<usize>, Getter<c_char>)>,
     // Keeps the symbols above valid; dropped last.
     _lib: libloading::Library,
 }
@@ -117,7 +122,15 @@ impl Nvrtc {
                 *unsafe { lib.get($name) }.map_err(|e| e.to_string())?
             };
         }
+        // SAFETY: the types match NVRTC's documented prototypes.
+        let cubin = unsafe {
+            match (lib.get(b"nvrtcGetCUBINSize\0"), lib.get(b"nvrtcGetCUBIN\0")) {
+                (Ok(a), Ok(b)) => Some((*a, *b)),
+                _ => None,
+            }
+        };
         Ok(Nvrtc {
+            cubin,
             path: path.display().to_string(),
             create: sym!(b"nvrtcCreateProgram\0"),
             compile: sym!(b"nvrtcCompileProgram\0"),
@@ -151,6 +164,42 @@ impl Nvrtc {
         name: &str,
         options: &[String],
     ) -> std::result::Result<String, CompileError> {
+        let g = self.build(src, name, options)?;
+        Ok(self.read(&g, self.ptx_size, self.ptx))
+    }
+
+    /// Compiles `src` with `options` (which name a real architecture,
+    /// `--gpu-architecture=sm_XX`) to a CUBIN.
+    pub fn compile_cubin(
+        &self,
+        src: &str,
+        name: &str,
+        options: &[String],
+    ) -> std::result::Result<Vec<u8>, CompileError> {
+        let Some((size, get)) = self.cubin else {
+            return Err(CompileError {
+                status: -1,
+                log: "this NVRTC has no nvrtcGetCUBIN (older than 11.1)".into(),
+            });
+        };
+        let g = self.build(src, name, options)?;
+        let bin = self.read_bytes(&g, size, get);
+        if bin.is_empty() {
+            return Err(CompileError {
+                status: -1,
+                log: "NVRTC returned no CUBIN (a virtual architecture?)".into(),
+            });
+        }
+        Ok(bin)
+    }
+
+    /// Creates and compiles a program; the guard frees it.
+    fn build(
+        &self,
+        src: &str,
+        name: &str,
+        options: &[String],
+    ) -> std::result::Result<ProgramGuard<'_>, CompileError> {
         let fail = |status, log: &str| CompileError {
             status,
             log: log.to_string(),
@@ -184,28 +233,34 @@ impl Nvrtc {
         if st != 0 {
             return Err(fail(st, &self.read(&guard, self.log_size, self.log)));
         }
-        Ok(self.read(&guard, self.ptx_size, self.ptx))
+        Ok(guard)
     }
 
     /// Reads a NUL-terminated string out of the program (log or PTX).
-    fn read(
+    fn read(&self, g: &ProgramGuard<'_>, size: Getter<usize>, get: Getter<c_char>) -> String {
+        let buf = self.read_bytes(g, size, get);
+        CStr::from_bytes_until_nul(&buf)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Reads a blob out of the program (empty on failure).
+    fn read_bytes(
         &self,
         g: &ProgramGuard<'_>,
-        size: unsafe extern "C" fn(Program, *mut usize) -> Status,
-        get: unsafe extern "C" fn(Program, *mut c_char) -> Status,
-    ) -> String {
+        size: Getter<usize>,
+        get: Getter<c_char>,
+    ) -> Vec<u8> {
         let mut n = 0usize;
         // SAFETY: a live program and a writable size.
         if unsafe { size(g.1, &mut n) } != 0 || n == 0 {
-            return String::new();
+            return Vec::new();
         }
         let mut buf = vec![0u8; n];
         // SAFETY: `buf` holds the `n` bytes NVRTC said it needs.
         if unsafe { get(g.1, buf.as_mut_ptr().cast()) } != 0 {
-            return String::new();
+            return Vec::new();
         }
-        CStr::from_bytes_until_nul(&buf)
-            .map(|c| c.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        buf
     }
 }

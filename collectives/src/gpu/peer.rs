@@ -48,6 +48,7 @@ use super::driver::{self, cu};
 use super::ipc::{self, Export, Imports};
 use super::kernels::{self, DeviceKernels};
 use super::memory::Placement;
+use super::module;
 use crate::algo::Collective;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -250,10 +251,9 @@ type Reducer = (std::sync::Arc<DeviceKernels>, Fold);
 fn describe(a: &Call) -> (Desc, Option<Reducer>) {
     let shape = shape_of(a);
     let no = || (Desc::no(shape), None);
-    let device = match a.placement {
-        Placement::Device(d) => d,
-        _ => return no(),
-    };
+    if !matches!(a.placement, Placement::Device(_)) {
+        return no();
+    }
     let Ok(engine) = a.comm.engine() else {
         return no();
     };
@@ -262,12 +262,9 @@ fn describe(a: &Call) -> (Desc, Option<Reducer>) {
     }
     let mut scalar = [0u8; 8];
     let reducer = if a.kind.reduces() {
-        let nvrtc = engine
-            .settings
-            .nvrtc_lib
-            .as_deref()
-            .map(std::path::Path::new);
-        let Ok(k) = kernels::for_device(device, nvrtc) else {
+        // Loaded (or not) on the caller's thread before the batch began:
+        // loading here, while the user's stream waits, would never return.
+        let Some(k) = module::loaded() else {
             return no();
         };
         let Some((fold, s)) = fold_of(a, &k) else {

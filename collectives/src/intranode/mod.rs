@@ -34,7 +34,7 @@ mod work;
 
 pub(crate) use wait::Op as WaitOp;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ pub struct Node {
     boards: Vec<Board>,
     bells: Vec<Doorbell>,
     bell: Doorbell,
-    aborted: Arc<AtomicBool>,
+    stop: Arc<crate::exec::stop::Stop>,
     spin: Duration,
     hang_report: Option<Duration>,
     stall_timeout: Duration,
@@ -130,7 +130,12 @@ impl Node {
     /// Sets up this rank's board. Every rank of the communicator must be a
     /// local rank of `arena`, in rank order. Call before the last init
     /// barrier, so that peers see the control line once init completes.
-    pub fn new(arena: Arc<Arena>, me: usize, aborted: Arc<AtomicBool>, o: Options<'_>) -> Self {
+    pub fn new(
+        arena: Arc<Arena>,
+        me: usize,
+        stop: Arc<crate::exec::stop::Stop>,
+        o: Options<'_>,
+    ) -> Self {
         let Options {
             patience,
             copy_min,
@@ -161,7 +166,7 @@ impl Node {
             me,
             boards,
             bells,
-            aborted,
+            stop,
             spin: patience.spin,
             hang_report: patience.hang_report,
             stall_timeout: patience.stall_timeout,
@@ -275,7 +280,10 @@ fn path_for(
 /// Runs `a` on a direct path if one applies (blocking communicator, host
 /// memory, all ranks on this node, outside a group, allowed by
 /// `NCCL_ALGO`); `None` when the pipelined executor must run it.
-pub fn try_run(a: &Call, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result<()>> {
+///
+/// `called` is when the call was made (`telemetry::clock` ticks), for the
+/// metrics and the timeline.
+pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result<()>> {
     let e = a.comm.engine.get()?;
     let node = e.intranode.as_ref()?;
     let allowed = match &a.filter {
@@ -318,14 +326,23 @@ pub fn try_run(a: &Call, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result
     } else {
         ReduceOp::Sum
     };
+    let op_name = crate::telemetry::trace::op_name(a.kind, &op);
     let _lock = e.exec_lock.lock();
     let seq = e.seq.fetch_add(1, Ordering::Relaxed);
-    watch.begin(seq);
+    let trace_seq = if crate::telemetry::trace::on() {
+        e.links.metrics.next_coll_seq()
+    } else {
+        0
+    };
+    watch.begin_op(seq, a.kind);
     let r = match path {
         Path::Fast => fastbox::run(node, a, op, seq, watch),
         Path::Copy => copy::run(node, a, op, seq, watch),
     };
     watch.end();
+    if r.is_ok() {
+        observe(e, a, path, op_name, trace_seq, called);
+    }
     if r.is_err() {
         // Peers blocked on this rank fail at once instead of at their own
         // stall limit (the communicator is unusable now anyway). Peers
@@ -335,6 +352,47 @@ pub fn try_run(a: &Call, op: impl FnOnce() -> Result<ReduceOp>) -> Option<Result
         e.links.close_links();
     }
     Some(r)
+}
+
+/// Records a completed direct-path call in the metrics and, when it is
+/// on, the timeline. `called` is 0 when its latency is not measured.
+fn observe(
+    e: &crate::comm::engine::Engine,
+    a: &Call,
+    path: Path,
+    op: &'static str,
+    seq: u64,
+    called: u64,
+) {
+    use crate::telemetry::{metrics, trace};
+    let m = &e.links.metrics;
+    let (algo, name) = match path {
+        Path::Fast => (metrics::ALGO_BOARD, "Board"),
+        Path::Copy => (metrics::ALGO_COPY, "SingleCopy"),
+    };
+    let bytes = a.count * a.dtype.size();
+    let end = m.complete(a.kind, bytes, algo, called);
+    if called != 0 && trace::on() {
+        let rooted = matches!(a.kind, Collective::Broadcast | Collective::Reduce);
+        trace::record(trace::Event {
+            what: trace::What::Call(a.kind),
+            start: called,
+            end,
+            id: trace::TraceId {
+                comm_hash: e.comm_hash,
+                seq,
+                p2p: None,
+                device: false,
+            },
+            rank: a.comm.rank as u32,
+            algo: name,
+            dtype: a.dtype.name(),
+            op,
+            peer: if rooted { a.root as i32 } else { -1 },
+            chan: -1,
+            bytes: bytes as u64,
+        });
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! peer's links (closed by its `ncclCommAbort`), whether the peer's process
 //! still exists, the hang-report threshold and the stall limit.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Node;
@@ -64,8 +63,8 @@ impl Node {
         let mut published = false;
         let mut iter: u32 = 0;
         loop {
-            if self.aborted.load(Ordering::Relaxed) {
-                return Err(Error::Remote("the communicator was aborted".into()));
+            if let Some(e) = self.stop.error() {
+                return Err(e);
             }
             match missing() {
                 None => return Ok(()),
@@ -140,6 +139,7 @@ impl Node {
                     for line in op.watch.summary(op.seq, h).unwrap_or_default() {
                         tracing::warn!(target: "hetccl::COLL", "{line}");
                     }
+                    crate::telemetry::status::log_view();
                 }
             }
             if idle >= self.stall_timeout {
@@ -171,7 +171,11 @@ impl Node {
         now: Instant,
         next_liveness: &mut Instant,
     ) -> Result<()> {
-        if self.arena.ring(k, self.me, 0).is_closed() {
+        let ring = self.arena.ring(k, self.me, 0);
+        if ring.is_closed() {
+            if let Some(by) = ring.revoked_by().filter(|&r| r < self.nranks()) {
+                return Err(Error::Revoked(by));
+            }
             return Err(Error::Remote(format!(
                 "rank {} closed its links (aborted)",
                 self.rank_of(k)

@@ -139,8 +139,8 @@ pub fn with_queued<R>(f: impl FnOnce(&[(&Comm, &Job)]) -> R) -> R {
 }
 
 /// Queues a host job for the group's end.
-pub(super) fn push_host(comm: Arc<Comm>, job: Job) {
-    GROUP.with(|g| g.borrow_mut().host.push(Pending { comm, job }));
+pub(super) fn push_host(p: Pending) {
+    GROUP.with(|g| g.borrow_mut().host.push(p));
 }
 
 /// Queues a call on device buffers for the group's end.

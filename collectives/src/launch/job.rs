@@ -14,8 +14,10 @@ use crate::comm::engine::Engine;
 use crate::comm::plan_cache::PlanKey;
 use crate::comm::redop_table::Scalar as OpScalar;
 use crate::error::{Error, Result};
+use crate::exec::fingerprint::{self, Fingerprint};
 use crate::exec::{self_p2p, Job, OpBuffers, Trace};
 use crate::reduce::{ReduceOp, Scalar};
+use crate::telemetry::trace::TraceId;
 use crate::user_ptr::UserPtr;
 
 /// Whether the call uses NCCL's in-place layout for its kind.
@@ -84,10 +86,12 @@ pub fn make_job(a: &Call) -> Result<Job> {
         root: a.root as u32,
         in_place: inp,
         allowed: a.filter(&engine.settings.algo_filter).mask(coll),
+        checked: engine.settings.check && !matches!(coll, Collective::Send | Collective::Recv),
     };
     let self_p2p = matches!(coll, Collective::Send | Collective::Recv) && a.root == a.comm.rank;
     if self_p2p {
         let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
+        let id = trace_id(engine, a);
         return Ok(Job {
             plan: Arc::new(self_p2p::half(
                 coll,
@@ -106,11 +110,13 @@ pub fn make_job(a: &Call) -> Result<Job> {
             trace: Trace {
                 comm_hash: engine.comm_hash,
                 seq,
+                id,
             },
             self_p2p: true,
+            fingerprint: None,
         });
     }
-    let (algorithm, plan) = engine.plans.lock().get_or_try_insert(key, || {
+    let (algorithm, plan, fp) = engine.plans.lock().get_or_try_insert(key, || {
         let algorithm = choose(engine, coll, bytes, a.filter(&engine.settings.algo_filter))?;
         let args = algo::PlanArgs {
             collective: key.collective,
@@ -128,13 +134,30 @@ pub fn make_job(a: &Call) -> Result<Job> {
             &Chunking::default(),
         )
         .map_err(|e| Error::Internal(format!("plan for {coll}: {e}")))?;
-        Ok::<_, Error>((algorithm, plan))
+        if key.checked {
+            let (plan, layout) = fingerprint::add(&plan);
+            return Ok::<_, Error>((algorithm, plan, Some(layout)));
+        }
+        Ok::<_, Error>((algorithm, plan, None))
     })?;
     let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
+    let id = trace_id(engine, a);
+    let coll_seq = if key.collective == Collective::Send || key.collective == Collective::Recv {
+        0
+    } else {
+        engine.coll_seq.fetch_add(1, Ordering::Relaxed)
+    };
     tracing::info!(target: "hetccl::TUNING",
         "comm {:016x} seq {seq} rank {}: {coll} count {} {} bytes {bytes} algo={}",
         engine.comm_hash, a.comm.rank, a.count, a.dtype.name(), algorithm.name());
-    let scratch = take_scratch(engine, plan.scratch_bytes);
+    let mut scratch = take_scratch(engine, plan.scratch_bytes);
+    if let Some(l) = fp {
+        let mine = Fingerprint::new(coll, a.count, a.dtype, op, a.root as u32, coll_seq);
+        let mine = mine.encode();
+        for at in l.out_slots() {
+            scratch[at..at + fingerprint::BYTES].copy_from_slice(&mine);
+        }
+    }
     Ok(Job {
         plan,
         bufs: OpBuffers {
@@ -152,9 +175,34 @@ pub fn make_job(a: &Call) -> Result<Job> {
         trace: Trace {
             comm_hash: engine.comm_hash,
             seq,
+            id,
         },
         self_p2p: false,
+        fingerprint: fp,
     })
+}
+
+/// The timeline identity of a call (`telemetry::trace::TraceId`), taken when its
+/// job is made: collectives count per communicator, sends and receives per
+/// pair of ranks. Counted only while the timeline is on (it is on from a
+/// process's first communicator, so the counts match across ranks).
+fn trace_id(engine: &Engine, a: &Call) -> TraceId {
+    if !crate::telemetry::trace::on() {
+        return TraceId::default();
+    }
+    let m = &engine.links.metrics;
+    let (me, peer) = (a.comm.rank, a.root);
+    let (seq, p2p) = match a.kind {
+        Collective::Send => (m.next_p2p_seq(peer, true), Some((me as u32, peer as u32))),
+        Collective::Recv => (m.next_p2p_seq(peer, false), Some((peer as u32, me as u32))),
+        _ => (m.next_coll_seq(), None),
+    };
+    TraceId {
+        comm_hash: engine.comm_hash,
+        seq,
+        p2p,
+        device: false,
+    }
 }
 
 /// The algorithm for a collective of `bytes`: `filter` (the call's

@@ -25,8 +25,13 @@ use crate::error::Result;
 
 /// Runs (or queues, inside a group) one validated call on host buffers.
 pub fn submit(a: Call) -> Result<()> {
+    let called = a
+        .comm
+        .engine
+        .get()
+        .map_or(0, |e| e.links.metrics.issue(a.kind));
     if group::depth() == 0 {
-        if let Some(r) = crate::intranode::try_run(&a, || reduce_op(&a)) {
+        if let Some(r) = crate::intranode::try_run(&a, called, || reduce_op(&a)) {
             if let Err(e) = &r {
                 poison(&a.comm, e);
             }
@@ -34,9 +39,10 @@ pub fn submit(a: Call) -> Result<()> {
         }
     }
     let job = make_job(&a)?;
+    let p = run::Pending::new(&a, job, called);
     if group::depth() > 0 {
-        group::push_host(a.comm, job);
+        group::push_host(p);
         return Ok(());
     }
-    run::run(vec![run::Pending { comm: a.comm, job }])
+    run::run(vec![p])
 }

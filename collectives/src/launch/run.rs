@@ -9,6 +9,8 @@ use std::sync::Arc;
 use hetccl_abi::NcclResult;
 
 use super::scratch::return_scratch;
+use super::Call;
+use crate::algo::Collective;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::exec::{drive, self_p2p, Batch, Job};
@@ -19,6 +21,89 @@ pub(super) struct Pending {
     pub comm: Arc<Comm>,
     /// The job.
     pub job: Job,
+    /// What the metrics and the timeline say about it.
+    pub info: Info,
+}
+
+/// What the metrics and the timeline record of a call.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Info {
+    /// When the call was made (`telemetry::clock` ticks).
+    pub called: u64,
+    /// Its bytes (count × datatype size).
+    pub bytes: usize,
+    /// The peer (point-to-point) or root (rooted kinds); -1 otherwise.
+    pub peer: i32,
+}
+
+impl Pending {
+    /// The pending form of `job`, made for `a` at tick `called`.
+    pub fn new(a: &Call, job: Job, called: u64) -> Self {
+        let rooted = matches!(
+            a.kind,
+            Collective::Broadcast
+                | Collective::Reduce
+                | Collective::Gather
+                | Collective::Scatter
+                | Collective::Send
+                | Collective::Recv
+        );
+        Self {
+            comm: a.comm.clone(),
+            job,
+            info: Info {
+                called,
+                bytes: a.count * a.dtype.size(),
+                peer: if rooted { a.root as i32 } else { -1 },
+            },
+        }
+    }
+}
+
+/// Records completed calls in their communicators' metrics and, when it is
+/// on, the timeline: `start` is when the executor took them.
+fn observe(done: &[(Arc<Comm>, Observed)], start: u64) {
+    use crate::telemetry::{clock, metrics, trace};
+    for (c, o) in done {
+        let Ok(e) = c.engine() else { continue };
+        let m = &e.links.metrics;
+        let end = m.complete(
+            o.kind,
+            o.info.bytes,
+            metrics::algo_index(o.algorithm),
+            o.info.called,
+        );
+        if o.info.called == 0 {
+            continue;
+        }
+        m.queue_wait
+            .record(clock::to_ns(start.saturating_sub(o.info.called)));
+        if trace::on() {
+            trace::record(trace::Event {
+                what: trace::What::Call(o.kind),
+                start: o.info.called,
+                end,
+                id: o.id,
+                rank: m.rank as u32,
+                algo: o.algorithm.name(),
+                dtype: o.dtype.name(),
+                op: o.op,
+                peer: o.info.peer,
+                chan: -1,
+                bytes: o.info.bytes as u64,
+            });
+        }
+    }
+}
+
+/// A job's facts, kept for [`observe`] while the job runs.
+struct Observed {
+    info: Info,
+    kind: Collective,
+    algorithm: crate::algo::Algorithm,
+    dtype: hetccl_abi::DataType,
+    op: &'static str,
+    id: crate::telemetry::trace::TraceId,
 }
 
 /// A communicator init queued by a group.
@@ -86,7 +171,20 @@ pub(super) fn run(ops: Vec<Pending>) -> Result<()> {
 fn execute(ops: Vec<Pending>) -> Result<()> {
     // Group the jobs by communicator, keeping issue order within each.
     let mut by_comm: Vec<(Arc<Comm>, Vec<Job>)> = Vec::new();
+    let mut observed: Vec<(Arc<Comm>, Observed)> = Vec::with_capacity(ops.len());
     for p in ops {
+        let plan = &p.job.plan;
+        observed.push((
+            p.comm.clone(),
+            Observed {
+                info: p.info,
+                kind: plan.collective,
+                algorithm: plan.algorithm,
+                dtype: plan.dtype,
+                op: crate::telemetry::trace::op_name(plan.collective, &plan.op),
+                id: p.job.trace.id,
+            },
+        ));
         match by_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &p.comm)) {
             Some((_, v)) => v.push(p.job),
             None => by_comm.push((p.comm, vec![p.job])),
@@ -123,9 +221,13 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
     for (jobs, e) in jobs.into_iter().zip(&engines) {
         batches.push(Batch::new(&e.links, self_p2p::pair(jobs)?)?);
     }
+    let start = crate::telemetry::clock::ticks();
     let r = drive(&mut batches, patience);
     for (b, e) in batches.into_iter().zip(&engines) {
         return_scratch(e, b.into_jobs());
+    }
+    if r.is_ok() {
+        observe(&observed, start);
     }
     if let Err(e) = &r {
         for c in &comms {
@@ -138,7 +240,18 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
 /// Records a failed operation on `c`: its asynchronous error, and the reason
 /// every later operation fails (messages may have moved part-way, so no later
 /// operation may read the stray bytes).
-pub fn poison(c: &Comm, e: &Error) {
+pub fn poison(c: &Arc<Comm>, e: &Error) {
+    if let Error::Revoked(by) = e {
+        // A peer's revoke reached this rank: this communicator is revoked
+        // too, and the news goes on over its links.
+        crate::comm::revoke::revoke(c, *by);
+    }
+    if c.revoked.load(Ordering::Acquire) {
+        // The revoke owns the asynchronous state (in progress, then
+        // success once quiescent).
+        c.record_failure(|| e.to_string());
+        return;
+    }
     let code = match e {
         Error::Timeout(_) | Error::Remote(_) => NcclResult::RemoteError.raw(),
         other => other.code().raw(),

@@ -45,6 +45,12 @@ pub trait SendLink: Send + Sync + std::fmt::Debug {
     fn wait_source(&self) -> WaitSource;
     /// Marks the link dead (abort); the peer's calls then fail.
     fn close(&self);
+    /// Marks the link dead because rank `by` revoked the communicator; the
+    /// peer's calls then fail saying so.
+    fn revoke(&self, by: usize) {
+        let _ = by;
+        self.close();
+    }
     /// Prepares a graceful close after the last operation: returns once
     /// every byte this link sent is safe from the link being closed, or at
     /// `deadline`. Transports whose close cannot lose data do nothing.
@@ -70,10 +76,27 @@ pub trait RecvLink: Send + Sync + std::fmt::Debug {
             off += s.len();
         })
     }
+    /// Receives a peer's first message of an operation, whose length the
+    /// peer chose (it carries a fingerprint, `exec::fingerprint`): into
+    /// `dst`, which is the unfilled remainder of a buffer as large as any
+    /// first message, of which `expect` bytes are what this rank expects.
+    /// Returns the bytes taken and whether they end the message. Message
+    /// links override it to take the peer's message whole, whatever its
+    /// length up to `dst.len()`; byte streams (the default) take up to
+    /// `expect` bytes and leave the count to the caller.
+    fn try_recv_first(&self, dst: &mut [u8], expect: usize) -> Result<(usize, bool)> {
+        let n = expect.min(dst.len());
+        Ok((self.try_recv_into(&mut dst[..n])?, false))
+    }
     /// What to wait on when nothing is ready.
     fn wait_source(&self) -> WaitSource;
     /// Marks the link dead (abort).
     fn close(&self);
+    /// As [`SendLink::revoke`], for the receiving half.
+    fn revoke(&self, by: usize) {
+        let _ = by;
+        self.close();
+    }
     /// As [`SendLink::finish`], for the receiving half.
     fn finish(&self, _deadline: std::time::Instant) {}
 }

@@ -40,6 +40,7 @@ fn mismatched(what: String) -> Error {
 
 fn net_err(e: NetError) -> Error {
     match e {
+        NetError::Revoked(by) => Error::Revoked(by as usize),
         NetError::Timeout(m) => Error::Timeout(format!("tcp: {m}")),
         NetError::InvalidUsage(m) if m.contains(TOO_LARGE) => mismatched(format!("tcp: {m}")),
         NetError::InvalidArgument(m) | NetError::InvalidUsage(m) | NetError::Internal(m) => {
@@ -187,6 +188,10 @@ impl SendLink for NetSend {
         // it gracefully, the others find it closed.
         self.comm.finish(deadline);
     }
+    fn revoke(&self, by: usize) {
+        self.comm.revoke(u32::try_from(by).unwrap_or(u32::MAX));
+        self.closed.store(true, Ordering::Release);
+    }
 }
 
 impl RecvLink for NetRecv {
@@ -226,6 +231,21 @@ impl RecvLink for NetRecv {
         };
         Ok(self.finish(st, req, dst.len(), 1)?.unwrap_or(0))
     }
+    fn try_recv_first(&self, dst: &mut [u8], _expect: usize) -> Result<(usize, bool)> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let mut st = self.st.lock();
+        let st = &mut *st;
+        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
+            return Ok((0, false));
+        };
+        let Some(sizes) = self.comm.test(req).map_err(net_err)? else {
+            return Ok((0, false));
+        };
+        st.req = None;
+        Ok((sizes.first().copied().unwrap_or(0), true))
+    }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Poll
     }
@@ -235,6 +255,10 @@ impl RecvLink for NetRecv {
     }
     fn finish(&self, deadline: std::time::Instant) {
         self.comm.finish(deadline);
+    }
+    fn revoke(&self, by: usize) {
+        self.comm.revoke(u32::try_from(by).unwrap_or(u32::MAX));
+        self.closed.store(true, Ordering::Release);
     }
 }
 

@@ -69,12 +69,34 @@ impl Ring {
 
     /// Marks the ring closed (either side; e.g. on abort).
     pub fn close(&self) {
-        self.hdr().closed.store(1, Ordering::Release);
+        let _ = self
+            .hdr()
+            .closed
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Marks the ring closed because rank `by` revoked the communicator.
+    pub fn close_revoked(&self, by: usize) {
+        let code = u32::try_from(by).map_or(1, |b| b.saturating_add(2));
+        let _ = self
+            .hdr()
+            .closed
+            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Whether either side closed the ring.
     pub fn is_closed(&self) -> bool {
         self.hdr().closed.load(Ordering::Acquire) != 0
+    }
+
+    /// The rank that revoked the communicator, if that is why the ring was
+    /// closed (the value comes from shared memory: any rank number is
+    /// possible, the caller bounds it).
+    pub fn revoked_by(&self) -> Option<usize> {
+        match self.hdr().closed.load(Ordering::Acquire) {
+            0 | 1 => None,
+            c => Some((c - 2) as usize),
+        }
     }
 
     /// Producer: copies as much of `src` as fits; returns the bytes written.

@@ -24,14 +24,17 @@ struct ShmRecv {
     _arena: Arc<Arena>,
 }
 
-fn closed() -> Error {
-    Error::Remote("shm link closed by the peer (abort)".into())
+fn closed(ring: &Ring) -> Error {
+    match ring.revoked_by() {
+        Some(by) => Error::Revoked(by),
+        None => Error::Remote("shm link closed by the peer (abort)".into()),
+    }
 }
 
 impl SendLink for ShmSend {
     fn try_send(&self, src: &[u8]) -> Result<usize> {
         if self.ring.is_closed() {
-            return Err(closed());
+            return Err(closed(&self.ring));
         }
         let n = self.ring.try_write(src);
         if n > 0 {
@@ -46,6 +49,10 @@ impl SendLink for ShmSend {
         self.ring.close();
         self.peer_bell.ring();
     }
+    fn revoke(&self, by: usize) {
+        self.ring.close_revoked(by);
+        self.peer_bell.ring();
+    }
 }
 
 impl RecvLink for ShmRecv {
@@ -54,7 +61,7 @@ impl RecvLink for ShmRecv {
         if n > 0 {
             self.peer_bell.ring();
         } else if self.ring.is_closed() {
-            return Err(closed());
+            return Err(closed(&self.ring));
         }
         Ok(n)
     }
@@ -63,6 +70,10 @@ impl RecvLink for ShmRecv {
     }
     fn close(&self) {
         self.ring.close();
+        self.peer_bell.ring();
+    }
+    fn revoke(&self, by: usize) {
+        self.ring.close_revoked(by);
         self.peer_bell.ring();
     }
 }

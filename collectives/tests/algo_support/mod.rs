@@ -38,6 +38,8 @@ pub struct Case {
     pub in_place: bool,
     pub chunk_bytes: usize,
     pub seed: u64,
+    /// Run the plans with collective fingerprints added (`exec::fingerprint`).
+    pub fingerprinted: bool,
 }
 
 impl Case {
@@ -53,6 +55,7 @@ impl Case {
             in_place: false,
             chunk_bytes: 64,
             seed: 7,
+            fingerprinted: false,
         }
     }
 }
@@ -270,8 +273,13 @@ pub fn plans(c: &Case) -> Vec<Plan> {
     };
     (0..topo.nranks())
         .map(|r| {
-            generate(&args, c.algo, r, &topo, &chunking)
-                .unwrap_or_else(|e| panic!("{c:?} rank {r}: {e}"))
+            let p = generate(&args, c.algo, r, &topo, &chunking)
+                .unwrap_or_else(|e| panic!("{c:?} rank {r}: {e}"));
+            if c.fingerprinted {
+                hetccl_collectives::exec::fingerprint::add(&p).0
+            } else {
+                p
+            }
         })
         .collect()
 }

@@ -46,6 +46,11 @@ fn every_variable_parses() {
         ("NCCL_MIN_NCHANNELS", "2"),
         ("NCCL_MAX_NCHANNELS", "8"),
         ("HETCCL_TRACE_FILE", "/tmp/t.json"),
+        ("HETCCL_TRACE_MAX_EVENTS", "1000"),
+        ("HETCCL_METRICS_FILE", "/tmp/m.%r.prom"),
+        ("HETCCL_STATUS", "1"),
+        ("HETCCL_STATUS_PORT", "4242"),
+        ("HETCCL_METRICS_INTERVAL_S", "0.5"),
         ("HETCCL_NCCL_FALLBACK", "/usr/lib/libnccl.so.2"),
         ("HETCCL_NVRTC_LIB", "/opt/nvrtc/libnvrtc.so.12"),
         ("NCCL_SHM_DISABLE", "1"),
@@ -68,6 +73,8 @@ fn every_variable_parses() {
         ("NCCL_IB_PCI_RELAXED_ORDERING", "0"),
         ("NCCL_DMABUF_ENABLE", "0"),
         ("HETCCL_NET", "IB"),
+        ("HETCCL_CHECK", "1"),
+        ("HETCCL_TUNING_FILE", "/tmp/tune.json"),
     ]);
     // Only the ignored variables warn, one line each.
     let ignored: Vec<&str> = vars::IGNORED.iter().map(|(n, _)| *n).collect();
@@ -96,6 +103,11 @@ fn every_variable_parses() {
     assert_eq!(c.buffsize, 1 << 20);
     assert_eq!((c.min_nchannels, c.max_nchannels), (Some(2), Some(8)));
     assert_eq!(c.trace_file.as_deref(), Some("/tmp/t.json"));
+    assert_eq!(c.trace_max_events, 1000);
+    assert_eq!(c.metrics_file.as_deref(), Some("/tmp/m.%r.prom"));
+    assert_eq!(c.metrics_interval_s, 0.5);
+    assert!(c.status);
+    assert_eq!(c.status_port, Some(4242));
     assert_eq!(c.nccl_fallback.as_deref(), Some("/usr/lib/libnccl.so.2"));
     assert_eq!(c.nvrtc_lib.as_deref(), Some("/opt/nvrtc/libnvrtc.so.12"));
     assert!(c.shm_disable && c.p2p_disable && c.ib_disable);
@@ -115,6 +127,8 @@ fn every_variable_parses() {
     assert_eq!(c.ib_pci_relaxed_ordering, 0);
     assert_eq!(c.hetccl_net.as_deref(), Some("ib"));
     assert_eq!(c.comm_secret, Some(Secret("s3cret".into())));
+    assert!(c.check);
+    assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));
     assert!(
         !format!("{c:?}").contains("s3cret"),
         "Debug redacts the secret"

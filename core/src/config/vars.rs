@@ -63,10 +63,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "NCCL_MAX_NCHANNELS",
         "hetccl's plans use a fixed two channels per link for collectives and one for point-to-point",
     ),
-    (
-        "HETCCL_TRACE_FILE",
-        "the timeline writer is not implemented yet",
-    ),
 ];
 
 /// Why `name` is ignored, if it is.
@@ -221,6 +217,45 @@ pub(crate) const VARS: &[Var] = &[
         field: "trace_file",
         apply: |c, v| ok(parse::text(v), |t| c.trace_file = Some(t)),
         show: |c| c.trace_file.clone(),
+    },
+    Var {
+        name: "HETCCL_TRACE_MAX_EVENTS",
+        field: "trace_max_events",
+        apply: |c, v| {
+            c.trace_max_events = parse::int_in(v, 1, 1 << 26)? as usize;
+            Ok(None)
+        },
+        show: |c| Some(c.trace_max_events.to_string()),
+    },
+    Var {
+        name: "HETCCL_STATUS",
+        field: "status",
+        apply: |c, v| ok(parse::boolean(v), |b| c.status = b),
+        show: |c| Some(u8::from(c.status).to_string()),
+    },
+    Var {
+        name: "HETCCL_STATUS_PORT",
+        field: "status_port",
+        apply: |c, v| {
+            c.status_port = Some(parse::int_in(v, 0, 65535)? as u16);
+            Ok(None)
+        },
+        show: |c| c.status_port.map(|p| p.to_string()),
+    },
+    Var {
+        name: "HETCCL_METRICS_FILE",
+        field: "metrics_file",
+        apply: |c, v| ok(parse::text(v), |t| c.metrics_file = Some(t)),
+        show: |c| c.metrics_file.clone(),
+    },
+    Var {
+        name: "HETCCL_METRICS_INTERVAL_S",
+        field: "metrics_interval_s",
+        apply: |c, v| {
+            c.metrics_interval_s = parse::seconds(v, 0.001)?;
+            Ok(None)
+        },
+        show: |c| Some(c.metrics_interval_s.to_string()),
     },
     Var {
         name: "HETCCL_NCCL_FALLBACK",
@@ -381,6 +416,12 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| c.comm_secret.as_ref().map(|_| "<redacted>".to_string()),
     },
     Var {
+        name: "HETCCL_CHECK",
+        field: "check",
+        apply: |c, v| ok(parse::boolean(v), |b| c.check = b),
+        show: |c| Some(u8::from(c.check).to_string()),
+    },
+    Var {
         name: "HETCCL_COPY_WORKERS",
         field: "copy_workers",
         apply: |c, v| {
@@ -388,6 +429,12 @@ pub(crate) const VARS: &[Var] = &[
             Ok(None)
         },
         show: |c| Some(c.copy_workers.to_string()),
+    },
+    Var {
+        name: "HETCCL_TUNING_FILE",
+        field: "tuning_file",
+        apply: |c, v| ok(parse::text(v), |t| c.tuning_file = Some(t)),
+        show: |c| c.tuning_file.clone(),
     },
 ];
 

@@ -505,6 +505,7 @@ impl TcpRecvComm {
                         r.entries[d.idx].st = EntrySt::Done(d.len);
                     }
                 }
+                InEvent::Frame(Frame::Close { by }) => return Err(NetError::Revoked(by)),
                 InEvent::Frame(other) => {
                     return Err(NetError::proto(format!(
                         "unexpected {other:?} on a receive comm"
@@ -513,6 +514,19 @@ impl TcpRecvComm {
             }
         }
         Ok(true)
+    }
+
+    /// Ends the comm because rank `by` of the engine's communicator revoked
+    /// it: a CLOSE frame tells the peer why (best effort, never blocking),
+    /// and every later call fails. Idempotent.
+    pub fn revoke(&self, by: u32) {
+        let mut st = self.st.lock();
+        if st.failed.is_some() {
+            return;
+        }
+        let _ = st.ctrl.send_frame(&Frame::Close { by }, &[]);
+        let _ = st.ctrl.flush(&mut Vec::new());
+        st.failed = Some(NetError::Revoked(by));
     }
 
     /// Closes gracefully once every request is done: drops what the

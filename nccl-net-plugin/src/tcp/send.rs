@@ -240,6 +240,7 @@ impl TcpSendComm {
                     )));
                     st.awaiting -= 1;
                 }
+                InEvent::Frame(Frame::Close { by }) => return Err(NetError::Revoked(by)),
                 other => {
                     return Err(NetError::proto(format!(
                         "unexpected {other:?} on a send comm"
@@ -343,6 +344,19 @@ impl TcpSendComm {
             }
         }
         Ok(())
+    }
+
+    /// Ends the comm because rank `by` of the engine's communicator revoked
+    /// it: a CLOSE frame tells the peer why (best effort, never blocking),
+    /// and every later call fails. Idempotent.
+    pub fn revoke(&self, by: u32) {
+        let mut st = self.st.lock();
+        if st.failed.is_some() {
+            return;
+        }
+        let _ = st.ctrl.send_frame(&Frame::Close { by }, &[]);
+        let _ = st.ctrl.flush(&mut Vec::new());
+        st.failed = Some(NetError::Revoked(by));
     }
 
     /// Closes gracefully once every request is done: drops what the

@@ -91,7 +91,7 @@ pub unsafe extern "C" fn hetcclSelectionTableFor(
 /// # Safety
 /// `buf` must hold `len` writable bytes when `len > 0`; `needed` must be NULL
 /// or a writable `size_t`.
-unsafe fn write_out(text: &str, buf: *mut c_char, len: usize, needed: *mut usize) {
+pub(super) unsafe fn write_out(text: &str, buf: *mut c_char, len: usize, needed: *mut usize) {
     if !needed.is_null() {
         // SAFETY: non-NULL, writable by the caller's contract.
         unsafe { *needed = text.len() };

@@ -73,3 +73,41 @@ pub unsafe extern "C" fn hetcclCommSelectionTable(
         Ok(())
     })
 }
+
+/// Writes `comm`'s metrics as one JSON object into `buf` of `len` bytes,
+/// NUL-terminated and truncated if needed; `*needed` (if not NULL) receives
+/// the full length without the NUL, as snprintf does. The object holds
+/// `comm` (the hash, hex), `name` (`commName` or null), `rank`, `nranks`,
+/// `links` (per connected peer: `peer`, `transport`, `bytes_sent`,
+/// `messages_sent`, `bytes_received`, `messages_received`, `errors`),
+/// `collectives` (per kind: `kind`, `calls`, `bytes`, `algorithms` (calls
+/// per algorithm), `latency_ns`), `queue_wait_ns` and
+/// `latency_sample_every` (latency is timed on one call in that many of
+/// each kind, every call while the timeline is on); a histogram is `count`, `sum`, `p50`, `p99` and
+/// `buckets` (`[upper bound in ns or null for +Inf, count]`, non-empty
+/// buckets only). See docs/observability.md.
+#[no_mangle]
+pub unsafe extern "C" fn hetcclCommGetStats(
+    comm: ncclComm_t,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> ncclResult_t {
+    guard("hetcclCommGetStats", || {
+        let c = handle::lookup(comm)?;
+        if len > 0 {
+            check::non_null(buf, "buf")?;
+        }
+        let e = c.engine()?;
+        let meta = crate::telemetry::render::Meta {
+            comm_hash: e.comm_hash,
+            comm_name: e.settings.comm_name.clone(),
+            nranks: c.nranks,
+        };
+        let text = crate::telemetry::render::json(&meta, &e.links.metrics.snapshot());
+        // SAFETY: `buf` holds `len` writable bytes (checked non-NULL when
+        // len > 0); `needed` is NULL or a writable size_t (caller contract).
+        unsafe { info::write_out(&text, buf, len, needed) };
+        Ok(())
+    })
+}
