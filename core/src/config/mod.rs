@@ -108,6 +108,9 @@ pub struct Config {
     /// `HETCCL_NVRTC_LIB`: the NVRTC library (`libnvrtc.so.*`) that compiles
     /// the GPU reduction kernels. Default unset (the usual sonames).
     pub nvrtc_lib: Option<String>,
+    /// `HETCCL_IBVERBS_LIB`: the libibverbs file to open in place of the
+    /// usual sonames. Default unset.
+    pub ibverbs_lib: Option<String>,
     /// `NCCL_SHM_DISABLE`: disable the shared-memory transport. Default false.
     pub shm_disable: bool,
     /// `NCCL_P2P_DISABLE`: disable the peer-to-peer (GPU IPC) transport.
@@ -217,6 +220,7 @@ impl Default for Config {
             metrics_interval_s: 15.0,
             nccl_fallback: None,
             nvrtc_lib: None,
+            ibverbs_lib: None,
             shm_disable: false,
             p2p_disable: false,
             net: None,

@@ -53,6 +53,7 @@ fn every_variable_parses() {
         ("HETCCL_METRICS_INTERVAL_S", "0.5"),
         ("HETCCL_NCCL_FALLBACK", "/usr/lib/libnccl.so.2"),
         ("HETCCL_NVRTC_LIB", "/opt/nvrtc/libnvrtc.so.12"),
+        ("HETCCL_IBVERBS_LIB", "/opt/rdma/libibverbs.so.1"),
         ("NCCL_SHM_DISABLE", "1"),
         ("NCCL_P2P_DISABLE", "true"),
         ("NCCL_NET", "Socket"),
@@ -127,6 +128,7 @@ fn every_variable_parses() {
     assert_eq!(c.ib_pci_relaxed_ordering, 0);
     assert_eq!(c.hetccl_net.as_deref(), Some("ib"));
     assert_eq!(c.comm_secret, Some(Secret("s3cret".into())));
+    assert_eq!(c.ibverbs_lib.as_deref(), Some("/opt/rdma/libibverbs.so.1"));
     assert!(c.check);
     assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));
     assert!(

@@ -270,6 +270,12 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| c.nvrtc_lib.clone(),
     },
     Var {
+        name: "HETCCL_IBVERBS_LIB",
+        field: "ibverbs_lib",
+        apply: |c, v| ok(parse::text(v), |t| c.ibverbs_lib = Some(t)),
+        show: |c| c.ibverbs_lib.clone(),
+    },
+    Var {
         name: "NCCL_SHM_DISABLE",
         field: "shm_disable",
         apply: |c, v| ok(parse::boolean(v), |b| c.shm_disable = b),

@@ -385,8 +385,9 @@ const SONAMES: &[&str] = &["libibverbs.so.1", "libibverbs.so"];
 pub fn verbs() -> Result<&'static Verbs, &'static str> {
     static V: OnceCell<Result<Verbs, String>> = OnceCell::new();
     V.get_or_init(|| {
-        let names: Vec<String> = match std::env::var("HETCCL_IBVERBS_LIB") {
-            Ok(p) if !p.is_empty() => vec![p],
+        // Read once, at the first use of verbs in the process.
+        let names: Vec<String> = match hetccl_core::config::get().ibverbs_lib.clone() {
+            Some(p) if !p.is_empty() => vec![p],
             _ => SONAMES.iter().map(|s| s.to_string()).collect(),
         };
         let mut why = Vec::new();
