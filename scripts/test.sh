@@ -22,5 +22,7 @@ echo "== fuzz seeds and random inputs through every decoder (stable replay)"
 bash scripts/fuzz.sh --replay
 echo "== hwloc topology probe (feature hwloc)"
 cargo test -p hetccl-collectives --features hwloc --lib topo
+echo "== RDMA: verbs on Soft-RoCE in a QEMU guest (fails if the guest cannot boot)"
+bash scripts/rdma-tests.sh
 echo "== wheel: built from the dev profile, installed in a fresh venv, tested without cargo"
 bash scripts/wheel-test.sh --profile dev

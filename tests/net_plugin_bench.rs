@@ -12,6 +12,7 @@
 //!
 //! Driver environment: `BENCH_MODE` = `plugin` | `tcp`; `BENCH_WHAT` =
 //! `tput` | `lat` | `both`; `BENCH_SIZES` (comma list); `BENCH_ITERS`;
+//! `BENCH_BYTES` (per size, default 1 GiB); `BENCH_REG=1` (regMr'd buffers);
 //! `BENCH_NETNS`, `BENCH_IFS`, `BENCH_ADDRS` (comma pairs) for namespaces.
 //! Results are printed as `RESULT key=value ...` lines.
 
@@ -42,8 +43,22 @@ fn sizes() -> Vec<usize> {
     .collect()
 }
 
+/// Messages per size: `BENCH_BYTES` (default 1 GiB) worth, 8 to 20000.
 fn count_for(size: usize) -> usize {
-    ((1usize << 30) / size.max(1)).clamp(8, 20_000)
+    let bytes: usize = env_or("BENCH_BYTES", "1073741824")
+        .parse()
+        .unwrap_or(1 << 30);
+    (bytes / size.max(1)).clamp(8, 20_000)
+}
+
+/// `BENCH_REG=1`: register the buffers with `regMr` and pass the handles,
+/// as NCCL does (the verbs transport then writes straight into them).
+fn reg(api: &Api, comm: P, buf: &[u8]) -> P {
+    if env_or("BENCH_REG", "0") == "1" && !buf.is_empty() {
+        api.reg(comm, buf.as_ptr().cast_mut(), buf.len())
+    } else {
+        P::null()
+    }
 }
 
 fn iters() -> usize {
@@ -73,12 +88,20 @@ fn cross(api: &Api, l: P, peer: &[u8; 128]) -> (P, P) {
 }
 
 fn post_recv(api: &Api, r: P, buf: &mut [u8], tag: i32) -> P {
-    api.retry(|| api.irecv(r, &[buf.as_mut_ptr()], &[buf.len()], &[tag], &[], false))
+    post_recv_mh(api, r, buf, tag, P::null())
+}
+
+fn post_recv_mh(api: &Api, r: P, buf: &mut [u8], tag: i32, mh: P) -> P {
+    api.retry(|| api.irecv(r, &[buf.as_mut_ptr()], &[buf.len()], &[tag], &[mh], false))
         .unwrap()
 }
 
 fn post_send(api: &Api, s: P, buf: &[u8], tag: i32) -> P {
-    api.retry(|| api.isend(s, buf.as_ptr(), buf.len(), tag, P::null()))
+    post_send_mh(api, s, buf, tag, P::null())
+}
+
+fn post_send_mh(api: &Api, s: P, buf: &[u8], tag: i32, mh: P) -> P {
+    api.retry(|| api.isend(s, buf.as_ptr(), buf.len(), tag, mh))
         .unwrap()
 }
 
@@ -99,10 +122,12 @@ fn plugin_server(api: &Api, s: P, r: P) {
             let n = count_for(size);
             // Touched up front: page faults are not what we measure.
             let mut bufs: Vec<Vec<u8>> = (0..W).map(|_| vec![0xA5u8; size]).collect();
+            let mhs: Vec<P> = bufs.iter().map(|b| reg(api, r, b)).collect();
             let mut reqs: Vec<P> = bufs
                 .iter_mut()
+                .zip(&mhs)
                 .take(n.min(W))
-                .map(|b| post_recv(api, r, b, TAG_DATA))
+                .map(|(b, &mh)| post_recv_mh(api, r, b, TAG_DATA, mh))
                 .collect();
             spin(api, post_send(api, s, &ctl, TAG_CTRL)); // ready
             let mut posted = reqs.len();
@@ -116,7 +141,7 @@ fn plugin_server(api: &Api, s: P, r: P) {
                     done += 1;
                     *q = if posted < n {
                         posted += 1;
-                        post_recv(api, r, &mut bufs[k], TAG_DATA)
+                        post_recv_mh(api, r, &mut bufs[k], TAG_DATA, mhs[k])
                     } else {
                         P::null()
                     };
@@ -127,6 +152,9 @@ fn plugin_server(api: &Api, s: P, r: P) {
                 }
             }
             spin(api, post_send(api, s, &ctl, TAG_CTRL)); // done
+            for mh in mhs.into_iter().filter(|m| !m.is_null()) {
+                api.dereg(r, mh);
+            }
         }
     }
     if what("lat") {
@@ -147,6 +175,7 @@ fn plugin_client(api: &Api, s: P, r: P) {
         for size in sizes() {
             let n = count_for(size);
             let src = net::pattern(size, 1);
+            let smh = reg(api, s, &src);
             spin(api, post_recv(api, r, &mut ctl, TAG_CTRL)); // ready
             let done_q = post_recv(api, r, &mut ctl, TAG_CTRL);
             let t0 = Instant::now();
@@ -154,7 +183,7 @@ fn plugin_client(api: &Api, s: P, r: P) {
             let mut sent = 0;
             while sent < n || !reqs.is_empty() {
                 while sent < n && reqs.len() < W {
-                    reqs.push(post_send(api, s, &src, TAG_DATA));
+                    reqs.push(post_send_mh(api, s, &src, TAG_DATA, smh));
                     sent += 1;
                 }
                 let before = reqs.len();
@@ -166,6 +195,9 @@ fn plugin_client(api: &Api, s: P, r: P) {
             }
             spin(api, done_q);
             let dt = t0.elapsed().as_secs_f64();
+            if !smh.is_null() {
+                api.dereg(s, smh);
+            }
             println!(
                 "RESULT tput size={size} count={n} bytes_per_s={:.0}",
                 (size * n) as f64 / dt

@@ -33,18 +33,22 @@ impl LinkClass {
 pub enum TransportKind {
     /// Shared-memory rings in the node's arena.
     Shm,
+    /// RDMA verbs (InfiniBand / RoCE) through `nccl-net-plugin::ib`; only
+    /// between ranks whose ports share a fabric.
+    Verbs,
     /// TCP sockets through `nccl-net-plugin`.
     Tcp,
 }
 
 impl TransportKind {
     /// Every transport, in preference order for equal costs.
-    pub const ALL: [TransportKind; 2] = [Self::Shm, Self::Tcp];
+    pub const ALL: [TransportKind; 3] = [Self::Shm, Self::Verbs, Self::Tcp];
 
     /// The name in logs and tables.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Shm => "shm",
+            Self::Verbs => "verbs",
             Self::Tcp => "tcp",
         }
     }
@@ -53,7 +57,19 @@ impl TransportKind {
     pub const fn max_reach(self) -> LinkClass {
         match self {
             Self::Shm => LinkClass::SameNode,
-            Self::Tcp => LinkClass::CrossNode,
+            Self::Verbs | Self::Tcp => LinkClass::CrossNode,
+        }
+    }
+
+    /// Its own cost between nodes, where it differs from the model's
+    /// cross-node default (TCP): verbs at ~5 µs and ~10 GB/s.
+    pub const fn cross_node_cost(self) -> Option<LinkCost> {
+        match self {
+            Self::Verbs => Some(LinkCost {
+                alpha_us: 5.0,
+                beta_us_per_byte: 1.0 / 10_000.0,
+            }),
+            _ => None,
         }
     }
 
@@ -161,17 +177,30 @@ mod tests {
         for (class, want) in [
             (LinkClass::SameProcess, TransportKind::Shm),
             (LinkClass::SameNode, TransportKind::Shm),
-            (LinkClass::CrossNode, TransportKind::Tcp),
+            (LinkClass::CrossNode, TransportKind::Verbs),
         ] {
             assert_eq!(TransportKind::for_class(class, all), Some(want));
         }
+        let no_verbs = |t| t != TransportKind::Verbs;
+        assert_eq!(
+            TransportKind::for_class(LinkClass::CrossNode, no_verbs),
+            Some(TransportKind::Tcp)
+        );
+        assert_eq!(TransportKind::Verbs.max_reach(), LinkClass::CrossNode);
+        assert!(TransportKind::Verbs.cross_node_cost().is_some());
         let no_shm = |t| t != TransportKind::Shm;
         assert_eq!(
             TransportKind::for_class(LinkClass::SameNode, no_shm),
+            Some(TransportKind::Verbs),
+            "without shm, ranks of a node share the NIC as NCCL's NET does"
+        );
+        let tcp_only = |t| t == TransportKind::Tcp;
+        assert_eq!(
+            TransportKind::for_class(LinkClass::SameNode, tcp_only),
             Some(TransportKind::Tcp)
         );
         assert_eq!(
-            TransportKind::for_class(LinkClass::CrossNode, |t| t != TransportKind::Tcp),
+            TransportKind::for_class(LinkClass::CrossNode, |t| t == TransportKind::Shm),
             None
         );
     }

@@ -3,6 +3,8 @@
 //! - [`tcp`]: the TCP transport as a Rust API over host buffers ([`tcp::TcpNet`],
 //!   [`tcp::TcpSendComm`], [`tcp::TcpRecvComm`]); the engine reuses it for
 //!   inter-node traffic.
+//! - [`ib`]: the verbs transport (InfiniBand / RoCE), libibverbs loaded at
+//!   run time.
 //! - [`transport`]: the traits a transport implements.
 //! - [`plugin`]: the one internal API behind the C tables, and one adapter
 //!   file per `ncclNetPlugin_vN` (v6 to v12), all exported from `libhetccl.so`.
@@ -13,6 +15,7 @@
 
 pub mod error;
 mod fasthash;
+pub mod ib;
 pub mod iface;
 pub mod plugin;
 mod sock;

@@ -66,6 +66,8 @@ pub fn alloc_host(size: usize) -> Result<*mut c_void> {
     }
     let p = crate::intranode::region::alloc(size)?;
     tracing::debug!(target: "hetccl::ALLOC", "ncclMemAlloc {size} bytes at {p:p}");
+    // Registered once for verbs links (when verbs is in use).
+    nccl_net_plugin::ib::register_user(p as usize, size);
     Ok(p)
 }
 
@@ -74,6 +76,9 @@ pub fn alloc_host(size: usize) -> Result<*mut c_void> {
 /// # Safety
 /// Nothing may use the memory at `p` afterwards.
 pub unsafe fn free_host(p: *mut c_void) -> Result<()> {
+    if let Some(size) = allocation_size(p) {
+        nccl_net_plugin::ib::unregister_user(p as usize, size);
+    }
     // SAFETY: per the contract.
     unsafe { crate::intranode::region::free(p) }
 }

@@ -30,6 +30,9 @@ export! {
             }
             let token = NEXT_TOKEN.fetch_add(16, Ordering::Relaxed);
             c.registrations.lock().insert(token, (buff as usize, size));
+            // Verbs links then write straight from and into it (device
+            // memory fails to register and stays staged, as before).
+            nccl_net_plugin::ib::register_user(buff as usize, size);
             // SAFETY: checked non-NULL.
             unsafe { *reg_handle = token as *mut c_void };
             Ok(())
@@ -43,6 +46,9 @@ export! {
         guard("ncclCommDeregister", || {
             let c = handle::lookup(comm)?;
             let removed = c.registrations.lock().remove(&(reg_handle as usize));
+            if let Some((addr, size)) = removed {
+                nccl_net_plugin::ib::unregister_user(addr, size);
+            }
             removed.map(drop).ok_or_else(|| {
                 Error::arg(format!("handle {reg_handle:p} is not registered with this communicator"))
             })

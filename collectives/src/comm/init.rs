@@ -1,4 +1,5 @@
-//! Creating a communicator: bootstrap, topology, shm arena and TCP links.
+//! Creating a communicator: bootstrap, topology, shm arena, verbs and TCP
+//! links.
 //!
 //! Every rank runs the same sequence of bootstrap barriers, so a failure on
 //! one rank (say, the shm arena cannot be created) reaches the others as an
@@ -22,7 +23,7 @@ use crate::exec::watch::Watch;
 use crate::exec::{Links, NCHAN};
 use crate::topo;
 use crate::transport::arena::{self, Arena};
-use crate::transport::{net, shm, Conn};
+use crate::transport::{net, shm, verbs, Conn};
 
 /// The data bytes of one shm ring: NCCL_BUFFSIZE split over the channels,
 /// a power of two between 64 KiB and 64 MiB.
@@ -103,17 +104,42 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let local: Vec<usize> = (0..nranks)
         .filter(|&r| node_of[r] == node_of[rank])
         .collect();
+    // Every rank's RDMA fabric (an all-gather every rank runs): verbs joins
+    // two ranks whose ports share one.
+    let vparams = verbs::VerbsParams {
+        ib: settings.ib.clone(),
+        ports: settings.ib_ports.clone(),
+        ip: settings.bootstrap_ip(),
+    };
+    let cross = (0..nranks).any(|p| node_of[p] != node_of[rank]);
+    let ib_ports = verbs::local_ports(settings.verbs && cross, &vparams);
+    let fabrics = verbs::fabrics(&mut bs, &ib_ports)?;
     // The channel factory: per pair, the nearest-reaching enabled transport
-    // (`NCCL_SHM_DISABLE` takes shm out of the running).
-    let enabled = |t: TransportKind| !(settings.shm_disable && t == TransportKind::Shm);
+    // (`NCCL_SHM_DISABLE` takes shm out of the running; verbs needs a
+    // shared fabric).
     let mut choice: Vec<Option<TransportKind>> = Vec::with_capacity(nranks);
     for p in 0..nranks {
         let class = CostModel::class(&topology, rank as u32, p as u32);
+        let same_fabric = fabrics[rank].is_some() && fabrics[rank] == fabrics[p];
+        let enabled = |t: TransportKind| match t {
+            TransportKind::Shm => !settings.shm_disable,
+            TransportKind::Verbs => same_fabric,
+            TransportKind::Tcp => true,
+        };
         let t = TransportKind::for_class(class, enabled)
             .ok_or_else(|| Error::usage(format!("no enabled transport can reach rank {p}")))?;
         choice.push((p != rank).then_some(t));
     }
-    let costs = CostModel::default();
+    let mut costs = CostModel::default();
+    let remote: Vec<TransportKind> = (0..nranks)
+        .filter(|&p| node_of[p] != node_of[rank])
+        .filter_map(|p| choice[p])
+        .collect();
+    if !remote.is_empty() && remote.iter().all(|&t| t == TransportKind::Verbs) {
+        if let Some(c) = TransportKind::Verbs.cross_node_cost() {
+            costs.cross_node = c;
+        }
+    }
     let use_shm = local.iter().any(|&p| choice[p] == Some(TransportKind::Shm));
     let arena = if use_shm {
         Some(Arc::new(setup_arena(
@@ -154,6 +180,12 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         tcp: settings.tcp.clone(),
     };
     for (p, conns) in net::setup(&mut bs, &tcp_peers, NCHAN, &net_params)? {
+        peers[p] = Some(conns);
+    }
+    let verbs_peers: Vec<usize> = (0..nranks)
+        .filter(|&p| choice[p] == Some(TransportKind::Verbs))
+        .collect();
+    for (p, conns) in verbs::setup(&mut bs, &verbs_peers, &ib_ports, NCHAN, &vparams)? {
         peers[p] = Some(conns);
     }
     let stop: Arc<crate::exec::stop::Stop> = Arc::default();

@@ -60,6 +60,26 @@ pub struct Settings {
     /// The status service's query port (`HETCCL_STATUS_PORT`, 0 for any
     /// when only `HETCCL_STATUS` is set); `None`: the service is off.
     pub status_port: Option<u16>,
+    /// Whether verbs may join ranks on different nodes: off with
+    /// `NCCL_IB_DISABLE=1`, `NCCL_NET=Socket` or `HETCCL_NET=socket`.
+    pub verbs: bool,
+    /// The verbs transport's options (`NCCL_IB_*`).
+    pub ib: nccl_net_plugin::ib::IbOptions,
+    /// Which RDMA ports verbs may use (`NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`).
+    pub ib_ports: nccl_net_plugin::ib::DiscoverOpts,
+}
+
+/// Whether the configuration lets verbs carry cross-node traffic.
+fn verbs_allowed(cfg: &Config) -> bool {
+    let socket = cfg
+        .net
+        .as_deref()
+        .is_some_and(|n| n.eq_ignore_ascii_case("socket"));
+    match cfg.hetccl_net.as_deref() {
+        Some("ib") => true,
+        Some(_) => false,
+        None => !cfg.ib_disable && !socket,
+    }
 }
 
 /// A positive, finite number of seconds, or `None`.
@@ -100,6 +120,9 @@ impl Settings {
             trace_file: cfg.trace_file.clone(),
             trace_max_events: cfg.trace_max_events,
             status_port: cfg.status_port.or(cfg.status.then_some(0)),
+            verbs: verbs_allowed(cfg),
+            ib: nccl_net_plugin::ib::IbOptions::from_config(cfg),
+            ib_ports: nccl_net_plugin::plugin::backend::discover_opts(cfg),
         })
     }
 

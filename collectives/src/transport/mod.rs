@@ -5,8 +5,8 @@
 //! run over them (see `algo`) are symmetric: both sides know every
 //! message's size and order, so a receive always asks for exactly the bytes
 //! of the matching send. Byte-stream transports (shm) may deliver a message
-//! in pieces; message transports (TCP through `nccl-net-plugin`) deliver it
-//! whole. Links never block: `try_*`
+//! in pieces; message transports (TCP and verbs through `nccl-net-plugin`)
+//! deliver it whole. Links never block: `try_*`
 //! calls move what they can and return; the executor waits on the links'
 //! [`WaitSource`]s when nothing moves.
 //!
@@ -19,6 +19,7 @@ pub mod doorbell;
 pub mod net;
 pub mod ring;
 pub mod shm;
+pub mod verbs;
 
 pub use crate::cost::TransportKind;
 use crate::error::Result;

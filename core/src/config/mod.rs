@@ -69,8 +69,9 @@ pub struct Config {
     /// `HETCCL_HANG_REPORT_S`: an operation pending this long gets a hang
     /// report, in seconds; 0 disables reports. Default 60.
     pub hang_report_s: f64,
-    /// `HETCCL_HOST_ID`: overrides the host identity (host hash), so that tests
-    /// can pretend processes run on different nodes. Default unset.
+    /// `HETCCL_HOST_ID` (or its synonym `NCCL_HOSTID`): overrides the host
+    /// identity (host hash), so that tests can pretend processes run on
+    /// different nodes. Default unset.
     pub host_id: Option<String>,
     /// `NCCL_ALGO`: algorithm override, raw. Default unset.
     pub algo: Option<String>,
@@ -107,6 +108,9 @@ pub struct Config {
     /// `HETCCL_NVRTC_LIB`: the NVRTC library (`libnvrtc.so.*`) that compiles
     /// the GPU reduction kernels. Default unset (the usual sonames).
     pub nvrtc_lib: Option<String>,
+    /// `HETCCL_IBVERBS_LIB`: the libibverbs file to open in place of the
+    /// usual sonames. Default unset.
+    pub ibverbs_lib: Option<String>,
     /// `NCCL_SHM_DISABLE`: disable the shared-memory transport. Default false.
     pub shm_disable: bool,
     /// `NCCL_P2P_DISABLE`: disable the peer-to-peer (GPU IPC) transport.
@@ -114,15 +118,38 @@ pub struct Config {
     pub p2p_disable: bool,
     /// `NCCL_NET`: the network plugin/transport to use, by name. Default unset.
     pub net: Option<String>,
-    /// `NCCL_IB_DISABLE`: disable InfiniBand/verbs. Default false.
-    /// Ignored (no verbs transport yet).
+    /// `NCCL_IB_DISABLE`: disable the verbs transport (engine and plugin
+    /// use TCP). Default false.
     pub ib_disable: bool,
-    /// `NCCL_IB_HCA`: which InfiniBand devices and ports to use. Ignored
-    /// (no verbs transport yet).
+    /// `NCCL_IB_HCA`: which RDMA devices and ports to use
+    /// (`[^][=]dev[:port],...`). Default unset (all active ports).
     pub ib_hca: Option<String>,
-    /// `NCCL_NET_GDR_LEVEL`: when to use GPUDirect RDMA. Ignored (no
-    /// GPUDirect RDMA).
+    /// `NCCL_NET_GDR_LEVEL`: when to use GPUDirect RDMA. Default unset.
     pub net_gdr_level: Option<String>,
+    /// `NCCL_IB_GID_INDEX`: the GID index; unset or -1: auto (RoCE v2 over
+    /// IPv4 first).
+    pub ib_gid_index: Option<i32>,
+    /// `NCCL_IB_TC`: traffic class of RoCE packets. Default 0.
+    pub ib_tc: u32,
+    /// `NCCL_IB_SL`: InfiniBand service level. Default 0.
+    pub ib_sl: u32,
+    /// `NCCL_IB_TIMEOUT`: QP ack timeout exponent (4.096 µs × 2^n). Default 20.
+    pub ib_timeout: u32,
+    /// `NCCL_IB_RETRY_CNT`: QP retry count. Default 7.
+    pub ib_retry_cnt: u32,
+    /// `NCCL_IB_QPS_PER_CONNECTION`: QPs per verbs connection. Default 1.
+    pub ib_qps_per_connection: u32,
+    /// `NCCL_IB_SPLIT_DATA_ON_QPS`: split each message over the QPs
+    /// (else each goes whole on one, round-robin). Default 0.
+    pub ib_split_data_on_qps: bool,
+    /// `NCCL_IB_PCI_RELAXED_ORDERING`: 0 off, 1 on, 2 (default) where supported.
+    pub ib_pci_relaxed_ordering: u32,
+    /// `NCCL_DMABUF_ENABLE`: register GPU memory through DMA-BUF. Default 1.
+    pub dmabuf_enable: bool,
+    /// `HETCCL_NET`: `ib` or `socket` forces the net plugin's and the
+    /// engine's transport between nodes. Default unset (verbs when a port
+    /// is active).
+    pub hetccl_net: Option<String>,
     /// `HETCCL_SPIN_US`: how long a wait spins before it blocks, in
     /// microseconds. Default 50.
     pub spin_us: u32,
@@ -193,12 +220,23 @@ impl Default for Config {
             metrics_interval_s: 15.0,
             nccl_fallback: None,
             nvrtc_lib: None,
+            ibverbs_lib: None,
             shm_disable: false,
             p2p_disable: false,
             net: None,
             ib_disable: false,
             ib_hca: None,
             net_gdr_level: None,
+            ib_gid_index: None,
+            ib_tc: 0,
+            ib_sl: 0,
+            ib_timeout: 20,
+            ib_retry_cnt: 7,
+            ib_qps_per_connection: 1,
+            ib_split_data_on_qps: false,
+            ib_pci_relaxed_ordering: 2,
+            dmabuf_enable: true,
+            hetccl_net: None,
             spin_us: 50,
             copy_min_bytes: 32 << 10,
             copy_workers: 0,

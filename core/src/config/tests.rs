@@ -38,6 +38,7 @@ fn every_variable_parses() {
         ("NCCL_SOCKET_MIN_TASKSIZE", "128K"),
         ("HETCCL_TIMEOUT_S", "2.5"),
         ("HETCCL_HANG_REPORT_S", "0"),
+        ("NCCL_HOSTID", "nodeB"),
         ("HETCCL_HOST_ID", "nodeA"),
         ("NCCL_ALGO", "ring"),
         ("NCCL_PROTO", "^LL128"),
@@ -52,6 +53,7 @@ fn every_variable_parses() {
         ("HETCCL_METRICS_INTERVAL_S", "0.5"),
         ("HETCCL_NCCL_FALLBACK", "/usr/lib/libnccl.so.2"),
         ("HETCCL_NVRTC_LIB", "/opt/nvrtc/libnvrtc.so.12"),
+        ("HETCCL_IBVERBS_LIB", "/opt/rdma/libibverbs.so.1"),
         ("NCCL_SHM_DISABLE", "1"),
         ("NCCL_P2P_DISABLE", "true"),
         ("NCCL_NET", "Socket"),
@@ -62,6 +64,16 @@ fn every_variable_parses() {
         ("NCCL_IB_HCA", "mlx5_0:1"),
         ("NCCL_NET_GDR_LEVEL", "PHB"),
         ("HETCCL_COMM_SECRET", "s3cret"),
+        ("NCCL_IB_GID_INDEX", "3"),
+        ("NCCL_IB_TC", "106"),
+        ("NCCL_IB_SL", "1"),
+        ("NCCL_IB_TIMEOUT", "22"),
+        ("NCCL_IB_RETRY_CNT", "5"),
+        ("NCCL_IB_QPS_PER_CONNECTION", "2"),
+        ("NCCL_IB_SPLIT_DATA_ON_QPS", "1"),
+        ("NCCL_IB_PCI_RELAXED_ORDERING", "0"),
+        ("NCCL_DMABUF_ENABLE", "0"),
+        ("HETCCL_NET", "IB"),
         ("HETCCL_CHECK", "1"),
         ("HETCCL_TUNING_FILE", "/tmp/tune.json"),
     ]);
@@ -106,7 +118,17 @@ fn every_variable_parses() {
     assert_eq!(c.copy_workers, 3);
     assert_eq!(c.ib_hca.as_deref(), Some("mlx5_0:1"));
     assert_eq!(c.net_gdr_level.as_deref(), Some("PHB"));
+    assert_eq!(c.ib_gid_index, Some(3));
+    assert_eq!(
+        (c.ib_tc, c.ib_sl, c.ib_timeout, c.ib_retry_cnt),
+        (106, 1, 22, 5)
+    );
+    assert_eq!(c.ib_qps_per_connection, 2);
+    assert!(c.ib_split_data_on_qps && !c.dmabuf_enable);
+    assert_eq!(c.ib_pci_relaxed_ordering, 0);
+    assert_eq!(c.hetccl_net.as_deref(), Some("ib"));
     assert_eq!(c.comm_secret, Some(Secret("s3cret".into())));
+    assert_eq!(c.ibverbs_lib.as_deref(), Some("/opt/rdma/libibverbs.so.1"));
     assert!(c.check);
     assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));
     assert!(
@@ -311,7 +333,8 @@ fn display_shows_values_set_in_code() {
     };
     let shown = c.to_string();
     assert!(shown.contains("HETCCL_TIMEOUT_S=1.5\n"), "{shown}");
-    assert!(shown.contains("HETCCL_HOST_ID=h\n"), "{shown}");
+    // NCCL_HOSTID and HETCCL_HOST_ID share the field; unset, the first name shows it.
+    assert!(shown.contains("NCCL_HOSTID=h\n"), "{shown}");
 }
 
 #[test]

@@ -63,22 +63,6 @@ pub(crate) const IGNORED: &[(&str, &str)] = &[
         "NCCL_MAX_NCHANNELS",
         "hetccl's plans use a fixed two channels per link for collectives and one for point-to-point",
     ),
-    (
-        "NCCL_NET",
-        "hetccl's engine has one transport between nodes (TCP); NVIDIA's NCCL reads NCCL_NET itself when it loads hetccl as its net plugin",
-    ),
-    (
-        "NCCL_IB_DISABLE",
-        "hetccl has no InfiniBand/verbs transport yet, so there is nothing to disable",
-    ),
-    (
-        "NCCL_IB_HCA",
-        "hetccl has no InfiniBand/verbs transport yet",
-    ),
-    (
-        "NCCL_NET_GDR_LEVEL",
-        "hetccl has no GPUDirect RDMA: device buffers cross nodes staged through host memory",
-    ),
 ];
 
 /// Why `name` is ignored, if it is.
@@ -187,6 +171,12 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| Some(c.hang_report_s.to_string()),
     },
     Var {
+        name: "NCCL_HOSTID",
+        field: "host_id",
+        apply: |c, v| ok(parse::text(v), |t| c.host_id = Some(t)),
+        show: |c| c.host_id.clone(),
+    },
+    Var {
         name: "HETCCL_HOST_ID",
         field: "host_id",
         apply: |c, v| ok(parse::text(v), |t| c.host_id = Some(t)),
@@ -280,6 +270,12 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| c.nvrtc_lib.clone(),
     },
     Var {
+        name: "HETCCL_IBVERBS_LIB",
+        field: "ibverbs_lib",
+        apply: |c, v| ok(parse::text(v), |t| c.ibverbs_lib = Some(t)),
+        show: |c| c.ibverbs_lib.clone(),
+    },
+    Var {
         name: "NCCL_SHM_DISABLE",
         field: "shm_disable",
         apply: |c, v| ok(parse::boolean(v), |b| c.shm_disable = b),
@@ -314,6 +310,91 @@ pub(crate) const VARS: &[Var] = &[
         field: "net_gdr_level",
         apply: |c, v| ok(parse::text(v), |t| c.net_gdr_level = Some(t)),
         show: |c| c.net_gdr_level.clone(),
+    },
+    Var {
+        name: "NCCL_IB_GID_INDEX",
+        field: "ib_gid_index",
+        apply: |c, v| {
+            ok(parse::int_in(v, -1, 255), |i| {
+                c.ib_gid_index = (i >= 0).then_some(i as i32)
+            })
+        },
+        show: |c| {
+            Some(
+                c.ib_gid_index
+                    .map_or_else(|| "auto".to_string(), |i| i.to_string()),
+            )
+        },
+    },
+    Var {
+        name: "NCCL_IB_TC",
+        field: "ib_tc",
+        apply: |c, v| ok(parse::int_in(v, 0, 255), |i| c.ib_tc = i as u32),
+        show: |c| Some(c.ib_tc.to_string()),
+    },
+    Var {
+        name: "NCCL_IB_SL",
+        field: "ib_sl",
+        apply: |c, v| ok(parse::int_in(v, 0, 15), |i| c.ib_sl = i as u32),
+        show: |c| Some(c.ib_sl.to_string()),
+    },
+    Var {
+        name: "NCCL_IB_TIMEOUT",
+        field: "ib_timeout",
+        apply: |c, v| ok(parse::int_in(v, 1, 31), |i| c.ib_timeout = i as u32),
+        show: |c| Some(c.ib_timeout.to_string()),
+    },
+    Var {
+        name: "NCCL_IB_RETRY_CNT",
+        field: "ib_retry_cnt",
+        apply: |c, v| ok(parse::int_in(v, 0, 7), |i| c.ib_retry_cnt = i as u32),
+        show: |c| Some(c.ib_retry_cnt.to_string()),
+    },
+    Var {
+        name: "NCCL_IB_QPS_PER_CONNECTION",
+        field: "ib_qps_per_connection",
+        apply: |c, v| {
+            ok(parse::int_in(v, 1, 8), |i| {
+                c.ib_qps_per_connection = i as u32
+            })
+        },
+        show: |c| Some(c.ib_qps_per_connection.to_string()),
+    },
+    Var {
+        name: "NCCL_IB_SPLIT_DATA_ON_QPS",
+        field: "ib_split_data_on_qps",
+        apply: |c, v| ok(parse::boolean(v), |b| c.ib_split_data_on_qps = b),
+        show: |c| Some(u8::from(c.ib_split_data_on_qps).to_string()),
+    },
+    Var {
+        name: "NCCL_IB_PCI_RELAXED_ORDERING",
+        field: "ib_pci_relaxed_ordering",
+        apply: |c, v| {
+            ok(parse::int_in(v, 0, 2), |i| {
+                c.ib_pci_relaxed_ordering = i as u32
+            })
+        },
+        show: |c| Some(c.ib_pci_relaxed_ordering.to_string()),
+    },
+    Var {
+        name: "NCCL_DMABUF_ENABLE",
+        field: "dmabuf_enable",
+        apply: |c, v| ok(parse::boolean(v), |b| c.dmabuf_enable = b),
+        show: |c| Some(u8::from(c.dmabuf_enable).to_string()),
+    },
+    Var {
+        name: "HETCCL_NET",
+        field: "hetccl_net",
+        apply: |c, v| {
+            let t = v.trim().to_ascii_lowercase();
+            if t == "ib" || t == "socket" {
+                c.hetccl_net = Some(t);
+                Ok(None)
+            } else {
+                Err("ib or socket".to_string())
+            }
+        },
+        show: |c| c.hetccl_net.clone(),
     },
     Var {
         name: "HETCCL_SPIN_US",

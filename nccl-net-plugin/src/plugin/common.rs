@@ -43,17 +43,20 @@ pub unsafe extern "C" fn reg_mr_int(
     })
 }
 
-/// `regMrDmaBuf`: unsupported.
+/// `regMrDmaBuf(comm, data, size, type, offset, fd, mhandle)`.
 pub unsafe extern "C" fn reg_mr_dmabuf(
-    _comm: *mut c_void,
-    _data: *mut c_void,
-    _size: usize,
-    _type: c_int,
-    _offset: u64,
-    _fd: c_int,
-    _mhandle: *mut *mut c_void,
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    type_: c_int,
+    offset: u64,
+    fd: c_int,
+    mhandle: *mut *mut c_void,
 ) -> ncclResult_t {
-    guard("regMrDmaBuf", super::reg_mr_dmabuf)
+    // SAFETY: pointers checked inside.
+    guard("regMrDmaBuf", || unsafe {
+        super::reg_mr_dmabuf(comm, data, size, type_, offset, fd, mhandle)
+    })
 }
 
 /// `deregMr(comm, mhandle)`.
@@ -65,14 +68,16 @@ pub unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> nc
 /// `iflush(recvComm, n, data, int* sizes, mhandles, request)`.
 pub unsafe extern "C" fn iflush(
     recv_comm: *mut c_void,
-    _n: c_int,
-    _data: *mut *mut c_void,
-    _sizes: *mut c_int,
-    _mhandles: *mut *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: pointers checked inside.
-    guard("iflush", || unsafe { super::iflush(recv_comm, request) })
+    guard("iflush", || unsafe {
+        super::iflush(recv_comm, n, data, sizes, mhandles, request)
+    })
 }
 
 /// `test(request, done, sizes)`.
@@ -138,12 +143,12 @@ pub unsafe extern "C" fn isend(
     data: *mut c_void,
     size: usize,
     tag: c_int,
-    _mhandle: *mut c_void,
+    mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: pointers checked inside.
     guard("isend", || unsafe {
-        super::isend(send_comm, data, size, tag, request)
+        super::isend(send_comm, data, size, tag, mhandle, request)
     })
 }
 
@@ -153,14 +158,14 @@ pub unsafe extern "C" fn isend_int(
     data: *mut c_void,
     size: c_int,
     tag: c_int,
-    _mhandle: *mut c_void,
+    mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("isend", || {
         let size = usize::try_from(size)
             .map_err(|_| crate::NetError::InvalidArgument(format!("isend size {size}")))?;
         // SAFETY: pointers checked inside.
-        unsafe { super::isend(send_comm, data, size, tag, request) }
+        unsafe { super::isend(send_comm, data, size, tag, mhandle, request) }
     })
 }
 
@@ -171,7 +176,7 @@ pub unsafe extern "C" fn irecv_int(
     data: *mut *mut c_void,
     sizes: *mut c_int,
     tags: *mut c_int,
-    _mhandles: *mut *mut c_void,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: pointers checked inside.
@@ -182,6 +187,7 @@ pub unsafe extern "C" fn irecv_int(
             data,
             super::SizesIn::Int(sizes),
             tags,
+            mhandles,
             request,
         )
     })
@@ -194,7 +200,7 @@ pub unsafe extern "C" fn irecv(
     data: *mut *mut c_void,
     sizes: *mut usize,
     tags: *mut c_int,
-    _mhandles: *mut *mut c_void,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     // SAFETY: pointers checked inside.
@@ -205,6 +211,7 @@ pub unsafe extern "C" fn irecv(
             data,
             super::SizesIn::Size(sizes),
             tags,
+            mhandles,
             request,
         )
     })

@@ -16,6 +16,7 @@ pub mod v7;
 pub mod v8;
 pub mod v9;
 
+pub mod backend;
 mod common;
 mod objects;
 mod props;
@@ -24,13 +25,16 @@ use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use hetccl_abi::net::{ncclDebugLogger_t, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_HOST};
+use hetccl_abi::net::{
+    ncclDebugLogger_t, NCCL_NET_OPTIONAL_RECV_COMPLETION, NCCL_PTR_CUDA, NCCL_PTR_HOST,
+};
 use hetccl_abi::{ncclResult_t, NcclResult};
 use parking_lot::Mutex;
 
 use crate::error::{NetError, Result};
 use crate::tcp::{RecvBuf, TcpNet, TcpOptions, MAX_RECVS};
 use crate::wire::HANDLE_BYTES;
+use backend::{Backend, Net};
 use objects::{Ctx, ListenObj, MrObj, RecvObj, ReqObj, SendObj};
 pub use props::{device_props, devices, DevProps};
 
@@ -77,9 +81,9 @@ pub enum CtxArg {
 }
 
 /// The process-wide context of the v6–v10 tables.
-static LEGACY: Mutex<Option<Arc<TcpNet>>> = Mutex::new(None);
+static LEGACY: Mutex<Option<Arc<Net>>> = Mutex::new(None);
 
-fn net_of(ctx: CtxArg) -> Result<Arc<TcpNet>> {
+fn net_of(ctx: CtxArg) -> Result<Arc<Net>> {
     match ctx {
         CtxArg::Legacy => LEGACY
             .lock()
@@ -90,12 +94,20 @@ fn net_of(ctx: CtxArg) -> Result<Arc<TcpNet>> {
     }
 }
 
-fn new_net() -> Result<Arc<TcpNet>> {
-    let devs = props::device_list()?;
-    Ok(Arc::new(TcpNet::new(
-        devs,
-        TcpOptions::from_config(hetccl_core::config::get()),
-    )))
+fn new_net() -> Result<Arc<Net>> {
+    let cfg = hetccl_core::config::get();
+    Ok(Arc::new(match backend::backend() {
+        Backend::Tcp => Net::Tcp(TcpNet::new(
+            props::device_list()?,
+            TcpOptions::from_config(cfg),
+        )),
+        Backend::Ib(ports) => Net::Ib(crate::ib::IbNet::new(
+            // (devices() logs the device table, as device_list does for TCP.)
+            props::devices().map(|_| ports.clone())?,
+            props::setup_ip(),
+            crate::ib::IbOptions::from_config(cfg),
+        )),
+    }))
 }
 
 fn install_logger(logger: ncclDebugLogger_t) {
@@ -201,7 +213,8 @@ pub unsafe fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> R
     Ok(())
 }
 
-/// `regMr`: host memory only (ptrSupport is HOST).
+/// `regMr`: host memory, and GPU memory (`NCCL_PTR_CUDA`) on a verbs comm
+/// when GPUDirect RDMA is possible (`ib/gdr.rs`).
 pub unsafe fn reg_mr(
     comm: *mut c_void,
     data: *mut c_void,
@@ -210,32 +223,89 @@ pub unsafe fn reg_mr(
     mhandle: *mut *mut c_void,
 ) -> Result<()> {
     let out = nonnull(mhandle, "mhandle")?;
-    objects::check_comm(comm)?;
-    if type_ != NCCL_PTR_HOST {
+    let port = objects::check_comm(comm)?;
+    let gdr = port.is_some() && crate::ib::gdr::ptr_support() & NCCL_PTR_CUDA != 0;
+    if type_ != NCCL_PTR_HOST && !(type_ == NCCL_PTR_CUDA && gdr) {
         return Err(NetError::Internal(format!(
-            "regMr of memory type {type_}: only host memory is supported"
+            "regMr of memory type {type_}: only host memory is supported{}",
+            if port.is_some() {
+                " (no GPUDirect RDMA: nvidia-peermem is not loaded)"
+            } else {
+                ""
+            }
         )));
     }
     if data.is_null() && size > 0 {
         return Err(NetError::InvalidArgument("regMr of a NULL buffer".into()));
     }
+    let mr = match &port {
+        // SAFETY: NCCL registers memory it owns; the kernel checks the range.
+        Some(p) if size > 0 => Some(unsafe {
+            p.dev.regs.lock().get(
+                p.dev.pd,
+                data as usize,
+                size,
+                crate::ib::IbOptions::from_config(hetccl_core::config::get()).relaxed,
+            )?
+        }),
+        _ => None,
+    };
     // SAFETY: non-NULL out pointer.
-    unsafe { *out = MrObj::boxed(data as usize, size) };
+    unsafe { *out = MrObj::boxed(data as usize, size, mr, type_ == NCCL_PTR_CUDA) };
     Ok(())
 }
 
-/// `regMrDmaBuf`: not supported (ptrSupport has no DMABUF).
-pub fn reg_mr_dmabuf() -> Result<()> {
-    Err(NetError::Internal(
-        "regMrDmaBuf: DMA-BUF memory is not supported".into(),
-    ))
+/// `regMrDmaBuf`: host memory as `regMr`; device memory through
+/// `ibv_reg_dmabuf_mr` on a verbs comm (TCP has no DMA-BUF support).
+pub unsafe fn reg_mr_dmabuf(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    type_: c_int,
+    offset: u64,
+    fd: c_int,
+    mhandle: *mut *mut c_void,
+) -> Result<()> {
+    if type_ == NCCL_PTR_HOST {
+        // SAFETY: forwarded contract.
+        return unsafe { reg_mr(comm, data, size, type_, mhandle) };
+    }
+    let out = nonnull(mhandle, "mhandle")?;
+    let Some(p) = objects::check_comm(comm)? else {
+        return Err(NetError::Internal(
+            "regMrDmaBuf: DMA-BUF memory needs a verbs comm".into(),
+        ));
+    };
+    if fd < 0 {
+        return Err(NetError::InvalidArgument(format!("regMrDmaBuf: fd {fd}")));
+    }
+    // SAFETY: the device's live PD; the kernel checks the fd and range.
+    let mr = unsafe {
+        crate::ib::mr::Mr::register_dmabuf(
+            p.dev.pd,
+            offset,
+            size,
+            data as u64,
+            fd,
+            crate::ib::mr::access(false),
+        )?
+    };
+    // SAFETY: non-NULL out pointer.
+    unsafe { *out = MrObj::boxed(data as usize, size, Some(Arc::new(mr)), true) };
+    Ok(())
 }
 
-/// `deregMr`: frees a handle from `regMr`.
+/// `deregMr`: frees a handle from `regMr`. On verbs the range also leaves
+/// the registration cache (NCCL deregisters memory it is about to free);
+/// other handles of the range keep their registration until they go.
 pub unsafe fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
-    objects::check_comm(comm)?;
+    let port = objects::check_comm(comm)?;
     // SAFETY: validated by magic.
-    unsafe { MrObj::free(mhandle) }
+    let (addr, size) = unsafe { MrObj::free(mhandle)? };
+    if let Some(p) = port {
+        p.dev.regs.lock().invalidate(addr, size);
+    }
+    Ok(())
 }
 
 /// `isend`: `*request` stays NULL when NCCL should retry.
@@ -244,6 +314,7 @@ pub unsafe fn isend(
     data: *mut c_void,
     size: usize,
     tag: c_int,
+    mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     let out = nonnull(request, "request")?;
@@ -257,8 +328,10 @@ pub unsafe fn isend(
             props::MAX_P2P_BYTES
         )));
     }
+    // SAFETY: validated by magic (NULL: no registration).
+    let mr = unsafe { MrObj::mr_of(mhandle)? };
     // SAFETY: NCCL keeps the buffer valid until the request completes.
-    if let Some(r) = unsafe { s.comm.isend(data as *const u8, size, tag)? } {
+    if let Some(r) = unsafe { s.comm.isend(data as *const u8, size, tag, mr)? } {
         // SAFETY: non-NULL out pointer.
         unsafe { *out = ReqObj::send(s, r) };
     }
@@ -282,6 +355,7 @@ pub unsafe fn irecv(
     data: *mut *mut c_void,
     sizes: SizesIn,
     tags: *mut c_int,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     let out = nonnull(request, "request")?;
@@ -322,21 +396,66 @@ pub unsafe fn irecv(
             }
         };
     }
+    let mut mrs: [Option<Arc<crate::ib::mr::Mr>>; MAX_RECVS] = Default::default();
+    if !mhandles.is_null() {
+        for (i, m) in mrs.iter_mut().enumerate().take(n) {
+            // SAFETY: NCCL passes n handles (each NULL or from regMr).
+            *m = unsafe { MrObj::mr_of(*mhandles.add(i))? };
+        }
+    }
     // SAFETY: NCCL keeps the buffers valid until the request completes.
-    if let Some(q) = unsafe { r.comm.irecv(&bufs[..n], hint && n == 1)? } {
+    if let Some(q) = unsafe { r.comm.irecv(&bufs[..n], &mrs[..n], hint && n == 1)? } {
         // SAFETY: non-NULL out pointer.
         unsafe { *out = ReqObj::recv(r, q) };
     }
     Ok(())
 }
 
-/// `iflush`: host memory needs no flush, so the request is NULL.
-pub unsafe fn iflush(recv_comm: *mut c_void, request: *mut *mut c_void) -> Result<()> {
+/// `iflush`: on a verbs comm, when the last non-empty buffer of a
+/// receive is GPU memory (registered as `NCCL_PTR_CUDA` or DMA-BUF), an
+/// RDMA read of it on a loopback QP (`ib/flush.rs`), whose request `test`
+/// completes. Host memory needs no flush: the request is NULL.
+pub unsafe fn iflush(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> Result<()> {
     let out = nonnull(request, "request")?;
     // SAFETY: non-NULL out pointer.
     unsafe { *out = std::ptr::null_mut() };
     // SAFETY: validated by magic.
-    unsafe { RecvObj::from_ptr(recv_comm)? };
+    let r = unsafe { RecvObj::from_ptr(recv_comm)? };
+    let Some(port) = r.comm.ib_port() else {
+        return Ok(());
+    };
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|&n| n <= MAX_RECVS)
+        .ok_or_else(|| NetError::InvalidArgument(format!("iflush of {n} buffers")))?;
+    if n == 0 || mhandles.is_null() {
+        return Ok(());
+    }
+    let data = nonnull(data, "data")?;
+    let sizes = nonnull(sizes, "sizes")?;
+    for i in (0..n).rev() {
+        // SAFETY: NCCL passes n entries in each array.
+        let (ptr, size, mh) = unsafe { (*data.add(i), *sizes.add(i), *mhandles.add(i)) };
+        if size <= 0 {
+            continue;
+        }
+        // SAFETY: each handle is NULL or from regMr (checked by magic).
+        let Some(rkey) = (unsafe { MrObj::device_rkey(mh)? }) else {
+            return Ok(());
+        };
+        let f = r.flusher(port)?;
+        let id = f.post(ptr as u64, rkey)?;
+        // SAFETY: non-NULL out pointer.
+        unsafe { *out = ReqObj::flush(r, id) };
+        return Ok(());
+    }
     Ok(())
 }
 

@@ -4,11 +4,15 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
+use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
+use super::backend::{AnyListen, AnyRecv, AnySend, Net};
 use crate::error::{NetError, Result};
 use crate::fasthash::IntSet;
-use crate::tcp::{RecvRequest, SendRequest, TcpListenComm, TcpNet, TcpRecvComm, TcpSendComm};
+use crate::ib::flush::Flusher;
+use crate::ib::mr::Mr;
+use crate::tcp::{RecvRequest, SendRequest};
 
 const CTX_MAGIC: u64 = 0x4843_4e45_5443_5458; // "HCNETCTX"
 const LISTEN_MAGIC: u64 = 0x4843_4e45_544c_5354;
@@ -46,11 +50,11 @@ unsafe fn free<T>(p: *mut c_void) -> Box<T> {
 #[repr(C)]
 pub(super) struct Ctx {
     magic: u64,
-    pub(super) net: Arc<TcpNet>,
+    pub(super) net: Arc<Net>,
 }
 
 impl Ctx {
-    pub(super) fn new(net: Arc<TcpNet>) -> Box<Self> {
+    pub(super) fn new(net: Arc<Net>) -> Box<Self> {
         Box::new(Self {
             magic: CTX_MAGIC,
             net,
@@ -73,12 +77,12 @@ impl Ctx {
 #[repr(C)]
 pub(super) struct ListenObj {
     magic: u64,
-    pub(super) listen: Mutex<TcpListenComm>,
-    pub(super) net: Arc<TcpNet>,
+    pub(super) listen: Mutex<AnyListen>,
+    pub(super) net: Arc<Net>,
 }
 
 impl ListenObj {
-    pub(super) fn boxed(l: TcpListenComm, net: Arc<TcpNet>) -> *mut c_void {
+    pub(super) fn boxed(l: AnyListen, net: Arc<Net>) -> *mut c_void {
         Box::into_raw(Box::new(Self {
             magic: LISTEN_MAGIC,
             listen: Mutex::new(l),
@@ -112,12 +116,12 @@ fn free_live(live: &Mutex<IntSet<usize>>) {
 #[repr(C)]
 pub(super) struct SendObj {
     magic: u64,
-    pub(super) comm: TcpSendComm,
+    pub(super) comm: AnySend,
     live: Mutex<IntSet<usize>>,
 }
 
 impl SendObj {
-    pub(super) fn boxed(comm: TcpSendComm) -> *mut c_void {
+    pub(super) fn boxed(comm: AnySend) -> *mut c_void {
         Box::into_raw(Box::new(Self {
             magic: SEND_MAGIC,
             comm,
@@ -145,18 +149,30 @@ impl SendObj {
 #[repr(C)]
 pub(super) struct RecvObj {
     magic: u64,
-    pub(super) comm: TcpRecvComm,
+    pub(super) comm: AnyRecv,
     live: Mutex<IntSet<usize>>,
+    /// The GPU flush QP, made on the first flush of a verbs comm.
+    flush: OnceCell<Flusher>,
 }
 
 impl RecvObj {
-    pub(super) fn boxed(comm: TcpRecvComm) -> *mut c_void {
+    pub(super) fn boxed(comm: AnyRecv) -> *mut c_void {
         Box::into_raw(Box::new(Self {
             magic: RECV_MAGIC,
             comm,
             live: Mutex::default(),
+            flush: OnceCell::new(),
         }))
         .cast()
+    }
+    /// The comm's flush QP on `port`, made on first use.
+    pub(super) fn flusher(&self, port: &crate::ib::IbPort) -> Result<&Flusher> {
+        self.flush.get_or_try_init(|| {
+            Flusher::new(
+                port,
+                &crate::ib::IbOptions::from_config(hetccl_core::config::get()),
+            )
+        })
     }
     pub(super) unsafe fn from_ptr<'a>(p: *mut c_void) -> Result<&'a Self> {
         // SAFETY: forwarded contract.
@@ -174,48 +190,84 @@ impl RecvObj {
     }
 }
 
-/// Checks that `comm` is a live send or receive comm.
-pub(super) fn check_comm(comm: *mut c_void) -> Result<()> {
+/// Checks that `comm` is a live send or receive comm; returns its verbs
+/// port, if it is a verbs comm.
+pub(super) fn check_comm(comm: *mut c_void) -> Result<Option<crate::ib::IbPort>> {
     // SAFETY: read only after the NULL check; a comm pointer starts with its magic.
     unsafe {
-        if SendObj::from_ptr(comm).is_ok() || RecvObj::from_ptr(comm).is_ok() {
-            return Ok(());
+        if let Ok(s) = SendObj::from_ptr(comm) {
+            return Ok(s.comm.ib_port().cloned());
         }
-        SendObj::from_ptr(comm).map(|_| ())
+        if let Ok(r) = RecvObj::from_ptr(comm) {
+            return Ok(r.comm.ib_port().cloned());
+        }
+        SendObj::from_ptr(comm).map(|_| None)
     }
 }
 
-/// A memory registration (host memory needs none; this records the range).
+/// A memory registration: the range, and its verbs registration on a
+/// verbs comm (TCP needs none).
 #[repr(C)]
 pub(super) struct MrObj {
     magic: u64,
     addr: usize,
     size: usize,
+    pub(super) mr: Option<Arc<Mr>>,
+    /// GPU memory (`NCCL_PTR_CUDA` or DMA-BUF): received data needs a flush.
+    device: bool,
 }
 
 impl MrObj {
-    pub(super) fn boxed(addr: usize, size: usize) -> *mut c_void {
+    pub(super) fn boxed(
+        addr: usize,
+        size: usize,
+        mr: Option<Arc<Mr>>,
+        device: bool,
+    ) -> *mut c_void {
         Box::into_raw(Box::new(Self {
             magic: MR_MAGIC,
             addr,
             size,
+            mr,
+            device,
         }))
         .cast()
     }
-    pub(super) unsafe fn free(p: *mut c_void) -> Result<()> {
+    /// The rkey of a GPU-memory verbs registration (NULL or host: `None`).
+    pub(super) unsafe fn device_rkey(p: *mut c_void) -> Result<Option<u32>> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: checked by magic.
+        let m: &Self = unsafe { check(p, MR_MAGIC, "mhandle")? };
+        Ok(m.mr.as_ref().filter(|_| m.device).map(|mr| mr.rkey))
+    }
+    /// The verbs registration of a handle NCCL passes back (NULL: none).
+    pub(super) unsafe fn mr_of(p: *mut c_void) -> Result<Option<Arc<Mr>>> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: checked by magic.
+        let m: &Self = unsafe { check(p, MR_MAGIC, "mhandle")? };
+        Ok(m.mr.clone())
+    }
+    /// Frees the handle; returns its range.
+    pub(super) unsafe fn free(p: *mut c_void) -> Result<(usize, usize)> {
         // SAFETY: checked first.
         unsafe {
             let mr: &Self = check(p, MR_MAGIC, "mhandle")?;
             tracing::trace!(target: "hetccl::NET", "deregMr {:#x}+{}", mr.addr, mr.size);
+            let range = (mr.addr, mr.size);
             drop(free::<Self>(p));
+            Ok(range)
         }
-        Ok(())
     }
 }
 
 enum ReqKind {
     Send(*const SendObj, SendRequest),
     Recv(*const RecvObj, RecvRequest),
+    Flush(*const RecvObj, u64),
 }
 
 /// A request handed to NCCL; freed when `test` reports it done (or failed),
@@ -240,6 +292,16 @@ impl ReqObj {
         let p: *mut c_void = Box::into_raw(Box::new(Self {
             magic: REQ_MAGIC,
             kind: ReqKind::Recv(comm, r),
+        }))
+        .cast();
+        comm.live.lock().insert(p as usize);
+        p
+    }
+    /// Flush number `id` of the comm's [`Flusher`].
+    pub(super) fn flush(comm: &RecvObj, id: u64) -> *mut c_void {
+        let p: *mut c_void = Box::into_raw(Box::new(Self {
+            magic: REQ_MAGIC,
+            kind: ReqKind::Flush(comm, id),
         }))
         .cast();
         comm.live.lock().insert(p as usize);
@@ -282,6 +344,17 @@ pub(super) unsafe fn test_request(
                     &buf[..s.len()]
                 })
             });
+            (&c.live, o)
+        }
+        ReqKind::Flush(c, id) => {
+            // SAFETY: as above.
+            let c = unsafe { &*c };
+            let o = match c.flush.get() {
+                Some(f) => f.test(id).map(|d| d.then_some(&buf[..0])),
+                None => Err(NetError::Internal(
+                    "flush request without a flush QP".into(),
+                )),
+            };
             (&c.live, o)
         }
     };

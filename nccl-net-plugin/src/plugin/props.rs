@@ -53,15 +53,63 @@ struct Table {
     devs: Arc<Vec<NetDevice>>,
     names: Vec<CString>,
     pcis: Vec<Option<CString>>,
+    /// Per device: GUID, speed (Mbps), port number (verbs: from the port).
+    ids: Vec<(u64, c_int, c_int)>,
+    /// Whether the devices are RDMA ports.
+    ib: bool,
+}
+
+fn cstr(s: &str) -> CString {
+    CString::new(s.replace('\0', "")).unwrap_or_default()
+}
+
+/// The interfaces TCP would use (also where verbs setup sockets listen).
+fn tcp_devices() -> Vec<NetDevice> {
+    let cfg = hetccl_core::config::get();
+    let filter = cfg.socket_iface_filter();
+    discover_with(filter.as_ref(), cfg.socket_family)
+}
+
+/// The address verbs setup sockets bind: the first TCP interface's.
+pub(crate) fn setup_ip() -> std::net::IpAddr {
+    static IP: OnceCell<std::net::IpAddr> = OnceCell::new();
+    *IP.get_or_init(|| {
+        tcp_devices()
+            .first()
+            .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |d| {
+                d.addr
+            })
+    })
+}
+
+fn ib_table(ports: &[crate::ib::IbPort]) -> Table {
+    for (i, p) in ports.iter().enumerate() {
+        tracing::info!(target: "hetccl::NET",
+            "NET/hetccl: device {i}: NET/IB {} speed {} Mbps{}", p.label(), p.speed_mbps,
+            p.pci_path.as_deref().map(|s| format!(" at {s}")).unwrap_or_default());
+    }
+    Table {
+        devs: Arc::new(Vec::new()),
+        names: ports.iter().map(|p| cstr(&p.dev.name)).collect(),
+        pcis: ports
+            .iter()
+            .map(|p| p.pci_path.as_deref().map(cstr))
+            .collect(),
+        ids: ports
+            .iter()
+            .map(|p| (p.guid, p.speed_mbps, c_int::from(p.port)))
+            .collect(),
+        ib: true,
+    }
 }
 
 fn table() -> &'static Table {
     static T: OnceCell<Table> = OnceCell::new();
     T.get_or_init(|| {
-        let cfg = hetccl_core::config::get();
-        let filter = cfg.socket_iface_filter();
-        let devs = discover_with(filter.as_ref(), cfg.socket_family);
-        let cstr = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
+        if let super::backend::Backend::Ib(ports) = super::backend::backend() {
+            return ib_table(ports);
+        }
+        let devs = tcp_devices();
         for (i, d) in devs.iter().enumerate() {
             tracing::info!(
                 target: "hetccl::NET",
@@ -78,6 +126,10 @@ fn table() -> &'static Table {
                 .iter()
                 .map(|d| d.pci_path.as_deref().map(cstr))
                 .collect(),
+            ids: (0..devs.len())
+                .map(|i| (i as u64, devs[i].speed_mbps, 0))
+                .collect(),
+            ib: false,
             devs: Arc::new(devs),
         }
     })
@@ -96,7 +148,7 @@ pub(crate) fn device_list() -> Result<Arc<Vec<NetDevice>>> {
 
 /// Number of devices.
 pub fn devices() -> Result<c_int> {
-    Ok(c_int::try_from(table().devs.len()).unwrap_or(c_int::MAX))
+    Ok(c_int::try_from(table().names.len()).unwrap_or(c_int::MAX))
 }
 
 /// Properties of device `dev`.
@@ -104,20 +156,24 @@ pub fn device_props(dev: c_int) -> Result<DevProps> {
     let t = table();
     let i = usize::try_from(dev)
         .ok()
-        .filter(|&i| i < t.devs.len())
+        .filter(|&i| i < t.names.len())
         .ok_or_else(|| {
-            NetError::InvalidArgument(format!("device {dev} (have {})", t.devs.len()))
+            NetError::InvalidArgument(format!("device {dev} (have {})", t.names.len()))
         })?;
-    let d = &t.devs[i];
+    let (guid, speed, port) = t.ids[i];
     Ok(DevProps {
         name: t.names[i].as_ptr().cast_mut(),
         pci_path: t.pcis[i]
             .as_ref()
             .map_or(std::ptr::null_mut(), |c| c.as_ptr().cast_mut()),
-        guid: i as u64,
-        ptr_support: NCCL_PTR_HOST,
-        speed: d.speed_mbps,
-        port: 0,
+        guid,
+        ptr_support: if t.ib {
+            crate::ib::gdr::ptr_support()
+        } else {
+            NCCL_PTR_HOST
+        },
+        speed,
+        port,
         latency: 0.0,
         max_comms: 65536,
         max_recvs: MAX_RECVS as c_int,

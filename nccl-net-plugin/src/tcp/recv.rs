@@ -35,6 +35,16 @@ pub struct RecvSizes {
     sizes: [usize; MAX_RECVS],
 }
 
+impl RecvSizes {
+    /// The sizes of a receive of `s.len()` (at most `MAX_RECVS`) buffers.
+    pub(crate) fn from_slice(s: &[usize]) -> Self {
+        let mut sizes = [0; MAX_RECVS];
+        let n = s.len().min(MAX_RECVS);
+        sizes[..n].copy_from_slice(&s[..n]);
+        Self { n, sizes }
+    }
+}
+
 impl std::ops::Deref for RecvSizes {
     type Target = [usize];
     fn deref(&self) -> &[usize] {

@@ -40,6 +40,14 @@ pub fn setup_env() {
     });
 }
 
+/// Whether the tests run over the verbs transport (`HETCCL_NET=ib`, as
+/// `scripts/rdma-vm.sh` runs them on Soft-RoCE), and on which device
+/// (`HETCCL_TEST_IB_DEV`, default `rxe0`).
+pub fn ib_dev() -> Option<String> {
+    (std::env::var("HETCCL_NET").ok().as_deref() == Some("ib"))
+        .then(|| std::env::var("HETCCL_TEST_IB_DEV").unwrap_or_else(|_| "rxe0".into()))
+}
+
 /// The `libhetccl.so` under test: `HETCCL_LIB` (how a parent hands its
 /// library to the children it starts, see [`procs::Proc::spawn`]), else
 /// [`crate::hetccl_so`].

@@ -1,0 +1,418 @@
+//! The engine's verbs links over `nccl-net-plugin`'s verbs transport (the
+//! code that also serves NVIDIA's NCCL through the plugin tables): RC QPs,
+//! eager messages into pre-posted slots, rendezvous writes with immediate
+//! data, credits.
+//!
+//! Which pairs use it: [`fabrics`] gathers every rank's RDMA fabric through
+//! the bootstrap; two ranks on different nodes whose ports share a fabric
+//! get verbs, the others TCP. As on TCP links, one send comm and one
+//! receive comm join each ordered pair, the channels are told apart by tag,
+//! and every message is whole. The listeners' handles (address and nonce of
+//! the setup socket) travel through the authenticated bootstrap.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use nccl_net_plugin::ib::{DiscoverOpts, IbNet, IbOptions, IbPort, IbRecvComm, IbSendComm};
+use nccl_net_plugin::tcp::{RecvBuf, RecvRequest, SendRequest};
+use nccl_net_plugin::NetError;
+use parking_lot::Mutex;
+
+use super::{Conn, RecvLink, SendLink, WaitSource};
+use crate::error::{Error, Result};
+
+/// What verbs links take from the communicator's settings.
+#[derive(Debug, Clone)]
+pub struct VerbsParams {
+    /// The transport's options.
+    pub ib: IbOptions,
+    /// Which ports.
+    pub ports: DiscoverOpts,
+    /// Where setup sockets listen (the bootstrap address).
+    pub ip: IpAddr,
+}
+
+/// Bytes each rank contributes to the fabric exchange.
+const FABRIC_BYTES: usize = 16;
+
+/// This rank's ports (empty when verbs is off or unavailable).
+pub fn local_ports(enabled: bool, params: &VerbsParams) -> Vec<IbPort> {
+    if !enabled {
+        return Vec::new();
+    }
+    nccl_net_plugin::ib::usable_ports(&params.ports)
+}
+
+/// Every rank's fabric (`None`: no usable RDMA port), through a bootstrap
+/// all-gather that every rank runs.
+pub fn fabrics(
+    bs: &mut crate::bootstrap::Bootstrap,
+    ports: &[IbPort],
+) -> Result<Vec<Option<[u8; 9]>>> {
+    let mut mine = [0u8; FABRIC_BYTES];
+    if let Some(p) = ports.first() {
+        mine[0] = 1;
+        mine[1..10].copy_from_slice(&p.fabric());
+    }
+    let all = bs.allgather(&mine, FABRIC_BYTES)?;
+    Ok(all
+        .iter()
+        .map(|b| {
+            (b.len() == FABRIC_BYTES && b[0] == 1).then(|| b[1..10].try_into().expect("9 bytes"))
+        })
+        .collect())
+}
+
+fn verbs_err(e: NetError) -> Error {
+    match e {
+        NetError::Timeout(m) => Error::Timeout(format!("verbs: {m}")),
+        NetError::InvalidUsage(m) if m.contains("is larger than the") => Error::usage(format!(
+            "verbs: {m}: the ranks' calls are mismatched (every rank must pass the same kind, \
+             count, datatype, op and root)"
+        )),
+        NetError::InvalidArgument(m) | NetError::InvalidUsage(m) | NetError::Internal(m) => {
+            Error::Internal(format!("verbs: {m}"))
+        }
+        other => Error::Remote(format!("verbs: {other}")),
+    }
+}
+
+fn closed() -> Error {
+    Error::Remote("verbs link closed (abort)".into())
+}
+
+struct VSend {
+    comm: Arc<IbSendComm>,
+    closed: Arc<AtomicBool>,
+    tag: i32,
+    inflight: Mutex<Option<(SendRequest, usize)>>,
+}
+
+struct VRecv {
+    comm: Arc<IbRecvComm>,
+    closed: Arc<AtomicBool>,
+    tag: i32,
+    st: Mutex<RState>,
+}
+
+#[derive(Default)]
+struct RState {
+    req: Option<(RecvRequest, usize, usize)>,
+    stage: Vec<u8>,
+}
+
+impl std::fmt::Debug for VSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VerbsSend(tag {}, {:?})", self.tag, self.comm)
+    }
+}
+
+impl std::fmt::Debug for VRecv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VerbsRecv(tag {}, {:?})", self.tag, self.comm)
+    }
+}
+
+impl SendLink for VSend {
+    fn try_send(&self, src: &[u8]) -> Result<usize> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        if src.is_empty() {
+            return Ok(0);
+        }
+        let mut st = self.inflight.lock();
+        if st.is_none() {
+            // Memory from ncclMemAlloc / ncclCommRegister goes in place.
+            let mr = nccl_net_plugin::ib::find_registered(
+                self.comm.port(),
+                src.as_ptr() as usize,
+                src.len(),
+            );
+            // SAFETY: the executor passes the same unfinished range until it
+            // is reported sent; the user's buffer outlives the operation.
+            match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag, mr) }
+                .map_err(verbs_err)?
+            {
+                Some(r) => *st = Some((r, src.len())),
+                None => return Ok(0),
+            }
+        }
+        let (r, len) = st.expect("set above");
+        match self.comm.test(r).map_err(verbs_err)? {
+            Some(_) => {
+                *st = None;
+                Ok(len)
+            }
+            None => Ok(0),
+        }
+    }
+    fn wait_source(&self) -> WaitSource {
+        WaitSource::Poll
+    }
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+    fn finish(&self, deadline: std::time::Instant) {
+        self.comm.finish(deadline);
+    }
+}
+
+impl VRecv {
+    fn post(&self, st: &mut RState, ptr: *mut u8, len: usize) -> Result<Option<RecvRequest>> {
+        if let Some((req, want, at)) = st.req {
+            if at != ptr as usize || want != len {
+                return Err(Error::Internal(format!(
+                    "verbs: a receive of {want} B is in flight elsewhere; asked for {len} B"
+                )));
+            }
+            return Ok(Some(req));
+        }
+        let buf = RecvBuf {
+            ptr,
+            cap: len,
+            tag: self.tag,
+        };
+        let mr = nccl_net_plugin::ib::find_registered(self.comm.port(), ptr as usize, len);
+        // SAFETY: the staging buffer is not resized while a receive is in
+        // flight; a caller's range stays valid until the operation ends.
+        Ok(
+            match unsafe { self.comm.irecv(&[buf], &[mr]) }.map_err(verbs_err)? {
+                Some(r) => {
+                    st.req = Some((r, len, ptr as usize));
+                    Some(r)
+                }
+                None => None,
+            },
+        )
+    }
+
+    fn done(
+        &self,
+        st: &mut RState,
+        req: RecvRequest,
+        want: usize,
+        elem: usize,
+    ) -> Result<Option<usize>> {
+        let Some(sizes) = self.comm.test(req).map_err(verbs_err)? else {
+            return Ok(None);
+        };
+        st.req = None;
+        let n = sizes.first().copied().unwrap_or(0);
+        if n != want || n % elem != 0 {
+            return Err(Error::usage(format!(
+                "verbs: received a message of {n} bytes where {want} were expected: the ranks' \
+                 calls are mismatched"
+            )));
+        }
+        Ok(Some(n))
+    }
+}
+
+impl RecvLink for VRecv {
+    fn try_recv_with(&self, max: usize, elem: usize, f: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        if max == 0 {
+            return Ok(0);
+        }
+        let mut st = self.st.lock();
+        let st = &mut *st;
+        if st.req.is_none() && st.stage.len() < max {
+            st.stage.resize(max, 0);
+        }
+        let stage = st.stage.as_mut_ptr();
+        let Some(req) = self.post(st, stage, max)? else {
+            return Ok(0);
+        };
+        let Some(n) = self.done(st, req, max, elem)? else {
+            return Ok(0);
+        };
+        f(&st.stage[..n]);
+        Ok(n)
+    }
+    fn try_recv_into(&self, dst: &mut [u8]) -> Result<usize> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        let mut st = self.st.lock();
+        let st = &mut *st;
+        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
+            return Ok(0);
+        };
+        Ok(self.done(st, req, dst.len(), 1)?.unwrap_or(0))
+    }
+    fn try_recv_first(&self, dst: &mut [u8], _expect: usize) -> Result<(usize, bool)> {
+        // A message link: post the whole slot and take the peer's message
+        // at whatever length it has, for the fingerprint check to judge.
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let mut st = self.st.lock();
+        let st = &mut *st;
+        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
+            return Ok((0, false));
+        };
+        let Some(sizes) = self.comm.test(req).map_err(verbs_err)? else {
+            return Ok((0, false));
+        };
+        st.req = None;
+        Ok((sizes.first().copied().unwrap_or(0), true))
+    }
+    fn wait_source(&self) -> WaitSource {
+        WaitSource::Poll
+    }
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+    fn finish(&self, deadline: std::time::Instant) {
+        self.comm.finish(deadline);
+    }
+}
+
+/// The `nchan` channels of one peer connection.
+pub fn connect(send: IbSendComm, recv: IbRecvComm, nchan: usize) -> Vec<Conn> {
+    let (s, r) = (Arc::new(send), Arc::new(recv));
+    let closed = Arc::new(AtomicBool::new(false));
+    (0..nchan)
+        .map(|c| Conn {
+            tx: Box::new(VSend {
+                comm: s.clone(),
+                closed: closed.clone(),
+                tag: c as i32,
+                inflight: Mutex::new(None),
+            }),
+            rx: Box::new(VRecv {
+                comm: r.clone(),
+                closed: closed.clone(),
+                tag: c as i32,
+                st: Mutex::new(RState::default()),
+            }),
+            transport: super::TransportKind::Verbs,
+        })
+        .collect()
+}
+
+/// Sets up verbs links to `peers` over `ports` (peer `p` uses local port
+/// `p % ports.len()`): listeners' handles travel through the bootstrap,
+/// then connects and accepts are polled until all are up. Every rank calls
+/// this (it runs a bootstrap all-gather), with or without peers.
+pub fn setup(
+    bs: &mut crate::bootstrap::Bootstrap,
+    peers: &[usize],
+    ports: &[IbPort],
+    nchan: usize,
+    params: &VerbsParams,
+) -> Result<Vec<(usize, Vec<Conn>)>> {
+    use nccl_net_plugin::ib::IbListenComm;
+    use nccl_net_plugin::wire::HANDLE_BYTES;
+    let n = bs.nranks();
+    let rank = bs.rank;
+    let mut listens: Vec<Option<IbListenComm>> = (0..n).map(|_| None).collect();
+    let mut blob = vec![0u8; n * HANDLE_BYTES];
+    let net = (!peers.is_empty() && !ports.is_empty())
+        .then(|| IbNet::new(ports.to_vec(), params.ip, params.ib.clone()));
+    let dev_of = |p: usize| p % ports.len().max(1);
+    if let Some(net) = &net {
+        for &p in peers {
+            let (l, h) = net.listen(dev_of(p)).map_err(verbs_err)?;
+            blob[p * HANDLE_BYTES..(p + 1) * HANDLE_BYTES].copy_from_slice(&h);
+            listens[p] = Some(l);
+        }
+    }
+    let all = bs.allgather(&blob, n * HANDLE_BYTES)?;
+    let Some(net) = net else {
+        return if peers.is_empty() {
+            Ok(Vec::new())
+        } else {
+            Err(Error::System(
+                "verbs links asked for without an RDMA port".into(),
+            ))
+        };
+    };
+    let mut handles: Vec<[u8; HANDLE_BYTES]> = Vec::with_capacity(peers.len());
+    for &p in peers {
+        let theirs = all[p]
+            .get(rank * HANDLE_BYTES..(rank + 1) * HANDLE_BYTES)
+            .ok_or_else(|| Error::Remote(format!("rank {p} sent no verbs handles")))?;
+        handles.push(theirs.try_into().expect("sized"));
+    }
+    let mut sends: Vec<Option<IbSendComm>> = peers.iter().map(|_| None).collect();
+    let mut recvs: Vec<Option<IbRecvComm>> = peers.iter().map(|_| None).collect();
+    let deadline = bs.params().deadline();
+    loop {
+        let mut pending = false;
+        for (i, &p) in peers.iter().enumerate() {
+            if sends[i].is_none() {
+                sends[i] = net.connect(dev_of(p), &mut handles[i]).map_err(verbs_err)?;
+                pending |= sends[i].is_none();
+            }
+            if recvs[i].is_none() {
+                let l = listens[p].as_mut().expect("listening");
+                recvs[i] = net.accept(l).map_err(verbs_err)?;
+                pending |= recvs[i].is_none();
+            }
+        }
+        if !pending {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Timeout(
+                "verbs links were not all connected in time".into(),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    Ok(peers
+        .iter()
+        .zip(sends.into_iter().zip(recvs))
+        .map(|(&p, (s, r))| {
+            let (s, r) = (s.expect("connected"), r.expect("accepted"));
+            tracing::info!(target: "hetccl::INIT",
+                "rank {rank} -> rank {p} via NET/IB/{} (send {}, receive {})",
+                dev_of(p), s.describe(), r.describe());
+            (p, connect(s, r, nchan))
+        })
+        .collect())
+}
+
+/// Two connected ends of `nchan` channels on this machine's first RDMA
+/// port (tests and benchmarks); `Ok(None)` when there is none.
+pub fn loopback_pair(nchan: usize) -> Result<Option<(Vec<Conn>, Vec<Conn>)>> {
+    let ports = nccl_net_plugin::ib::usable_ports(&DiscoverOpts::default());
+    let Some(port) = ports.first() else {
+        return Ok(None);
+    };
+    let ip = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let net = IbNet::new(vec![port.clone()], ip, IbOptions::default());
+    let (mut la, mut ha) = net.listen(0).map_err(verbs_err)?;
+    let (mut lb, mut hb) = net.listen(0).map_err(verbs_err)?;
+    let (mut sa, mut ra, mut sb, mut rb) = (None, None, None, None);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while sa.is_none() || ra.is_none() || sb.is_none() || rb.is_none() {
+        if sa.is_none() {
+            sa = net.connect(0, &mut hb).map_err(verbs_err)?;
+        }
+        if sb.is_none() {
+            sb = net.connect(0, &mut ha).map_err(verbs_err)?;
+        }
+        if ra.is_none() {
+            ra = net.accept(&mut la).map_err(verbs_err)?;
+        }
+        if rb.is_none() {
+            rb = net.accept(&mut lb).map_err(verbs_err)?;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Timeout("verbs loopback pair".into()));
+        }
+    }
+    Ok(Some((
+        connect(sa.expect("set"), ra.expect("set"), nchan),
+        connect(sb.expect("set"), rb.expect("set"), nchan),
+    )))
+}

@@ -1,0 +1,620 @@
+//! The sending end of a verbs connection.
+//!
+//! Messages up to `eager_max` are copied into a registered send slot and
+//! SENT with a header into one of the receiver's pre-posted slots. Larger
+//! ones SEND only a header (RTS); the receiver RDMA-writes CTS entries into
+//! this side's control area, each naming a piece of the message and where
+//! it goes, and this side RDMA-writes the piece there with immediate data
+//! (the CTS number), from the caller's buffer when it is registered, else
+//! through a registered bounce chunk. Every SEND and write-with-immediate
+//! consumes a receive slot of the peer's QP, so each needs a credit; the
+//! receiver returns credits by writing its per-QP counters into the
+//! control area.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::ffi;
+use super::mr::Mr;
+use super::proto::{
+    self, Cts, Hdr, Kind, CTRL_BYTES, CTRL_CREDITS_OFF, CTRL_CTS_OFF, CTS_BYTES, CTS_REJECT,
+    HDR_BYTES, NCTS,
+};
+use super::qp::{Endpoint, IbOptions, RegBuf};
+use super::wr;
+use crate::error::{NetError, Result};
+use crate::tcp::SendRequest;
+
+struct Req {
+    ptr: usize,
+    size: usize,
+    tag: i32,
+    mr: Option<Arc<Mr>>,
+    /// Posted on the wire (eager copy or RTS sent).
+    posted: bool,
+    /// Bytes for which CTS entries came.
+    covered: u64,
+    /// Bytes whose writes completed.
+    landed: u64,
+    done: bool,
+    error: Option<NetError>,
+}
+
+/// A write (part of a CTS piece) waiting for a credit or queue space.
+struct Part {
+    cts: u64,
+    qp: usize,
+    msg: u64,
+    /// Source: address and lkey (bounce or the caller's registered buffer).
+    src: usize,
+    lkey: u32,
+    len: u64,
+    remote: u64,
+    rkey: u32,
+}
+
+/// A CTS piece whose writes are in flight.
+struct Piece {
+    msg: u64,
+    len: u64,
+    parts_left: usize,
+    bounce: Option<usize>,
+}
+
+struct St {
+    reqs: HashMap<u64, Req>,
+    /// Messages to post, in order.
+    queue: VecDeque<u64>,
+    next_seq: u64,
+    next_cts: u64,
+    parts: VecDeque<Part>,
+    pieces: HashMap<u64, Piece>,
+    /// Credits used and returned, per QP.
+    used: [u64; proto::MAX_QPS],
+    returned: [u64; proto::MAX_QPS],
+    sq_out: [usize; proto::MAX_QPS],
+    free_slots: Vec<usize>,
+    free_bounce: Vec<usize>,
+    bounce: Vec<RegBuf>,
+    failed: Option<NetError>,
+    last_move: Instant,
+}
+
+/// The sending end of a verbs connection (`isend`/`test`).
+pub struct IbSendComm {
+    pub(crate) ep: Endpoint,
+    ctrl: RegBuf,
+    slots: RegBuf,
+    opts: IbOptions,
+    remote_slots: u64,
+    sock: Mutex<Option<TcpStream>>,
+    peer: String,
+    st: Mutex<St>,
+}
+
+impl std::fmt::Debug for IbSendComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "IbSendComm({} QP {:?} -> {})",
+            self.ep.port.label(),
+            self.ep.qpns,
+            self.peer
+        )
+    }
+}
+
+impl IbSendComm {
+    /// The send resources before connecting: the control area the receiver
+    /// writes into and the eager slots.
+    pub(crate) fn prepare(ep: &Endpoint, opts: &IbOptions) -> Result<(RegBuf, RegBuf)> {
+        let ctrl = RegBuf::new(&ep.port, CTRL_BYTES, false)?;
+        let slots = RegBuf::new(&ep.port, opts.slots * opts.slot_bytes(), opts.relaxed)?;
+        Ok((ctrl, slots))
+    }
+
+    /// A connected comm.
+    pub(crate) fn new(
+        ep: Endpoint,
+        (ctrl, slots): (RegBuf, RegBuf),
+        opts: IbOptions,
+        remote_slots: u32,
+        sock: TcpStream,
+        peer: String,
+    ) -> Self {
+        let n = opts.slots;
+        Self {
+            ep,
+            ctrl,
+            slots,
+            remote_slots: u64::from(remote_slots),
+            sock: Mutex::new(Some(sock)),
+            peer,
+            st: Mutex::new(St {
+                reqs: HashMap::new(),
+                queue: VecDeque::new(),
+                next_seq: 0,
+                next_cts: 0,
+                parts: VecDeque::new(),
+                pieces: HashMap::new(),
+                used: [0; proto::MAX_QPS],
+                returned: [0; proto::MAX_QPS],
+                sq_out: [0; proto::MAX_QPS],
+                free_slots: (0..n).rev().collect(),
+                free_bounce: Vec::new(),
+                bounce: Vec::new(),
+                failed: None,
+                last_move: Instant::now(),
+            }),
+            opts,
+        }
+    }
+
+    /// The control area's address and rkey (for the connection info).
+    pub(crate) fn ctrl_of(ctrl: &RegBuf) -> (u64, u32) {
+        (ctrl.buf.addr() as u64, ctrl.mr.rkey)
+    }
+
+    /// Posts a send of `size` bytes at `ptr` with `tag`; `mr` is the
+    /// caller's registration of the buffer, if any. `Ok(None)`: retry.
+    ///
+    /// # Safety
+    /// `ptr..ptr+size` stays readable until the request completes or the
+    /// comm closes.
+    pub unsafe fn isend(
+        &self,
+        ptr: *const u8,
+        size: usize,
+        tag: i32,
+        mr: Option<Arc<Mr>>,
+    ) -> Result<Option<SendRequest>> {
+        if ptr.is_null() && size > 0 {
+            return Err(NetError::InvalidArgument(format!(
+                "isend of {size} bytes from NULL"
+            )));
+        }
+        let mut st = self.st.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if st.reqs.len() >= crate::tcp::MAX_REQUESTS {
+            drop(st);
+            self.progress()?;
+            return Ok(None);
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let mr = mr.filter(|m| m.covers(ptr as usize, size));
+        st.reqs.insert(
+            seq,
+            Req {
+                ptr: ptr as usize,
+                size,
+                tag,
+                mr,
+                posted: false,
+                covered: 0,
+                landed: 0,
+                done: false,
+                error: None,
+            },
+        );
+        st.queue.push_back(seq);
+        self.drive(&mut st)?;
+        Ok(Some(SendRequest(seq)))
+    }
+
+    /// `Ok(Some(size))` once the send is done.
+    pub fn test(&self, req: SendRequest) -> Result<Option<usize>> {
+        let mut st = self.st.lock();
+        let r = self.drive(&mut st);
+        let Some(q) = st.reqs.get(&req.0) else {
+            return Err(NetError::InvalidArgument(format!(
+                "unknown send request {}",
+                req.0
+            )));
+        };
+        if let Some(e) = &q.error {
+            let e = e.clone();
+            st.reqs.remove(&req.0);
+            return Err(e);
+        }
+        if q.done {
+            let n = q.size;
+            st.reqs.remove(&req.0);
+            return Ok(Some(n));
+        }
+        if let Some(e) = st.failed.clone() {
+            st.reqs.remove(&req.0);
+            return Err(e);
+        }
+        r.map(|_| None)
+    }
+
+    fn progress(&self) -> Result<()> {
+        let mut st = self.st.lock();
+        self.drive(&mut st)
+    }
+
+    /// One pass: completions, credits, CTS entries, then posts.
+    fn drive(&self, st: &mut St) -> Result<()> {
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        let r = self.drive_inner(st);
+        if let Err(e) = &r {
+            self.fail(st, e.clone());
+        }
+        r
+    }
+
+    fn fail(&self, st: &mut St, e: NetError) {
+        tracing::warn!(target: "hetccl::NET", "NET/IB: send comm {} to {} failed: {e}", self.ep.port.label(), self.peer);
+        st.failed = Some(e.clone());
+        for q in st.reqs.values_mut() {
+            if !q.done && q.error.is_none() {
+                q.error = Some(e.clone());
+            }
+        }
+    }
+
+    fn drive_inner(&self, st: &mut St) -> Result<()> {
+        let mut moved = self.poll_cq(st)?;
+        moved |= self.read_credits(st)?;
+        moved |= self.read_cts(st)?;
+        moved |= self.post_queue(st)?;
+        moved |= self.post_parts(st)?;
+        let pending = st.reqs.values().any(|q| !q.done && q.error.is_none());
+        if moved || !pending {
+            st.last_move = Instant::now();
+            return Ok(());
+        }
+        if let Some(e) = self.ep.async_failure() {
+            return Err(e);
+        }
+        wr::check_peer(&self.sock, &self.peer)?;
+        if st.last_move.elapsed() > self.opts.timeout {
+            return Err(NetError::Timeout(format!(
+                "NET/IB: send to {} on {} made no progress for {:?}",
+                self.peer,
+                self.ep.port.label(),
+                self.opts.timeout
+            )));
+        }
+        Ok(())
+    }
+
+    fn poll_cq(&self, st: &mut St) -> Result<bool> {
+        let mut wcs = [ffi::ibv_wc::default(); 32];
+        let mut moved = false;
+        loop {
+            let n = self.ep.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                moved = true;
+                let (kind, q, idx) = wr::split(wc.wr_id);
+                st.sq_out[q] = st.sq_out[q].saturating_sub(1);
+                if wc.status != ffi::IBV_WC_SUCCESS {
+                    return Err(self.ep.wc_error(wc, &self.peer));
+                }
+                match kind {
+                    wr::EAGER => st.free_slots.push(idx as usize),
+                    wr::RTS => {}
+                    wr::PART => self.part_done(st, idx)?,
+                    _ => return Err(NetError::Internal(format!("send completion kind {kind}"))),
+                }
+            }
+            if n < wcs.len() {
+                return Ok(moved);
+            }
+        }
+    }
+
+    fn part_done(&self, st: &mut St, cts: u64) -> Result<()> {
+        let p = st
+            .pieces
+            .get_mut(&cts)
+            .ok_or_else(|| NetError::Internal(format!("completion of unknown piece {cts}")))?;
+        p.parts_left -= 1;
+        if p.parts_left > 0 {
+            return Ok(());
+        }
+        let p = st.pieces.remove(&cts).expect("present");
+        if let Some(b) = p.bounce {
+            st.free_bounce.push(b);
+        }
+        if let Some(q) = st.reqs.get_mut(&p.msg) {
+            q.landed += p.len;
+            if q.landed == q.size as u64 && q.covered == q.size as u64 {
+                q.done = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn read_credits(&self, st: &mut St) -> Result<bool> {
+        let mut moved = false;
+        for q in 0..self.ep.qps.len() {
+            let p = (self.ctrl.buf.addr() + CTRL_CREDITS_OFF + 8 * q) as *const u64;
+            // SAFETY: inside the control area, 8-aligned; the peer's NIC
+            // writes it, so it is read volatile (twice, for a stable value).
+            let (a, b) = unsafe { (p.read_volatile(), p.read_volatile()) };
+            if a != b || a <= st.returned[q] {
+                continue;
+            }
+            if a > st.used[q] {
+                return Err(NetError::proto(format!(
+                    "peer returned {a} credits on QP {q}, only {} were used",
+                    st.used[q]
+                )));
+            }
+            st.returned[q] = a;
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    fn credit(&self, st: &St, q: usize) -> bool {
+        st.used[q] - st.returned[q] < self.remote_slots && st.sq_out[q] < self.ep.sq_depth
+    }
+
+    fn read_cts(&self, st: &mut St) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            let slot = (st.next_cts % NCTS as u64) as usize;
+            let p =
+                (self.ctrl.buf.addr() + CTRL_CTS_OFF + slot * CTS_BYTES) as *const [u8; CTS_BYTES];
+            // SAFETY: inside the control area; written by the peer's NIC.
+            let raw = unsafe { p.read_volatile() };
+            let Some(c) = Cts::decode(&raw, st.next_cts)? else {
+                return Ok(moved);
+            };
+            let Some(q) = st.reqs.get(&c.msg) else {
+                return Err(NetError::proto(format!(
+                    "CTS for unknown message {}",
+                    c.msg
+                )));
+            };
+            if !q.posted || q.size <= self.opts.eager_max || q.done || q.error.is_some() {
+                return Err(NetError::proto(format!(
+                    "CTS for message {} in the wrong state",
+                    c.msg
+                )));
+            }
+            let size = q.size as u64;
+            let reject = c.flags & CTS_REJECT != 0;
+            if !reject && (c.offset != q.covered || c.len == 0 || c.len > size - c.offset) {
+                return Err(NetError::proto(format!(
+                    "CTS for bytes {}+{} of message {} ({size} bytes, {} covered)",
+                    c.offset, c.len, c.msg, q.covered
+                )));
+            }
+            // A piece from memory the caller did not register needs a bounce chunk.
+            let mut bounce = None;
+            let (src, lkey) = if reject {
+                (0, 0)
+            } else if let Some(m) = &q.mr {
+                (q.ptr + c.offset as usize, m.lkey)
+            } else {
+                if c.len as usize > self.opts.chunk {
+                    return Err(NetError::proto(format!("CTS piece of {} bytes", c.len)));
+                }
+                let Some(b) = self.take_bounce(st)? else {
+                    return Ok(moved);
+                };
+                let q = &st.reqs[&c.msg];
+                // SAFETY: the caller keeps its buffer readable (isend's
+                // contract); the bounce chunk holds `chunk` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        (q.ptr + c.offset as usize) as *const u8,
+                        st.bounce[b].buf.ptr(),
+                        c.len as usize,
+                    )
+                };
+                bounce = Some(b);
+                (st.bounce[b].buf.addr(), st.bounce[b].mr.lkey)
+            };
+            let q = st.reqs.get_mut(&c.msg).expect("present");
+            let len = if reject {
+                q.error = Some(NetError::InvalidUsage(format!(
+                    "the message of {size} bytes is larger than the receive buffer (the receiver rejected it)"
+                )));
+                0
+            } else {
+                q.covered += c.len;
+                c.len
+            };
+            let parts = proto::parts(c.seq, len, self.ep.qps.len(), self.opts.split);
+            st.pieces.insert(
+                c.seq,
+                Piece {
+                    msg: c.msg,
+                    len,
+                    parts_left: parts.len(),
+                    bounce,
+                },
+            );
+            for (qp, off, l) in parts {
+                st.parts.push_back(Part {
+                    cts: c.seq,
+                    qp,
+                    msg: c.msg,
+                    src: src + off as usize,
+                    lkey,
+                    len: l,
+                    remote: c.addr + off,
+                    rkey: c.rkey,
+                });
+            }
+            st.next_cts += 1;
+            moved = true;
+        }
+    }
+
+    fn take_bounce(&self, st: &mut St) -> Result<Option<usize>> {
+        if let Some(b) = st.free_bounce.pop() {
+            return Ok(Some(b));
+        }
+        if st.bounce.len() < self.opts.nchunks {
+            st.bounce.push(RegBuf::new(
+                &self.ep.port,
+                self.opts.chunk,
+                self.opts.relaxed,
+            )?);
+            return Ok(Some(st.bounce.len() - 1));
+        }
+        Ok(None)
+    }
+
+    fn post_queue(&self, st: &mut St) -> Result<bool> {
+        let mut moved = false;
+        while let Some(&seq) = st.queue.front() {
+            if !self.credit(st, 0) {
+                break;
+            }
+            let q = &st.reqs[&seq];
+            let eager = q.size <= self.opts.eager_max;
+            let hdr = Hdr {
+                kind: if eager { Kind::Eager } else { Kind::Rts },
+                tag: q.tag,
+                size: q.size as u64,
+                seq,
+            }
+            .encode();
+            if eager {
+                let Some(slot) = st.free_slots.pop() else {
+                    break;
+                };
+                let base = self.slots.buf.addr() + slot * self.opts.slot_bytes();
+                // SAFETY: the slot holds a header and eager_max bytes; the
+                // caller's buffer is readable (isend's contract).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(hdr.as_ptr(), base as *mut u8, HDR_BYTES);
+                    if q.size > 0 {
+                        std::ptr::copy_nonoverlapping(
+                            q.ptr as *const u8,
+                            (base + HDR_BYTES) as *mut u8,
+                            q.size,
+                        );
+                    }
+                }
+                let sge = ffi::ibv_sge {
+                    addr: base as u64,
+                    length: (HDR_BYTES + q.size) as u32,
+                    lkey: self.slots.mr.lkey,
+                };
+                // SAFETY: the slot stays ours until its completion.
+                unsafe {
+                    self.ep.post_send(
+                        0,
+                        wr::id(wr::EAGER, 0, slot as u64),
+                        ffi::IBV_WR_SEND,
+                        Some(sge),
+                        false,
+                        (0, 0),
+                        0,
+                    )?
+                };
+            } else {
+                // SAFETY: inline: the header is copied at post time.
+                unsafe {
+                    let sge = ffi::ibv_sge {
+                        addr: hdr.as_ptr() as u64,
+                        length: HDR_BYTES as u32,
+                        lkey: 0,
+                    };
+                    self.ep.post_send(
+                        0,
+                        wr::id(wr::RTS, 0, seq),
+                        ffi::IBV_WR_SEND,
+                        Some(sge),
+                        true,
+                        (0, 0),
+                        0,
+                    )?
+                };
+            }
+            st.used[0] += 1;
+            st.sq_out[0] += 1;
+            let q = st.reqs.get_mut(&seq).expect("present");
+            q.posted = true;
+            if eager {
+                q.done = true;
+            }
+            st.queue.pop_front();
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    fn post_parts(&self, st: &mut St) -> Result<bool> {
+        let mut moved = false;
+        while let Some(p) = st.parts.front() {
+            if !self.credit(st, p.qp) {
+                break;
+            }
+            let sge = (p.len > 0).then_some(ffi::ibv_sge {
+                addr: p.src as u64,
+                length: p.len as u32,
+                lkey: p.lkey,
+            });
+            // SAFETY: the source is a bounce chunk held until the piece
+            // completes, or the caller's registered buffer (isend's contract).
+            unsafe {
+                self.ep.post_send(
+                    p.qp,
+                    wr::id(wr::PART, p.qp, p.cts),
+                    ffi::IBV_WR_RDMA_WRITE_WITH_IMM,
+                    sge,
+                    false,
+                    (p.remote, p.rkey),
+                    p.cts as u32,
+                )?
+            };
+            let _ = p.msg;
+            st.used[p.qp] += 1;
+            st.sq_out[p.qp] += 1;
+            st.parts.pop_front();
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    /// Waits (up to `deadline`) until every posted work request has
+    /// completed, so that nothing sent is lost when the QPs are destroyed.
+    pub fn finish(&self, deadline: Instant) {
+        loop {
+            let mut st = self.st.lock();
+            let _ = self.drive(&mut st);
+            let busy =
+                st.sq_out.iter().any(|&n| n > 0) || !st.queue.is_empty() || !st.parts.is_empty();
+            if st.failed.is_some() || !busy || Instant::now() >= deadline {
+                break;
+            }
+            drop(st);
+            std::thread::yield_now();
+        }
+        if let Some(s) = self.sock.lock().take() {
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// Closes gracefully (bounded by the timeout), then frees everything.
+    pub fn close(self) {
+        self.finish(Instant::now() + self.opts.timeout.min(std::time::Duration::from_secs(10)));
+    }
+
+    /// The port the comm's QPs are on.
+    pub fn port(&self) -> &super::IbPort {
+        &self.ep.port
+    }
+
+    /// The port and QPs (for logs).
+    pub fn describe(&self) -> String {
+        format!("{} QP {:?}", self.ep.port.label(), self.ep.qpns)
+    }
+}

@@ -1,0 +1,63 @@
+//! Work-request ids (what a completion is for) and the peer check on the
+//! setup socket that each comm keeps open: the kernel closes it when the
+//! peer process exits or dies, which RC QPs alone would notice only after
+//! their retries run out, or never on an idle receive.
+
+use std::net::TcpStream;
+
+use parking_lot::Mutex;
+
+use crate::error::{NetError, Result};
+
+/// A receive slot (index = slot).
+pub const SLOT: u8 = 1;
+/// An eager SEND (index = send slot).
+pub const EAGER: u8 = 2;
+/// An RTS SEND (index = message).
+pub const RTS: u8 = 3;
+/// A write-with-immediate of a piece (index = CTS number).
+pub const PART: u8 = 4;
+/// A CTS or credit write of the receiver (index unused).
+pub const CTRL: u8 = 5;
+
+/// Packs a kind, a QP index and an index.
+pub fn id(kind: u8, qp: usize, idx: u64) -> u64 {
+    (u64::from(kind) << 60) | ((qp as u64 & 0xf) << 56) | (idx & ((1 << 56) - 1))
+}
+
+/// Unpacks [`id`].
+pub fn split(wr_id: u64) -> (u8, usize, u64) {
+    (
+        (wr_id >> 60) as u8,
+        ((wr_id >> 56) & 0xf) as usize,
+        wr_id & ((1 << 56) - 1),
+    )
+}
+
+/// Fails if the peer closed the setup socket or died.
+pub fn check_peer(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<()> {
+    let g = sock.lock();
+    let Some(s) = g.as_ref() else {
+        return Ok(());
+    };
+    let mut b = [0u8; 1];
+    match crate::sock::try_peek(s, &mut b) {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_peer_closed() => Err(NetError::Remote(format!(
+            "NET/IB: connection closed by peer {peer}"
+        ))),
+        Err(e) => Err(NetError::Remote(format!("NET/IB: peer {peer}: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip() {
+        for (k, q, i) in [(SLOT, 0, 0), (PART, 7, (1 << 56) - 1), (EAGER, 3, 12345)] {
+            assert_eq!(split(id(k, q, i)), (k, q, i));
+        }
+    }
+}
