@@ -34,7 +34,7 @@ pub fn recover(label: &str, env: &[(&str, &str)]) -> Vec<ranks::RankOutput> {
     std::fs::create_dir_all(&dir).unwrap();
     let mut cmds = Vec::new();
     for who in 0..5 {
-        let mut c = Command::new(&exe);
+        let mut c = Command::new(exe);
         ranks::clean_env(&mut c);
         c.env("LD_PRELOAD", &so)
             .env("HETCCL_SOCKET_IFNAME", "lo")
