@@ -18,26 +18,7 @@ pub fn expand(template: &str, rank: usize) -> PathBuf {
 
 /// [`expand`] with the host and pid given (tests).
 pub fn expand_with(template: &str, host: &str, pid: u32, rank: usize) -> String {
-    let mut out = String::with_capacity(template.len() + 16);
-    let mut chars = template.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('h') => out.push_str(host),
-            Some('p') => out.push_str(&pid.to_string()),
-            Some('r') => out.push_str(&rank.to_string()),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
+    hetccl_core::obs::expand_template(template, host, pid, Some(rank))
 }
 
 /// Replaces `path` with `text` atomically: a temporary file next to it,

@@ -33,7 +33,7 @@ use tracing_subscriber::layer::SubscriberExt;
 
 pub use external::{has_external_logger, set_external_logger, NcclLogger};
 pub use line::{gettid, set_thread_rank, short_hostname, thread_rank};
-pub use sink::expand_debug_file;
+pub use sink::{expand_debug_file, expand_template};
 
 use crate::config;
 

@@ -20,6 +20,13 @@ pub(crate) trait LineSink: Send + Sync {
 /// Expands NCCL_DEBUG_FILE's `%h` (short host name) and `%p` (pid); `%%` is a
 /// literal `%`, and any other `%x` is kept as written.
 pub fn expand_debug_file(template: &str, host: &str, pid: u32) -> String {
+    expand_template(template, host, pid, None)
+}
+
+/// Expands a file template: `%h` (short host name), `%p` (pid), `%r` (the
+/// rank, when one is given), `%%` (a literal `%`); any other `%x` is kept
+/// as written.
+pub fn expand_template(template: &str, host: &str, pid: u32, rank: Option<usize>) -> String {
     let mut out = String::with_capacity(template.len() + 16);
     let mut chars = template.chars();
     while let Some(c) = chars.next() {
@@ -30,6 +37,9 @@ pub fn expand_debug_file(template: &str, host: &str, pid: u32) -> String {
         match chars.next() {
             Some('h') => out.push_str(host),
             Some('p') => out.push_str(&pid.to_string()),
+            Some('r') if rank.is_some() => {
+                out.push_str(&rank.map_or_else(String::new, |r| r.to_string()))
+            }
             Some('%') => out.push('%'),
             Some(other) => {
                 out.push('%');
