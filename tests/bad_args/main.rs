@@ -474,6 +474,7 @@ fn coll_rows(t: &mut Table, fx: Fx) {
 }
 
 mod other;
+mod resources;
 use other::other_rows;
 
 #[derive(Clone, Copy)]
