@@ -36,6 +36,16 @@ if [ -d "$HOME/.cache/hetccl" ] && modprobe -d "$KROOT" -S "$KVER" overlay; then
   mount -t overlay overlay -o "lowerdir=$HOME/.cache/hetccl,upperdir=/tmp/.ov/u,workdir=/tmp/.ov/w" \
     "$HOME/.cache/hetccl" || say "no overlay on $HOME/.cache/hetccl"
 fi
+# A working directory under /tmp is the host's, hidden by the guest's tmpfs:
+# bind its top directory back from the host's /tmp (read-only, like /).
+case $VM_CWD in
+  /tmp/?*)
+    top=${VM_CWD#/tmp/}
+    top=${top%%/*}
+    mkdir -p "/tmp/$top"
+    mount --bind "/run/hosttmp/$top" "/tmp/$top" || { say "cannot bind /tmp/$top from the host"; exit 1; }
+    ;;
+esac
 for d in "${VM_TMPFS[@]}"; do mount -t tmpfs tmpfs "$d" || { say "cannot mount a tmpfs on $d"; exit 1; }; done
 cd "$VM_CWD" || exit 1
 eval "set -o pipefail; $VM_CMD" 2>&1 | tee "$share/out"

@@ -24,8 +24,12 @@ echo booted > /newroot$share/booted
 mount -t proc proc /newroot/proc
 mount -t sysfs sys /newroot/sys
 mount --bind /dev /newroot/dev
-mount -t tmpfs tmpfs /newroot/tmp
 mount -t tmpfs tmpfs /newroot/run
+# The host's /tmp stays reachable at /run/hosttmp: a checkout under /tmp
+# (a CI clone) is bound back into the guest's tmpfs /tmp by the guest script.
+mkdir -p /newroot/run/hosttmp
+mount --bind /newroot/tmp /newroot/run/hosttmp
+mount -t tmpfs tmpfs /newroot/tmp
 mkdir -p /dev/shm
 mount -t tmpfs tmpfs /newroot/dev/shm
 chroot /newroot /bin/bash "$share/guest.sh" "$share" < /dev/console > /dev/console 2>&1
