@@ -67,6 +67,11 @@ pub struct Settings {
     pub ib: nccl_net_plugin::ib::IbOptions,
     /// Which RDMA ports verbs may use (`NCCL_IB_HCA`, `NCCL_IB_GID_INDEX`).
     pub ib_ports: nccl_net_plugin::ib::DiscoverOpts,
+    /// `HETCCL_TUNE`: the tuning mode.
+    pub tune: hetccl_core::config::TuneMode,
+    /// `HETCCL_COMPRESS`: the wire format of float sum/avg reductions
+    /// between nodes (the communicator's starting value).
+    pub compress: hetccl_core::config::Compression,
 }
 
 /// Whether the configuration lets verbs carry cross-node traffic.
@@ -123,6 +128,8 @@ impl Settings {
             verbs: verbs_allowed(cfg),
             ib: nccl_net_plugin::ib::IbOptions::from_config(cfg),
             ib_ports: nccl_net_plugin::plugin::backend::discover_opts(cfg),
+            tune: cfg.tune,
+            compress: cfg.compress,
         })
     }
 

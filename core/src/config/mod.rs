@@ -11,6 +11,7 @@
 
 mod debug;
 mod display;
+mod modes;
 mod net;
 mod parse;
 mod suggest;
@@ -22,6 +23,7 @@ use std::sync::Once;
 use once_cell::sync::Lazy;
 
 pub use debug::{DebugLevel, SubsysMask};
+pub use modes::{Compression, TuneMode};
 pub use net::{split_host_port, AddrFamily, IfaceFilter};
 
 /// The tracing target configuration messages are logged under.
@@ -177,6 +179,12 @@ pub struct Config {
     /// plugin (`ncclTunerPlugin_v*`) reads. Default unset (the plugin leaves
     /// NCCL's choices alone).
     pub tuning_file: Option<String>,
+    /// `HETCCL_TUNE`: `off` (default), `init` (calibrate the cost model at
+    /// communicator init) or `online` (also adapt choices at run time).
+    pub tune: TuneMode,
+    /// `HETCCL_COMPRESS`: `off` (default), `bf16` or `fp8e4m3`: the wire
+    /// format of float sum/avg reductions between nodes.
+    pub compress: Compression,
     /// Bit `i` set: entry `i` of the variable table came from the environment.
     from_env: u64,
 }
@@ -243,6 +251,8 @@ impl Default for Config {
             check: false,
             comm_secret: None,
             tuning_file: None,
+            tune: TuneMode::Off,
+            compress: Compression::Off,
             from_env: 0,
         }
     }

@@ -76,6 +76,8 @@ fn every_variable_parses() {
         ("HETCCL_NET", "IB"),
         ("HETCCL_CHECK", "1"),
         ("HETCCL_TUNING_FILE", "/tmp/tune.json"),
+        ("HETCCL_TUNE", "online"),
+        ("HETCCL_COMPRESS", "BF16"),
     ]);
     // Only the ignored variables warn, one line each.
     let ignored: Vec<&str> = vars::IGNORED.iter().map(|(n, _)| *n).collect();
@@ -131,6 +133,8 @@ fn every_variable_parses() {
     assert_eq!(c.ibverbs_lib.as_deref(), Some("/opt/rdma/libibverbs.so.1"));
     assert!(c.check);
     assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));
+    assert_eq!(c.tune, super::TuneMode::Online);
+    assert_eq!(c.compress, super::Compression::Bf16);
     assert!(
         !format!("{c:?}").contains("s3cret"),
         "Debug redacts the secret"

@@ -442,6 +442,18 @@ pub(crate) const VARS: &[Var] = &[
         apply: |c, v| ok(parse::text(v), |t| c.tuning_file = Some(t)),
         show: |c| c.tuning_file.clone(),
     },
+    Var {
+        name: "HETCCL_TUNE",
+        field: "tune",
+        apply: |c, v| ok(super::TuneMode::parse(v), |m| c.tune = m),
+        show: |c| Some(c.tune.to_string()),
+    },
+    Var {
+        name: "HETCCL_COMPRESS",
+        field: "compress",
+        apply: |c, v| ok(super::Compression::parse(v), |m| c.compress = m),
+        show: |c| Some(c.compress.to_string()),
+    },
 ];
 
 /// Variables of hetccl-perf (its launcher's rank, size and store), which it
