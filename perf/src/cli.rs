@@ -66,6 +66,10 @@ pub struct Options {
     pub np: usize,
     /// `--threads`: ranks as threads of this process.
     pub threads: usize,
+    /// `--hosts N` with `-np`: the ranks are split into N blocks of
+    /// consecutive ranks, each given its own host identity
+    /// (`HETCCL_HOST_ID`), so one machine stands in for N nodes. 0: unset.
+    pub hosts: usize,
     /// `--lib`.
     pub lib: Option<PathBuf>,
     /// `--link-stats`: print the library's per-link counters at the end
@@ -175,6 +179,7 @@ pub fn command() -> Command {
         .arg(v('I', "per_iter_timing", "only 0"))
         .arg(Arg::new("np").long("np").num_args(1).help("spawn N local processes, one rank each (also written -np N)"))
         .arg(Arg::new("threads").long("threads").num_args(1).help("run N ranks as threads of this process"))
+        .arg(Arg::new("hosts").long("hosts").num_args(1).help("with -np: split the ranks into N consecutive blocks, each with its own HETCCL_HOST_ID (N emulated nodes)"))
         .arg(Arg::new("lib").long("lib").num_args(1).help("library to test (default: $HETCCL_PERF_LIB, else libhetccl.so next to this binary)"))
         .arg(Arg::new("id-file").long("id-file").num_args(1).help("rendezvous file on a shared filesystem, for ranks from mpirun/torchrun/Slurm"))
         .arg(Arg::new("alloc").long("alloc").num_args(1).help("buffers from 'nccl' (ncclMemAlloc, default), 'host' or 'device' (cuMemAlloc)"))
@@ -328,6 +333,10 @@ pub fn parse(coll: Coll, flags: &[String]) -> Result<Options, String> {
     if np > 0 && threads > 0 {
         return Err("-np and --threads cannot be combined".into());
     }
+    let hosts = int_flag(&m, "hosts", 0, 0)? as usize;
+    if hosts > 0 && (np == 0 || hosts > np) {
+        return Err(format!("--hosts {hosts}: needs -np N with N >= {hosts}"));
+    }
     let timeout = int_flag(&m, "timeout", 600, 0)?;
     Ok(Options {
         coll,
@@ -351,6 +360,7 @@ pub fn parse(coll: Coll, flags: &[String]) -> Result<Options, String> {
         unalign: int_flag(&m, "unalign", 0, 0)? as usize,
         np,
         threads,
+        hosts,
         lib: get(&m, "lib").map(PathBuf::from),
         link_stats: m.get_flag("link-stats"),
         id_file: get(&m, "id-file").map(PathBuf::from),

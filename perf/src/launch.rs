@@ -72,6 +72,7 @@ pub fn main_entry(argv: Vec<String>) -> i32 {
     match argv.get(1).map(String::as_str) {
         Some("trace-merge") => return crate::trace_merge::main(&argv[2..]),
         Some("status") => return crate::status::main(&argv[2..]),
+        Some("tune") => return crate::tune::main(&argv[2..]),
         _ => {}
     }
     let (coll, flags) = match cli::split_argv(&argv) {
@@ -292,6 +293,12 @@ fn usable_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// The host identity of rank `r` of `np` split into `hosts` blocks of
+/// consecutive ranks (`--hosts`).
+pub fn host_id(r: usize, np: usize, hosts: usize) -> String {
+    format!("hetccl-perf-host{}", r * hosts / np.max(1))
+}
+
 /// `-np N`: runs this binary N times with rank variables and a fresh store
 /// directory; when one child fails the others are killed. Children also die
 /// with the supervisor (`PR_SET_PDEATHSIG`).
@@ -326,6 +333,9 @@ fn supervise(opts: &Options, argv: &[String]) -> i32 {
             .env(ENV_RANK, r.to_string())
             .env(ENV_NRANKS, np.to_string())
             .env(ENV_STORE, &dir);
+        if opts.hosts > 0 {
+            cmd.env("HETCCL_HOST_ID", host_id(r, np, opts.hosts));
+        }
         // SAFETY: prctl is async-signal-safe; runs in the child before exec.
         unsafe {
             cmd.pre_exec(move || {

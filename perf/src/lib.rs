@@ -10,7 +10,7 @@
 //! [`nccl`] (the dynamically loaded API), [`buffers`] and [`cuda`] (host
 //! or device buffers, and the CUDA driver for the latter). [`trace_merge`]
 //! is the `trace-merge` subcommand, [`link_stats`] the `--link-stats`
-//! summary, [`status`] the `status` subcommand.
+//! summary, [`status`] the `status` subcommand, [`tune`] the `tune` subcommand.
 
 pub mod bench;
 pub mod buffers;
@@ -27,4 +27,5 @@ pub mod report;
 pub mod status;
 pub mod store;
 pub mod trace_merge;
+pub mod tune;
 pub mod verifiable;
