@@ -272,6 +272,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         scratch_pool: Mutex::new(Vec::new()),
         intranode: direct,
         costs,
+        control: crate::control::Control::new(&settings),
         settings,
         status: doing.clone(),
     };

@@ -7,6 +7,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod info;
+pub mod options;
 
 use std::ffi::{c_char, CStr};
 
