@@ -178,6 +178,32 @@ fn a_set_changes_the_algorithm_from_the_agreed_call_on() {
     }
 }
 
+/// On one node over shm, 64 KiB AllReduces take the single-copy path (no
+/// plan, no `algo=` line) until a set leaves `Direct` out, and again once
+/// the sets are cleared.
+#[test]
+fn a_set_reaches_the_single_node_direct_paths() {
+    let k = 3u64;
+    let layout: Layout = ("shm_2", 2, |_| Vec::new());
+    let outs = launch("set", &layout, &[], &["--mode", "set", "--iters", "3"]);
+    let want = [None, Some("Tree"), Some("Ring"), Some("Ring"), None, None];
+    for o in &outs {
+        let got = algos(o);
+        let phases: Vec<(u64, &str)> = got
+            .iter()
+            .filter(|(s, _)| *s < 6 * k)
+            .map(|(s, a)| (*s / k, a.as_str()))
+            .collect();
+        let expect: Vec<(u64, &str)> = want
+            .iter()
+            .enumerate()
+            .filter_map(|(p, a)| a.map(|a| (p as u64, a)))
+            .flat_map(|(p, a)| std::iter::repeat_n((p, a), k as usize))
+            .collect();
+        assert_eq!(phases, expect, "rank {}: {got:?}", o.rank);
+    }
+}
+
 #[test]
 fn mismatched_sets_fail_on_every_rank() {
     for layout in &[("hosts_2", 2, two_hosts_of(2)), LAYOUTS[1]] {
