@@ -55,7 +55,8 @@ ncclResult_t hetcclCommGetStats(ncclComm_t comm, char *buf, size_t len, size_t *
  * range, with the cost model's estimate (like UCX's protocol table), as
  * text into `buf` of `len` bytes, NUL-terminated and truncated if needed.
  * `*needed` (if not NULL) receives the full length without the NUL, as
- * snprintf does. `NCCL_ALGO` restrictions are applied.
+ * snprintf does. `NCCL_ALGO` restrictions, or the `algo` options set with
+ * `hetcclCommSetOption`, are applied.
  */
 ncclResult_t hetcclCommSelectionTable(ncclComm_t comm, char *buf, size_t len, size_t *needed);
 
