@@ -237,66 +237,79 @@ fn switches(o: &RankOutput) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn online_adaptation_moves_away_from_a_slow_first_choice() {
-    let layout = ("hosts_2", 2, two_hosts_of(2));
-    // 64 KiB AllReduces. First the model's choice, without any delay.
+/// The model's first choice for 64 KiB AllReduces on `layout`, without
+/// any delay.
+fn first_choice(layout: &Layout) -> String {
     let probe = launch(
         "online_probe",
-        &layout,
+        layout,
         &[("HETCCL_TUNE", "online")],
         &["--mode", "online", "--iters", "2"],
     );
-    let first = algos(&probe[0])[0].1.clone();
+    algos(&probe[0])[0].1.clone()
+}
+
+/// 256 AllReduces with the first choice delayed 4 ms: every rank switches
+/// away from it on the same call, and then runs the new choice on every
+/// call but the exploration calls.
+fn online_case(layout: &Layout, how: &str, first: &str) {
     let delay = format!("{first}:4000");
-    for (how, env, extra) in [
-        (
-            "env",
-            vec![("HETCCL_TUNE", "online"), ("HETCCL_TEST_DELAY_US", &*delay)],
-            vec![],
-        ),
-        (
-            "option",
-            vec![("HETCCL_TEST_DELAY_US", &*delay)],
-            vec!["--set-tune"],
-        ),
-    ] {
-        let mut args = vec!["--mode", "online", "--iters", "256"];
-        args.extend(extra);
-        let outs = launch(&format!("online_{how}"), &layout, &env, &args);
-        let sw0 = switches(&outs[0]);
-        assert!(
-            !sw0.is_empty() && sw0[0].starts_with(&format!("{first} -> ")),
-            "{how}: no switch away from {first}:\n{}",
-            ranks::report(&outs, 4000)
-        );
-        let to = sw0[0]
-            .split(" -> ")
-            .nth(1)
-            .and_then(|s| s.split(' ').next())
-            .unwrap_or("")
-            .to_string();
-        for o in &outs {
-            assert_eq!(switches(o), sw0, "{how}: rank {} decided otherwise", o.rank);
-            assert_eq!(o.get("online.tune").as_deref(), Some("online"));
-            let got = algos(o);
-            assert_eq!(got.len(), 256, "{how}: rank {}", o.rank);
-            // The last call (index 255, 255 % 8 == 7) explores; the one
-            // before runs the current choice.
-            assert_eq!(got[254].1, to, "{how}: rank {}: {:?}", o.rank, &got[192..]);
-            assert_eq!(got[0].1, first);
-        }
-        let ms = |k: &str| {
-            outs[0]
-                .get(k)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        eprintln!(
-            "[control_mp] online ({how}): {first} delayed 4 ms, switch {}; halves {:.0} ms, {:.0} ms",
-            sw0.join("; "),
-            ms("online.first_ms"),
-            ms("online.second_ms")
-        );
+    let mut env = vec![("HETCCL_TEST_DELAY_US", delay.as_str())];
+    let mut args = vec!["--mode", "online", "--iters", "256"];
+    if how == "env" {
+        env.push(("HETCCL_TUNE", "online"));
+    } else {
+        args.push("--set-tune");
     }
+    let outs = launch(&format!("online_{how}"), layout, &env, &args);
+    let sw0 = switches(&outs[0]);
+    assert!(
+        !sw0.is_empty() && sw0[0].starts_with(&format!("{first} -> ")),
+        "{} {how}: no switch away from {first}:\n{}",
+        layout.0,
+        ranks::report(&outs, 4000)
+    );
+    let to = sw0[0]
+        .split(" -> ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .unwrap_or("")
+        .to_string();
+    for o in &outs {
+        assert_eq!(switches(o), sw0, "{how}: rank {} decided otherwise", o.rank);
+        assert_eq!(o.get("online.tune").as_deref(), Some("online"));
+        let got = algos(o);
+        assert_eq!(got.len(), 256, "{how}: rank {}", o.rank);
+        assert_eq!(got[0].1, first);
+        // In the second half only the exploration calls (index 7 mod 8)
+        // run the old choice.
+        for (i, (_, a)) in got.iter().enumerate().skip(128) {
+            let want = if i % 8 == 7 { first } else { to.as_str() };
+            assert_eq!(a, want, "{} {how}: rank {} call {i}", layout.0, o.rank);
+        }
+    }
+    let ms = |k: &str| {
+        outs[0]
+            .get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    eprintln!(
+        "[control_mp] online {} ({how}): {first} delayed 4 ms, switch {}; halves {:.0} ms, {:.0} ms",
+        layout.0,
+        sw0.join("; "),
+        ms("online.first_ms"),
+        ms("online.second_ms")
+    );
+}
+
+#[test]
+fn online_adaptation_moves_away_from_a_slow_first_choice() {
+    let two: Layout = ("hosts_2", 2, two_hosts_of(2));
+    let first = first_choice(&two);
+    online_case(&two, "env", &first);
+    online_case(&two, "option", &first);
+    let four = LAYOUTS[1];
+    let first = first_choice(&four);
+    online_case(&four, "env", &first);
 }

@@ -10,6 +10,8 @@
 //! `ncclInvalidUsage`; the same unparsable value on every rank fails it with
 //! `ncclInvalidArgument`. Nothing is applied in either case.
 
+use std::sync::Arc;
+
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
@@ -76,12 +78,13 @@ impl Record {
 
 /// Sets `key` to `value` on `comm`, as a collective call (see the module
 /// docs). Refused inside a group: a set is not queued.
-pub fn set(comm: &Comm, key: &str, value: &str) -> Result<()> {
+pub fn set(comm: &Arc<Comm>, key: &str, value: &str) -> Result<()> {
     if crate::launch::group::depth() > 0 {
         return Err(Error::usage(
             "hetcclCommSetOption cannot be called inside a group",
         ));
     }
+    comm.check_usable()?;
     let e = comm.engine()?;
     let parsed = options::parse(key, value);
     let coll_seq = e.coll_seq.load(std::sync::atomic::Ordering::Relaxed);
@@ -102,7 +105,15 @@ pub fn set(comm: &Comm, key: &str, value: &str) -> Result<()> {
             value: value.to_string(),
         },
     };
-    let all = e.bootstrap.lock().allgather(&mine.encode(), RECORD)?;
+    let all = match e.bootstrap.lock().allgather(&mine.encode(), RECORD) {
+        Ok(all) => all,
+        Err(err) => {
+            // The bootstrap ring may hold part of the exchange: nothing
+            // more may run on this communicator.
+            crate::launch::poison(comm, &err);
+            return Err(err);
+        }
+    };
     let mut records = Vec::with_capacity(all.len());
     for (r, b) in all.iter().enumerate() {
         let rec = Record::decode(b)

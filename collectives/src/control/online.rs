@@ -24,12 +24,14 @@
 //! (`crate::intranode`) never reach the choice.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hetccl_core::config::TuneMode;
 
 use crate::algo::{estimate_us, supported, AlgoFilter, Algorithm, Collective};
 use crate::comm::engine::Engine;
+use crate::comm::Comm;
 use crate::error::{Error, Result};
 
 /// Calls per window.
@@ -131,7 +133,7 @@ fn runner_up(
 /// usual choice, asked once per bucket.
 pub fn pick(
     e: &Engine,
-    rank: usize,
+    comm: &Arc<Comm>,
     coll: Collective,
     bytes: usize,
     filter: &AlgoFilter,
@@ -169,7 +171,12 @@ pub fn pick(
     let i = b.calls;
     b.calls += 1;
     if i > 0 && i % WINDOW == 0 {
-        window_end(e, rank, key, b, i)?;
+        if let Err(err) = window_end(e, comm.rank, key, b, i) {
+            // The bootstrap ring may hold part of the exchange: nothing
+            // more may run on this communicator.
+            crate::launch::poison(comm, &err);
+            return Err(err);
+        }
     }
     let explore = i % EXPLORE_EVERY == EXPLORE_EVERY - 1;
     let algo = match b.runner {

@@ -82,7 +82,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
     let filter = a.filter(&comm_filter);
     let counted = super::group::depth() == 0 && engine.config.blocking;
     let forced =
-        crate::control::online::pick(engine, a.comm.rank, coll, bytes, filter, counted, || {
+        crate::control::online::pick(engine, &a.comm, coll, bytes, filter, counted, || {
             choose(engine, coll, bytes, filter)
         })?;
     let key = PlanKey {

@@ -61,7 +61,7 @@ pub unsafe extern "C" fn hetcclCommSetOption(
         let c = handle::lookup(comm)?;
         // SAFETY: NULL or NUL-terminated strings (caller contract).
         let (k, v) = unsafe { (text(key, "key")?, text(value, "value")?) };
-        agree::set(&c, k, v)
+        crate::launch::claim_for_call(&c, || agree::set(&c, k, v))
     })
 }
 
