@@ -57,3 +57,12 @@ pub struct Engine {
     /// What this rank is doing, for the status service (when it is on).
     pub status: Option<Arc<crate::exec::watch::Doing>>,
 }
+
+impl Engine {
+    /// The wire compression of float sum/avg reductions between nodes in
+    /// force now: `HETCCL_COMPRESS`, or the last `compress` option set with
+    /// `hetcclCommSetOption` (`crate::control`).
+    pub fn compression(&self) -> hetccl_core::config::Compression {
+        self.control.compression()
+    }
+}
