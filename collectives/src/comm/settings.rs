@@ -209,5 +209,23 @@ mod tests {
         assert_eq!(s.label(0xab), "comm 00000000000000ab (\"dp\")");
         let e = Settings::new(&cfg(&[("NCCL_ALGO", "rung")]), &CommConfig::default()).unwrap_err();
         assert!(e.to_string().contains("NCCL_ALGO"), "{e}");
+        let s = Settings::new(
+            &cfg(&[("HETCCL_TEST_DELAY_US", "halvingdoubling:25")]),
+            &CommConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            s.test_delay,
+            Some((
+                crate::algo::Algorithm::HalvingDoubling,
+                Duration::from_micros(25)
+            ))
+        );
+        let e = Settings::new(
+            &cfg(&[("HETCCL_TEST_DELAY_US", "Rung:5")]),
+            &CommConfig::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("HETCCL_TEST_DELAY_US"), "{e}");
     }
 }
