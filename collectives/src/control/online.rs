@@ -41,6 +41,10 @@ pub const EXPLORE_EVERY: u64 = 8;
 /// How much faster the runner-up must be to take over (10 %).
 pub const MARGIN: f64 = 0.10;
 
+/// The most buckets kept per communicator; all are dropped when a new one
+/// would exceed it (the same call on every rank, so they stay in step).
+pub const MAX_BUCKETS: usize = 1024;
+
 /// Bytes of one rank's window report.
 const REPORT: usize = 24;
 
@@ -150,6 +154,9 @@ pub fn pick(
     };
     let mut st = e.control.online.lock();
     st.pending = None;
+    if st.buckets.len() >= MAX_BUCKETS && !st.buckets.contains_key(&key) {
+        st.buckets.clear();
+    }
     let b = match st.buckets.entry(key) {
         std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => {
