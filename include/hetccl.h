@@ -26,6 +26,15 @@ extern "C" {
 #endif // __cplusplus
 
 /**
+ * Writes the value of option `key` on `comm` (as `hetcclCommSetOption`
+ * takes it; `default` for an `algo` key that is not set) into `buf` of
+ * `len` bytes, NUL-terminated and truncated if needed; `*needed` (if not
+ * NULL) receives its full length without the NUL, as snprintf does. Local:
+ * not a collective call.
+ */
+ncclResult_t hetcclCommGetOption(ncclComm_t comm, const char *key, char *buf, size_t len, size_t *needed);
+
+/**
  * Writes `comm`'s metrics as one JSON object into `buf` of `len` bytes,
  * NUL-terminated and truncated if needed; `*needed` (if not NULL) receives
  * the full length without the NUL, as snprintf does. The object holds
@@ -46,9 +55,27 @@ ncclResult_t hetcclCommGetStats(ncclComm_t comm, char *buf, size_t len, size_t *
  * range, with the cost model's estimate (like UCX's protocol table), as
  * text into `buf` of `len` bytes, NUL-terminated and truncated if needed.
  * `*needed` (if not NULL) receives the full length without the NUL, as
- * snprintf does. `NCCL_ALGO` restrictions are applied.
+ * snprintf does. `NCCL_ALGO` restrictions, or the `algo` options set with
+ * `hetcclCommSetOption`, are applied.
  */
 ncclResult_t hetcclCommSelectionTable(ncclComm_t comm, char *buf, size_t len, size_t *needed);
+
+/**
+ * Sets the option `key` to `value` on `comm`. Keys: `algo` (an `NCCL_ALGO`
+ * value for every collective, or `default`), `algo.<collective>` (an
+ * algorithm list for one collective, e.g. `algo.allreduce` = `ring`, or
+ * `default`), `tune` (`off`, `init`, `online`), `compress` (`off`, `bf16`,
+ * `fp8e4m3`) and `chunk_bytes` (4K to 64M, or `default`).
+ *
+ * A collective call: every rank of `comm` calls it with the same key and
+ * value at the same point of its sequence of collectives, and the value
+ * applies from the next collective on, on every rank. Ranks that set
+ * different options, or after different numbers of collectives, all get
+ * `ncclInvalidUsage`; an unknown key or a bad value gives
+ * `ncclInvalidArgument`. Nothing is applied when it fails. Not allowed
+ * inside a group. See docs/tuning.md.
+ */
+ncclResult_t hetcclCommSetOption(ncclComm_t comm, const char *key, const char *value);
 
 /**
  * Returns hetccl's version string, e.g. "hetccl 0.1.0 (NCCL API 2.28.0)".

@@ -9,6 +9,7 @@ pub mod algo;
 pub mod api;
 pub mod bootstrap;
 pub mod comm;
+pub mod control;
 pub mod cost;
 pub mod error;
 pub mod exec;

@@ -473,8 +473,10 @@ fn coll_rows(t: &mut Table, fx: Fx) {
     }
 }
 
+mod control;
 mod other;
 mod resources;
+use control::control_rows;
 use other::other_rows;
 
 #[derive(Clone, Copy)]
@@ -541,6 +543,7 @@ fn bad_arguments_are_refused_with_a_message() {
     let mut t = Table(Vec::new());
     coll_rows(&mut t, fx);
     other_rows(&mut t, fx);
+    control_rows(&mut t, fx);
 
     let mut failures = Vec::new();
     for case in &t.0 {

@@ -52,6 +52,17 @@ pub struct Engine {
     pub costs: crate::cost::CostModel,
     /// What it took from the configuration at init (passed down from here).
     pub settings: super::settings::Settings,
+    /// The run-time controls (`hetcclCommSetOption`, online adaptation).
+    pub control: crate::control::Control,
     /// What this rank is doing, for the status service (when it is on).
     pub status: Option<Arc<crate::exec::watch::Doing>>,
+}
+
+impl Engine {
+    /// The wire compression of float sum/avg reductions between nodes in
+    /// force now: `HETCCL_COMPRESS`, or the last `compress` option set with
+    /// `hetcclCommSetOption` (`crate::control`).
+    pub fn compression(&self) -> hetccl_core::config::Compression {
+        self.control.compression()
+    }
 }

@@ -214,7 +214,6 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
                     patience: settings.patience,
                     copy_min: settings.copy_min_bytes,
                     workers,
-                    filter: &settings.algo_filter,
                     comm_hash,
                     label: settings.label(comm_hash),
                 },
@@ -272,6 +271,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         scratch_pool: Mutex::new(Vec::new()),
         intranode: direct,
         costs,
+        control: crate::control::Control::new(&settings),
         settings,
         status: doing.clone(),
     };

@@ -32,6 +32,10 @@ pub struct PlanKey {
     pub allowed: u8,
     /// Whether the plan exchanges collective fingerprints.
     pub checked: bool,
+    /// The algorithm online adaptation chose (`None`: selection chooses).
+    pub forced: Option<Algorithm>,
+    /// The chunk size of pipelined plans (`Control::chunk_bytes`).
+    pub chunk_bytes: usize,
 }
 
 /// A cached plan: its algorithm, the plan, and where its fingerprints live

@@ -72,6 +72,9 @@ pub struct Settings {
     /// `HETCCL_COMPRESS`: the wire format of float sum/avg reductions
     /// between nodes (the communicator's starting value).
     pub compress: hetccl_core::config::Compression,
+    /// `HETCCL_TEST_DELAY_US`, a test hook: every call that runs this
+    /// algorithm on the executor waits this long first.
+    pub test_delay: Option<(crate::algo::Algorithm, Duration)>,
 }
 
 /// Whether the configuration lets verbs carry cross-node traffic.
@@ -99,6 +102,18 @@ impl Settings {
         let algo_filter = match cfg.algo.as_deref() {
             Some(s) => AlgoFilter::parse(s).map_err(|e| Error::arg(format!("NCCL_ALGO: {e}")))?,
             None => AlgoFilter::all(),
+        };
+        let test_delay = match &cfg.test_delay {
+            Some((name, us)) => {
+                let algo = crate::algo::Algorithm::ALL
+                    .into_iter()
+                    .find(|x| x.name().eq_ignore_ascii_case(name))
+                    .ok_or_else(|| {
+                        Error::arg(format!("HETCCL_TEST_DELAY_US: unknown algorithm {name:?}"))
+                    })?;
+                Some((algo, Duration::from_micros(*us)))
+            }
+            None => None,
         };
         Ok(Self {
             patience: Patience {
@@ -130,6 +145,7 @@ impl Settings {
             ib_ports: nccl_net_plugin::plugin::backend::discover_opts(cfg),
             tune: cfg.tune,
             compress: cfg.compress,
+            test_delay,
         })
     }
 
@@ -193,5 +209,23 @@ mod tests {
         assert_eq!(s.label(0xab), "comm 00000000000000ab (\"dp\")");
         let e = Settings::new(&cfg(&[("NCCL_ALGO", "rung")]), &CommConfig::default()).unwrap_err();
         assert!(e.to_string().contains("NCCL_ALGO"), "{e}");
+        let s = Settings::new(
+            &cfg(&[("HETCCL_TEST_DELAY_US", "halvingdoubling:25")]),
+            &CommConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            s.test_delay,
+            Some((
+                crate::algo::Algorithm::HalvingDoubling,
+                Duration::from_micros(25)
+            ))
+        );
+        let e = Settings::new(
+            &cfg(&[("HETCCL_TEST_DELAY_US", "Rung:5")]),
+            &CommConfig::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("HETCCL_TEST_DELAY_US"), "{e}");
     }
 }

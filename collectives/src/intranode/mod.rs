@@ -81,8 +81,6 @@ pub struct Node {
     /// ranks were seen on (see `elect`); the others only help when the
     /// workers stall (`HETCCL_COPY_WORKERS`).
     workers: usize,
-    /// Whether `NCCL_ALGO` allows `Direct`, per collective.
-    allowed: [bool; 5],
     /// Single-copy availability: 0 unknown, 1 yes, 2 no (decided by the
     /// first large operation, the same way on every rank).
     copy_state: std::sync::atomic::AtomicU8,
@@ -95,7 +93,7 @@ pub struct Node {
     pid: u32,
 }
 
-/// The collectives this module serves, in `allowed` order.
+/// The collectives this module serves.
 const KINDS: [Collective; 5] = [
     Collective::AllReduce,
     Collective::Broadcast,
@@ -110,7 +108,7 @@ fn kind_index(k: Collective) -> Option<usize> {
 
 /// What the direct paths take from the communicator's settings.
 #[derive(Debug, Clone)]
-pub struct Options<'a> {
+pub struct Options {
     /// Spin, hang report and stall limit of the board waits.
     pub patience: Patience,
     /// Where the single-copy path starts (bytes of the largest buffer; 0:
@@ -118,8 +116,6 @@ pub struct Options<'a> {
     pub copy_min: usize,
     /// Ranks that run single-copy work items.
     pub workers: usize,
-    /// `NCCL_ALGO`: which kinds may take the direct paths.
-    pub filter: &'a AlgoFilter,
     /// The communicator's hash (logs).
     pub comm_hash: u64,
     /// The communicator in hang reports (hash and `commName`).
@@ -134,13 +130,12 @@ impl Node {
         arena: Arc<Arena>,
         me: usize,
         stop: Arc<crate::exec::stop::Stop>,
-        o: Options<'_>,
+        o: Options,
     ) -> Self {
         let Options {
             patience,
             copy_min,
             workers,
-            filter,
             comm_hash,
             label,
         } = o;
@@ -156,10 +151,6 @@ impl Node {
         ctl.probe_addr
             .store(PROBE.as_ptr() as u64, Ordering::Relaxed);
         ctl.stage.store(0, Ordering::SeqCst);
-        let mut allowed = [false; 5];
-        for (i, &k) in KINDS.iter().enumerate() {
-            allowed[i] = filter.allows(k, Algorithm::Direct);
-        }
         Self {
             bell: bells[me],
             arena,
@@ -176,7 +167,6 @@ impl Node {
             claim_base: (0..n).map(|_| AtomicU64::new(0)).collect(),
             done_base: AtomicU64::new(0),
             workers: workers.clamp(1, n.max(1)),
-            allowed,
             copy_state: std::sync::atomic::AtomicU8::new(0),
             comm_hash,
             label,
@@ -216,14 +206,14 @@ impl Node {
     }
 
     /// The direct paths' rows for the selection table (they take precedence
-    /// over the table above for blocking calls outside groups).
-    pub fn describe(&self) -> String {
+    /// over the table above for blocking calls outside groups), for the
+    /// communicator's algorithm `filter`.
+    pub fn describe(&self, filter: &AlgoFilter) -> String {
         let names = |f: &dyn Fn(Collective) -> bool| {
             KINDS
                 .iter()
-                .zip(self.allowed)
-                .filter(|&(&k, ok)| ok && f(k))
-                .map(|(k, _)| k.name())
+                .filter(|&&k| filter.allows(k, Algorithm::Direct) && f(k))
+                .map(|k| k.name())
                 .collect::<Vec<_>>()
                 .join(",")
         };
@@ -279,7 +269,8 @@ fn path_for(
 
 /// Runs `a` on a direct path if one applies (blocking communicator, host
 /// memory, all ranks on this node, outside a group, allowed by
-/// `NCCL_ALGO`); `None` when the pipelined executor must run it.
+/// `NCCL_ALGO` or the communicator's `algo` options); `None` when the
+/// pipelined executor must run it.
 ///
 /// `called` is when the call was made (`telemetry::clock` ticks), for the
 /// metrics and the timeline.
@@ -289,7 +280,12 @@ pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> 
     let allowed = match &a.filter {
         // The call's own algSelection replaces NCCL_ALGO.
         Some(f) => kind_index(a.kind).is_some() && f.allows(a.kind, Algorithm::Direct),
-        None => node.allowed[kind_index(a.kind)?],
+        // The communicator's filter: NCCL_ALGO, or the `algo` options set
+        // since (crate::control).
+        None => {
+            kind_index(a.kind)?;
+            e.control.algo_filter().allows(a.kind, Algorithm::Direct)
+        }
     };
     if !e.config.blocking || !allowed {
         return None;

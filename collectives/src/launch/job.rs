@@ -1,6 +1,6 @@
 //! From a validated call to a job: the reduction, the in-place layout, the
-//! algorithm (the communicator's `NCCL_ALGO` filter and cost model) and the
-//! plan (cached per communicator).
+//! algorithm (the communicator's `NCCL_ALGO` filter or `algo` options, the
+//! cost model, online adaptation) and the plan (cached per communicator).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -78,6 +78,13 @@ pub fn make_job(a: &Call) -> Result<Job> {
         ReduceOp::Sum
     };
     let bytes = a.count * a.dtype.size();
+    let comm_filter = engine.control.algo_filter();
+    let filter = a.filter(&comm_filter);
+    let counted = super::group::depth() == 0 && engine.config.blocking;
+    let forced =
+        crate::control::online::pick(engine, &a.comm, coll, bytes, filter, counted, || {
+            choose(engine, coll, bytes, filter)
+        })?;
     let key = PlanKey {
         collective: coll,
         count: a.count,
@@ -85,8 +92,10 @@ pub fn make_job(a: &Call) -> Result<Job> {
         op,
         root: a.root as u32,
         in_place: inp,
-        allowed: a.filter(&engine.settings.algo_filter).mask(coll),
+        allowed: filter.mask(coll),
         checked: engine.settings.check && !matches!(coll, Collective::Send | Collective::Recv),
+        forced,
+        chunk_bytes: engine.control.chunk_bytes(),
     };
     let self_p2p = matches!(coll, Collective::Send | Collective::Recv) && a.root == a.comm.rank;
     if self_p2p {
@@ -117,7 +126,10 @@ pub fn make_job(a: &Call) -> Result<Job> {
         });
     }
     let (algorithm, plan, fp) = engine.plans.lock().get_or_try_insert(key, || {
-        let algorithm = choose(engine, coll, bytes, a.filter(&engine.settings.algo_filter))?;
+        let algorithm = match key.forced {
+            Some(x) => x,
+            None => choose(engine, coll, bytes, filter)?,
+        };
         let args = algo::PlanArgs {
             collective: key.collective,
             count: key.count,
@@ -131,7 +143,9 @@ pub fn make_job(a: &Call) -> Result<Job> {
             algorithm,
             a.comm.rank as u32,
             &engine.topo,
-            &Chunking::default(),
+            &Chunking {
+                chunk_bytes: key.chunk_bytes,
+            },
         )
         .map_err(|e| Error::Internal(format!("plan for {coll}: {e}")))?;
         if key.checked {

@@ -39,10 +39,23 @@ pub fn submit(a: Call) -> Result<()> {
         }
     }
     let job = make_job(&a)?;
+    let engine = a.comm.engine()?;
+    let delay = engine
+        .settings
+        .test_delay
+        .filter(|(algo, _)| *algo == job.plan.algorithm && !job.p2p)
+        .map(|(_, d)| d);
     let p = run::Pending::new(&a, job, called);
     if group::depth() > 0 {
         group::push_host(p);
         return Ok(());
     }
-    run::run(vec![p])
+    let t0 = std::time::Instant::now();
+    if let Some(d) = delay {
+        // HETCCL_TEST_DELAY_US, a test hook: this algorithm is made slow.
+        std::thread::sleep(d);
+    }
+    let r = run::run(vec![p]);
+    crate::control::online::finished(engine, r.is_ok().then(|| t0.elapsed()));
+    r
 }

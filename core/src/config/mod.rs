@@ -185,6 +185,11 @@ pub struct Config {
     /// `HETCCL_COMPRESS`: `off` (default), `bf16` or `fp8e4m3`: the wire
     /// format of float sum/avg reductions between nodes.
     pub compress: Compression,
+    /// `HETCCL_TEST_DELAY_US`, a test hook: `ALGO:US` makes every executor
+    /// call that runs algorithm `ALGO` (hetccl's name: `Ring`, `Tree`,
+    /// `Direct`, `HalvingDoubling`, `Hierarchical`, `Pairwise`) wait `US`
+    /// microseconds first. Default unset.
+    pub test_delay: Option<(String, u64)>,
     /// Bit `i` set: entry `i` of the variable table came from the environment.
     from_env: u64,
 }
@@ -253,6 +258,7 @@ impl Default for Config {
             tuning_file: None,
             tune: TuneMode::Off,
             compress: Compression::Off,
+            test_delay: None,
             from_env: 0,
         }
     }

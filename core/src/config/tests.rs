@@ -78,6 +78,7 @@ fn every_variable_parses() {
         ("HETCCL_TUNING_FILE", "/tmp/tune.json"),
         ("HETCCL_TUNE", "online"),
         ("HETCCL_COMPRESS", "BF16"),
+        ("HETCCL_TEST_DELAY_US", "Ring:2000"),
     ]);
     // Only the ignored variables warn, one line each.
     let ignored: Vec<&str> = vars::IGNORED.iter().map(|(n, _)| *n).collect();
@@ -135,6 +136,7 @@ fn every_variable_parses() {
     assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));
     assert_eq!(c.tune, super::TuneMode::Online);
     assert_eq!(c.compress, super::Compression::Bf16);
+    assert_eq!(c.test_delay, Some(("Ring".to_string(), 2000)));
     assert!(
         !format!("{c:?}").contains("s3cret"),
         "Debug redacts the secret"

@@ -454,7 +454,26 @@ pub(crate) const VARS: &[Var] = &[
         apply: |c, v| ok(super::Compression::parse(v), |m| c.compress = m),
         show: |c| Some(c.compress.to_string()),
     },
+    Var {
+        name: "HETCCL_TEST_DELAY_US",
+        field: "test_delay",
+        apply: |c, v| ok(parse_test_delay(v), |d| c.test_delay = Some(d)),
+        show: |c| c.test_delay.as_ref().map(|(a, us)| format!("{a}:{us}")),
+    },
 ];
+
+/// `ALGO:US` of `HETCCL_TEST_DELAY_US`: an algorithm name (checked by the
+/// engine) and up to one second in microseconds.
+fn parse_test_delay(v: &str) -> Result<(String, u64), String> {
+    let want = || "ALGO:US, e.g. Ring:2000 (at most 1000000 us)".to_string();
+    let (a, us) = v.split_once(':').ok_or_else(want)?;
+    let a = a.trim();
+    let us: u64 = us.trim().parse().map_err(|_| want())?;
+    if a.is_empty() || !a.chars().all(|c| c.is_ascii_alphabetic()) || us > 1_000_000 {
+        return Err(want());
+    }
+    Ok((a.to_string(), us))
+}
 
 /// Variables of hetccl-perf (its launcher's rank, size and store), which it
 /// sets for the ranks it spawns: not the library's, and not unknown.

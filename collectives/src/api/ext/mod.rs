@@ -7,6 +7,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod info;
+pub mod options;
 
 use std::ffi::{c_char, CStr};
 
@@ -35,7 +36,8 @@ pub unsafe extern "C" fn hetcclGetVersionString() -> *const c_char {
 /// range, with the cost model's estimate (like UCX's protocol table), as
 /// text into `buf` of `len` bytes, NUL-terminated and truncated if needed.
 /// `*needed` (if not NULL) receives the full length without the NUL, as
-/// snprintf does. `NCCL_ALGO` restrictions are applied.
+/// snprintf does. `NCCL_ALGO` restrictions, or the `algo` options set with
+/// `hetcclCommSetOption`, are applied.
 #[no_mangle]
 pub unsafe extern "C" fn hetcclCommSelectionTable(
     comm: ncclComm_t,
@@ -49,14 +51,14 @@ pub unsafe extern "C" fn hetcclCommSelectionTable(
             check::non_null(buf, "buf")?;
         }
         let e = c.engine()?;
-        let filter = &e.settings.algo_filter;
+        let filter = &*e.control.algo_filter();
         let colls: Vec<Collective> = Collective::ALL
             .into_iter()
             .filter(|c| !matches!(c, Collective::Send | Collective::Recv))
             .collect();
         let mut text = selection_table(&colls, &e.topo, &e.costs, filter, TABLE_MAX_BYTES);
         if let Some(d) = &e.intranode {
-            text.push_str(&d.describe());
+            text.push_str(&d.describe(filter));
         }
         if !needed.is_null() {
             // SAFETY: checked non-NULL; a writable size_t.
