@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use crate::error::{Error, Result};
 
 /// Encoded size of one card.
-pub const CARD_BYTES: usize = 48;
+pub const CARD_BYTES: usize = 52;
 
 /// One rank's card.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +21,9 @@ pub struct Card {
     pub pid: u32,
     /// A random value per process: ranks with equal nonces share an address space.
     pub proc_nonce: u64,
+    /// The rank's `HETCCL_COALESCE_BYTES` (0: off), so that the ranks can
+    /// agree (`transport::coalesce::agree`).
+    pub coalesce: u32,
     /// Where the rank accepts peer connections.
     pub addr: SocketAddr,
     /// Whether the rank checks collective fingerprints (`HETCCL_CHECK`).
@@ -48,6 +51,7 @@ impl Card {
                 b[32..48].copy_from_slice(&a.octets());
             }
         }
+        b[48..52].copy_from_slice(&self.coalesce.to_be_bytes());
         b
     }
 
@@ -78,6 +82,7 @@ impl Card {
             host_hash: u64_at(8),
             pid: u32_at(16),
             proc_nonce: u64_at(20),
+            coalesce: u32_at(48),
             addr: SocketAddr::new(ip, port),
             checks: b[31] == 1,
         };
@@ -130,6 +135,7 @@ mod tests {
             host_hash: 0xabc,
             pid: 42,
             proc_nonce: 7,
+            coalesce: 65536 + rank,
             addr: "[::1]:99".parse().unwrap(),
             checks: r_checks(rank),
         }

@@ -36,6 +36,9 @@ pub struct Params {
     pub ip: IpAddr,
     /// The bound of one bootstrap phase (`HETCCL_TIMEOUT_S`).
     pub timeout: Duration,
+    /// This rank's `HETCCL_COALESCE_BYTES` (0: off), published on its card
+    /// so that the ranks can agree.
+    pub coalesce: u32,
     /// Whether this rank checks collective fingerprints (`HETCCL_CHECK`),
     /// published on its card so that the ranks can agree.
     pub checks: bool,
@@ -47,6 +50,7 @@ impl Default for Params {
         Self {
             ip: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             timeout: Duration::from_secs(300),
+            coalesce: 0,
             checks: true,
         }
     }
@@ -152,6 +156,7 @@ impl Bootstrap {
             host_hash,
             pid: std::process::id(),
             proc_nonce: proc_nonce(),
+            coalesce: params.coalesce,
             addr: listener.local_addr()?,
             checks: params.checks,
         };

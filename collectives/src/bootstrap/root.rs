@@ -196,6 +196,7 @@ mod tests {
             host_hash: 1,
             pid: 2,
             proc_nonce: 3,
+            coalesce: 0,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             checks: true,
         }

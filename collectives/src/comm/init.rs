@@ -20,10 +20,10 @@ use crate::bootstrap::{Bootstrap, Params};
 use crate::cost::{CostModel, TransportKind};
 use crate::error::{Error, Result};
 use crate::exec::watch::Watch;
-use crate::exec::{Links, NCHAN};
+use crate::exec::{Links, NCHAN, P2P_CHAN};
 use crate::topo;
 use crate::transport::arena::{self, Arena};
-use crate::transport::{net, shm, verbs, Conn};
+use crate::transport::{coalesce, net, shm, verbs, Conn};
 
 /// The data bytes of one shm ring: NCCL_BUFFSIZE split over the channels,
 /// a power of two between 64 KiB and 64 MiB.
@@ -37,6 +37,7 @@ pub fn bootstrap_params(s: &Settings) -> Params {
     Params {
         ip: s.bootstrap_ip(),
         timeout: s.timeout,
+        coalesce: s.coalesce_bytes,
         checks: s.check,
     }
 }
@@ -187,6 +188,17 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         .collect();
     for (p, conns) in verbs::setup(&mut bs, &verbs_peers, &ib_ports, NCHAN, &vparams)? {
         peers[p] = Some(conns);
+    }
+    // Coalescing changes the P2P channel's wire format: the ranks agree.
+    let limits = coalesce::agree(&bs.cards, settings.coalesce_bytes, rank);
+    if limits.is_none() {
+        settings.coalesce_bytes = 0;
+    }
+    for (p, conns) in peers.iter_mut().enumerate() {
+        match (limits, conns.as_mut().and_then(|c| c.get_mut(P2P_CHAN))) {
+            (Some(l), Some(c)) if coalesce::applies(c.transport) => coalesce::wrap(c, p, l),
+            _ => {}
+        }
     }
     let stop: Arc<crate::exec::stop::Stop> = Arc::default();
     let hw = topo::host::host_info();

@@ -49,6 +49,10 @@ pub struct Settings {
     /// `HETCCL_CHECK`: collectives on the executor's links exchange
     /// fingerprints (`exec::fingerprint`).
     pub check: bool,
+    /// `HETCCL_COALESCE_BYTES` (0: off): the pack size of coalesced
+    /// point-to-point messages (`transport::coalesce`); set to 0 at init
+    /// when the ranks disagree.
+    pub coalesce_bytes: u32,
     /// `HETCCL_METRICS_FILE`: the Prometheus file template (unexpanded).
     pub metrics_file: Option<String>,
     /// `HETCCL_METRICS_INTERVAL_S`: how often the metrics file is rewritten.
@@ -135,6 +139,7 @@ impl Settings {
             comm_name: comm.comm_name.clone(),
             nvrtc_lib: cfg.nvrtc_lib.clone(),
             check: cfg.check,
+            coalesce_bytes: u32::try_from(cfg.coalesce_bytes).unwrap_or(0),
             metrics_file: cfg.metrics_file.clone(),
             metrics_interval: secs(cfg.metrics_interval_s).unwrap_or(Duration::from_secs(15)),
             trace_file: cfg.trace_file.clone(),

@@ -13,6 +13,7 @@
 //! at the deadline or when the communicator is aborted.
 
 pub mod clock;
+mod coalesce;
 pub mod fingerprint;
 mod mismatch;
 pub mod self_p2p;
@@ -265,6 +266,19 @@ impl<'a> Batch<'a> {
                     }
                     ran_local = true;
                     true
+                }
+                Some((peer, _, true)) if self.packable(ji, &kind, peer) => {
+                    match self.poll_packed(g, peer as usize)? {
+                        coalesce::Packed::NotHead => {
+                            i += 1;
+                            continue;
+                        }
+                        coalesce::Packed::Pending(moved) => {
+                            progressed |= moved;
+                            false
+                        }
+                        coalesce::Packed::Done => true,
+                    }
                 }
                 Some((peer, chan, is_send)) => {
                     let lc = if self.jobs[ji].p2p {

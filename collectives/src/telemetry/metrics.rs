@@ -144,6 +144,9 @@ pub struct LinkStats {
     pub msgs_recv: AtomicU64,
     /// Message steps to or from the peer that failed.
     pub errors: AtomicU64,
+    /// Packs sent to the peer: wire messages that carried coalesced
+    /// point-to-point messages (`transport::coalesce`).
+    pub packs_sent: AtomicU64,
     /// `ncclSend` calls to the peer while the timeline is on (the sequence
     /// of point-to-point trace ids).
     pub send_seq: AtomicU64,
@@ -282,6 +285,7 @@ impl Metrics {
                         bytes_recv: l.bytes_recv.load(Relaxed),
                         msgs_recv: l.msgs_recv.load(Relaxed),
                         errors: l.errors.load(Relaxed),
+                        packs_sent: l.packs_sent.load(Relaxed),
                     })
                 })
                 .collect(),
@@ -321,6 +325,8 @@ pub struct LinkSnapshot {
     pub msgs_recv: u64,
     /// Failed message steps.
     pub errors: u64,
+    /// Packs of coalesced messages sent.
+    pub packs_sent: u64,
 }
 
 /// A collective kind's counters at one moment.

@@ -74,7 +74,7 @@ pub fn json(m: &Meta, s: &Snapshot) -> String {
         let _ = write!(
             o,
             "{}{{\"peer\":{},\"transport\":\"{}\",\"bytes_sent\":{},\"messages_sent\":{},\
-             \"bytes_received\":{},\"messages_received\":{},\"errors\":{}}}",
+             \"bytes_received\":{},\"messages_received\":{},\"errors\":{},\"packs_sent\":{}}}",
             if i > 0 { "," } else { "" },
             l.peer,
             l.transport.name(),
@@ -82,7 +82,8 @@ pub fn json(m: &Meta, s: &Snapshot) -> String {
             l.msgs_sent,
             l.bytes_recv,
             l.msgs_recv,
-            l.errors
+            l.errors,
+            l.packs_sent
         );
     }
     o.push_str("],\"collectives\":[");
@@ -174,7 +175,7 @@ pub fn prometheus(m: &Meta, s: &Snapshot) -> String {
     p.family("hetccl_comm_ranks", "gauge", "Ranks in the communicator.");
     p.sample("hetccl_comm_ranks", "", m.nranks);
     type Field = fn(&super::metrics::LinkSnapshot) -> u64;
-    let link_fields: [(&str, &str, Field); 5] = [
+    let link_fields: [(&str, &str, Field); 6] = [
         (
             "hetccl_link_sent_bytes_total",
             "Bytes sent to the peer over the executor's links.",
@@ -199,6 +200,11 @@ pub fn prometheus(m: &Meta, s: &Snapshot) -> String {
             "hetccl_link_errors_total",
             "Message steps to or from the peer that failed.",
             |l| l.errors,
+        ),
+        (
+            "hetccl_link_sent_packs_total",
+            "Wire messages to the peer that carried coalesced point-to-point messages.",
+            |l| l.packs_sent,
         ),
     ];
     for (name, help, f) in link_fields {

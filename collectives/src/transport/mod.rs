@@ -15,8 +15,10 @@
 //! [`TransportKind`] per link, typed, never a string).
 
 pub mod arena;
+pub mod coalesce;
 pub mod doorbell;
 pub mod net;
+pub mod pack;
 pub mod ring;
 pub mod shm;
 pub mod verbs;
@@ -55,6 +57,11 @@ pub trait SendLink: Send + Sync + std::fmt::Debug {
     /// every byte this link sent is safe from the link being closed, or at
     /// `deadline`. Transports whose close cannot lose data do nothing.
     fn finish(&self, _deadline: std::time::Instant) {}
+    /// The link's packer when it coalesces small messages
+    /// ([`coalesce`]); `None` for plain links.
+    fn packer(&self) -> Option<&coalesce::PackSend> {
+        None
+    }
 }
 
 /// The receiving half of a connection.

@@ -171,6 +171,12 @@ pub struct Config {
     /// `ncclInvalidUsage` instead of mixing data. Default off (it costs about
     /// 15 % of an 8 B AllReduce over TCP).
     pub check: bool,
+    /// `HETCCL_COALESCE_BYTES`: on TCP links, point-to-point messages of up
+    /// to an eighth of this size that are queued to one peer together
+    /// travel as one wire message of at most this size; 0 turns it off.
+    /// Every rank must set the same value, or it is off on all. Default
+    /// 65536.
+    pub coalesce_bytes: u64,
     /// `HETCCL_COMM_SECRET`: mixed into the secret of ids derived from
     /// `NCCL_COMM_ID`, so that they cannot be guessed from the address.
     /// Never printed. Default unset.
@@ -254,6 +260,7 @@ impl Default for Config {
             copy_min_bytes: 32 << 10,
             copy_workers: 0,
             check: false,
+            coalesce_bytes: 64 << 10,
             comm_secret: None,
             tuning_file: None,
             tune: TuneMode::Off,

@@ -75,6 +75,7 @@ fn every_variable_parses() {
         ("NCCL_DMABUF_ENABLE", "0"),
         ("HETCCL_NET", "IB"),
         ("HETCCL_CHECK", "1"),
+        ("HETCCL_COALESCE_BYTES", "4K"),
         ("HETCCL_TUNING_FILE", "/tmp/tune.json"),
         ("HETCCL_TUNE", "online"),
         ("HETCCL_COMPRESS", "BF16"),
@@ -133,6 +134,7 @@ fn every_variable_parses() {
     assert_eq!(c.comm_secret, Some(Secret("s3cret".into())));
     assert_eq!(c.ibverbs_lib.as_deref(), Some("/opt/rdma/libibverbs.so.1"));
     assert!(c.check);
+    assert_eq!(c.coalesce_bytes, 4096);
     assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));
     assert_eq!(c.tune, super::TuneMode::Online);
     assert_eq!(c.compress, super::Compression::Bf16);
@@ -341,6 +343,22 @@ fn display_shows_values_set_in_code() {
     assert!(shown.contains("HETCCL_TIMEOUT_S=1.5\n"), "{shown}");
     // NCCL_HOSTID and HETCCL_HOST_ID share the field; unset, the first name shows it.
     assert!(shown.contains("NCCL_HOSTID=h\n"), "{shown}");
+}
+
+#[test]
+fn coalesce_bytes_is_off_or_within_bounds() {
+    let get = |v: &str| {
+        let (c, w) = Config::from_vars([("HETCCL_COALESCE_BYTES".to_string(), v.to_string())]);
+        (c.coalesce_bytes, w.len())
+    };
+    assert_eq!(Config::default().coalesce_bytes, 65536);
+    assert_eq!(get("0"), (0, 0));
+    assert_eq!(get("1K"), (1024, 0));
+    assert_eq!(get("16M"), (16 << 20, 0));
+    // Out of bounds or not a size: the default stays, with a warning.
+    for bad in ["100", "17M", "lots"] {
+        assert_eq!(get(bad), (65536, 1), "{bad}");
+    }
 }
 
 #[test]

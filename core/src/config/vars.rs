@@ -73,6 +73,10 @@ pub(crate) fn ignored(name: &str) -> Option<&'static str> {
         .map(|(_, why)| *why)
 }
 
+/// The bounds of a non-zero `HETCCL_COALESCE_BYTES`.
+const MIN_COALESCE: usize = 1 << 10;
+const MAX_COALESCE: usize = 16 << 20;
+
 /// The table. At most 64 entries (`Config::from_env` is a bitmask).
 pub(crate) const VARS: &[Var] = &[
     Var {
@@ -426,6 +430,19 @@ pub(crate) const VARS: &[Var] = &[
         field: "check",
         apply: |c, v| ok(parse::boolean(v), |b| c.check = b),
         show: |c| Some(u8::from(c.check).to_string()),
+    },
+    Var {
+        name: "HETCCL_COALESCE_BYTES",
+        field: "coalesce_bytes",
+        apply: |c, v| {
+            let b = parse::size(v)?;
+            if b != 0 && !(MIN_COALESCE..=MAX_COALESCE).contains(&b) {
+                return Err("0 (off), or a size from 1K to 16M".to_string());
+            }
+            c.coalesce_bytes = b as u64;
+            Ok(None)
+        },
+        show: |c| Some(c.coalesce_bytes.to_string()),
     },
     Var {
         name: "HETCCL_COPY_WORKERS",
