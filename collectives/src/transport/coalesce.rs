@@ -180,7 +180,7 @@ impl PackSend {
         while st.sent < st.buf.len() {
             // The unsent remainder, the same range until the link takes
             // some of it (message links take all of it or nothing).
-            let n = self.inner.try_send(&st.buf[st.sent..])?;
+            let n = self.inner.try_send_eager(&st.buf[st.sent..])?;
             if n == 0 {
                 break;
             }

@@ -43,6 +43,12 @@ pub trait SendLink: Send + Sync + std::fmt::Debug {
     /// it is taken); returns the bytes taken. Byte-stream links may take a
     /// part; message links return 0 until they take it all.
     fn try_send(&self, src: &[u8]) -> Result<usize>;
+    /// As [`SendLink::try_send`], for a small message the link may push
+    /// to the peer before its receive is posted (a pack of coalesced
+    /// messages, [`coalesce`]). The default is `try_send`.
+    fn try_send_eager(&self, src: &[u8]) -> Result<usize> {
+        self.try_send(src)
+    }
     /// What to wait on when `try_send` takes nothing.
     fn wait_source(&self) -> WaitSource;
     /// Marks the link dead (abort); the peer's calls then fail.

@@ -149,8 +149,9 @@ impl std::fmt::Debug for NetRecv {
     }
 }
 
-impl SendLink for NetSend {
-    fn try_send(&self, src: &[u8]) -> Result<usize> {
+impl NetSend {
+    /// `try_send`, eagerly (inline up to the transport's `MAX_EAGER`) or not.
+    fn send(&self, src: &[u8], eager: bool) -> Result<usize> {
         if self.closed.load(Ordering::Acquire) {
             return Err(closed());
         }
@@ -162,7 +163,14 @@ impl SendLink for NetSend {
             // SAFETY: the executor passes the same unfinished range on every
             // call until the whole of it is reported sent, and the user's
             // buffer stays valid until the operation completes.
-            match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag) }.map_err(net_err)? {
+            let r = unsafe {
+                if eager {
+                    self.comm.isend_eager(src.as_ptr(), src.len(), self.tag)
+                } else {
+                    self.comm.isend(src.as_ptr(), src.len(), self.tag)
+                }
+            };
+            match r.map_err(net_err)? {
                 Some(req) => *st = Some((req, src.len())),
                 None => return Ok(0),
             }
@@ -175,6 +183,15 @@ impl SendLink for NetSend {
             }
             None => Ok(0),
         }
+    }
+}
+
+impl SendLink for NetSend {
+    fn try_send(&self, src: &[u8]) -> Result<usize> {
+        self.send(src, false)
+    }
+    fn try_send_eager(&self, src: &[u8]) -> Result<usize> {
+        self.send(src, true)
     }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Poll

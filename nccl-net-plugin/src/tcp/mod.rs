@@ -36,6 +36,8 @@ use lanes::LaneWatch;
 pub const MAX_RECVS: usize = 8;
 /// Most requests outstanding per comm: `NCCL_NET_MAX_REQUESTS` × `maxRecvs`.
 pub const MAX_REQUESTS: usize = 32 * MAX_RECVS;
+/// The largest payload [`TcpSendComm::isend_eager`] sends inline.
+pub const MAX_EAGER: usize = ctrl::MAX_INLINE;
 /// Helper threads per comm when `NCCL_SOCKET_NTHREADS` is unset (see docs/net-plugin.md).
 pub const AUTO_NTHREADS: usize = 4;
 /// Sockets per helper thread when `NCCL_NSOCKS_PERTHREAD` is unset.

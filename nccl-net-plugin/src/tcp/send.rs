@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use super::ctrl::{Ctrl, InEvent, MAX_INLINE};
 use super::lanes::{Lanes, Progress};
 use super::linger::{linger, Lingered};
-use super::{TcpOptions, MAX_REQUESTS};
+use super::{TcpOptions, MAX_EAGER, MAX_REQUESTS};
 use crate::error::{NetError, Result};
 use crate::fasthash::IntMap;
 use crate::wire::{DataMode, Frame};
@@ -103,6 +103,39 @@ impl TcpSendComm {
         size: usize,
         tag: i32,
     ) -> Result<Option<SendRequest>> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.isend_upto(ptr, size, tag, self.opts.inline_max) }
+    }
+
+    /// As [`TcpSendComm::isend`], but a payload of up to [`MAX_EAGER`]
+    /// bytes travels inline whatever `inline_max` says (receivers accept
+    /// that much inline): for small messages that gain more from skipping
+    /// the CTS round trip than they lose to the copy.
+    ///
+    /// # Safety
+    /// As for [`TcpSendComm::isend`].
+    pub unsafe fn isend_eager(
+        &self,
+        ptr: *const u8,
+        size: usize,
+        tag: i32,
+    ) -> Result<Option<SendRequest>> {
+        let max = self.opts.inline_max.max(MAX_EAGER);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.isend_upto(ptr, size, tag, max) }
+    }
+
+    /// `isend` with payloads up to `inline_max` bytes inline.
+    ///
+    /// # Safety
+    /// As for [`TcpSendComm::isend`].
+    unsafe fn isend_upto(
+        &self,
+        ptr: *const u8,
+        size: usize,
+        tag: i32,
+        inline_max: usize,
+    ) -> Result<Option<SendRequest>> {
         if ptr.is_null() && size > 0 {
             return Err(NetError::InvalidArgument("isend of a NULL buffer".into()));
         }
@@ -118,7 +151,7 @@ impl TcpSendComm {
         }
         let seq = st.next_seq;
         st.next_seq += 1;
-        let inline = size <= self.opts.inline_max;
+        let inline = size <= inline_max.min(MAX_INLINE);
         let frame = Frame::Msg {
             tag,
             seq,

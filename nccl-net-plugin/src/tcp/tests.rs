@@ -512,3 +512,50 @@ fn closing_right_after_the_last_send_loses_nothing() {
         }
     }
 }
+
+#[test]
+fn eager_sends_complete_before_the_receive_is_posted() {
+    let net = lo_net(0, 0);
+    let (s, r) = pair(&net);
+    let len = 4096;
+    let src = pattern(len, 3);
+    // A plain send of 4 KiB (above inline_max, 128) waits for the CTS of a
+    // posted receive; an eager one goes out inline at once.
+    // SAFETY: the buffers outlive their requests, which the test waits for.
+    let plain = unsafe { s.isend(src.as_ptr(), len, 1) }.unwrap().unwrap();
+    // SAFETY: as above.
+    let eager = unsafe { s.isend_eager(src.as_ptr(), len, 2) }
+        .unwrap()
+        .unwrap();
+    let t0 = Instant::now();
+    while s.test(eager).unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "eager send stuck");
+    }
+    for _ in 0..100 {
+        assert_eq!(s.test(plain).unwrap(), None, "a plain send needs a CTS");
+    }
+    for (tag, seed) in [(2, 3u8), (1, 3)] {
+        let mut dst = vec![0u8; len];
+        // SAFETY: `dst` outlives the request, which the test waits for.
+        let rq = unsafe {
+            r.irecv(
+                &[RecvBuf {
+                    ptr: dst.as_mut_ptr(),
+                    cap: len,
+                    tag,
+                }],
+                false,
+            )
+        }
+        .unwrap()
+        .unwrap();
+        let waiting = [plain];
+        let (sent, got) = drive(&s, if tag == 1 { &waiting } else { &[] }, &r, rq);
+        assert!(sent.iter().all(|x| x.as_ref().ok() == Some(&len)));
+        assert_eq!(got.unwrap(), vec![len]);
+        assert!(dst == pattern(len, seed), "tag {tag}");
+    }
+    s.close();
+    r.close();
+    net.shutdown();
+}
