@@ -40,8 +40,8 @@ put("unique_id", "family9", unique_id(fam=9))
 put("unique_id", "short", b"HCID\x01")
 
 
-def card(rank=0, nranks=2, fam=4, ip=bytes([127, 0, 0, 1]), port=40000):
-    b = bytearray(48)
+def card(rank=0, nranks=2, fam=4, ip=bytes([127, 0, 0, 1]), port=40000, coalesce=65536):
+    b = bytearray(52)
     b[0:4] = struct.pack(">I", rank)
     b[4:8] = struct.pack(">I", nranks)
     b[8:16] = struct.pack(">Q", 0x1234567890ABCDEF)
@@ -50,6 +50,7 @@ def card(rank=0, nranks=2, fam=4, ip=bytes([127, 0, 0, 1]), port=40000):
     b[28:30] = struct.pack(">H", port)
     b[30] = fam
     b[32:32 + len(ip)] = ip
+    b[48:52] = struct.pack(">I", coalesce)
     return b
 
 
@@ -59,6 +60,8 @@ put("card", "rank_ge_nranks", card(2, 2))
 put("card", "nranks0", card(0, 0))
 put("card", "port0", card(port=0))
 put("card", "47_bytes", card()[:47])
+put("card", "51_bytes", card()[:51])
+put("card", "coalesce_off", card(coalesce=0))
 
 put("card_table", "valid_3", struct.pack("<H", 3) + b"".join(card(r, 3) for r in range(3)))
 put("card_table", "valid_1", struct.pack("<H", 1) + card(0, 1))
@@ -201,3 +204,24 @@ put("tuning_table", "overlap", tuning(AR + ", " + AR2.replace("65536", "65535"))
 put("tuning_table", "unknown_key", tuning(AR.replace("max_bytes", "max_byte")))
 put("tuning_table", "bad_layout", tuning(AR, '"nranks": 2, "nnodes": 3'))
 put("tuning_table", "truncated", tuning(AR)[:60])
+
+
+# Packs of coalesced messages (collectives/src/transport/pack.rs): the first
+# byte picks the limits (fuzz/src/lib.rs; 0x0d: 64 KiB packs of parts up to
+# 128 B, 0x03: parts of 1 B), then "HCPK", count, payload
+# bytes, the lengths and the payloads, little-endian.
+def pack(parts, count=None, payload=None, magic=b"HCPK"):
+    n = len(parts) if count is None else count
+    p = sum(len(x) for x in parts) if payload is None else payload
+    return (magic + struct.pack("<II", n, p) + b"".join(struct.pack("<I", len(x)) for x in parts)
+            + b"".join(parts))
+
+
+put("pack", "valid_3", b"\x0d" + pack([b"a", b"bcd", bytes(range(61))]))
+put("pack", "valid_1", b"\x0d" + pack([b"hello"]))
+put("pack", "count_too_big", b"\x03" + pack([b"a", b"b"], count=3))
+put("pack", "count_zero", b"\x03" + pack([], count=0))
+put("pack", "payload_overflow", b"\x03" + pack([b"ab"], payload=0xFFFFFFFF))
+put("pack", "part_over_limit", b"\x0d" + pack([bytes(200)]))
+put("pack", "bad_magic", b"\x03" + pack([b"x"], magic=b"NCCL"))
+put("pack", "truncated", (b"\x03" + pack([b"abc", b"de"]))[:20])

@@ -16,8 +16,9 @@
 //! (`bootstrap::frame::recv`), the acceptor's side of authentication
 //! (`bootstrap::auth::verify`), the `ncclConfig_t` and `ncclCollConfig_t`
 //! readers (`api::config_read`), and the net plugin's connect handle, hello
-//! and frame header (`nccl_net_plugin::wire`), and the tuner plugin's
-//! tuning table (`nccl_net_plugin::tuner::table`).
+//! and frame header (`nccl_net_plugin::wire`), the tuner plugin's
+//! tuning table (`nccl_net_plugin::tuner::table`), and the packs of
+//! coalesced point-to-point messages (`transport::pack`).
 
 use std::io::Write;
 use std::mem::offset_of;
@@ -35,7 +36,7 @@ use hetccl_collectives::bootstrap::{self, auth, frame, root};
 use nccl_net_plugin::wire;
 
 /// The names of all targets, as `fuzz_targets/` and `seeds/` name them.
-pub const TARGETS: [&str; 12] = [
+pub const TARGETS: [&str; 13] = [
     "unique_id",
     "card",
     "card_table",
@@ -48,6 +49,7 @@ pub const TARGETS: [&str; 12] = [
     "net_frame",
     "boot_hello",
     "tuning_table",
+    "pack",
 ];
 
 /// Runs target `name` on `data`; false for an unknown name.
@@ -65,6 +67,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "net_frame" => net_frame(data),
         "boot_hello" => boot_hello(data),
         "tuning_table" => tuning_table(data),
+        "pack" => pack(data),
         _ => return false,
     }
     true
@@ -336,6 +339,37 @@ pub fn net_frame(data: &[u8]) {
     if let Ok(f) = wire::decode_frame(&b) {
         assert_eq!(wire::encode_frame(&f), b, "{f:?}");
     }
+}
+
+// ------------------------------------------------------------ engine wire
+
+/// `transport::pack::decode` on the fuzz bytes after the first, which picks
+/// the pack and per-message limits. A decoded pack holds non-empty
+/// sub-messages within the limits that tile the bytes after the header and
+/// lengths, in order, and re-encodes to the very same bytes; its header's
+/// stated length is the pack's.
+pub fn pack(data: &[u8]) {
+    use hetccl_collectives::transport::pack;
+    let Some((&sel, b)) = data.split_first() else {
+        return;
+    };
+    let max_pack = [16, 64, 1024, 65536, usize::MAX][usize::from(sel % 5)];
+    let max_part = [1, 8, 128, usize::MAX][usize::from(sel / 5 % 4)];
+    let Ok(parts) = pack::decode(b, max_pack, max_part) else {
+        return;
+    };
+    assert!(!parts.is_empty() && b.len() <= max_pack);
+    assert_eq!(pack::stated_len(b, max_pack), Ok(b.len()));
+    let mut at = pack::HEADER + 4 * parts.len();
+    for r in &parts {
+        assert!(r.start == at && !r.is_empty() && r.len() <= max_part);
+        at = r.end;
+    }
+    assert_eq!(at, b.len());
+    let slices: Vec<&[u8]> = parts.iter().map(|r| &b[r.clone()]).collect();
+    let mut again = Vec::new();
+    pack::encode(&slices, &mut again);
+    assert_eq!(again, b);
 }
 
 // ------------------------------------------------------------ tuner

@@ -7,7 +7,9 @@
 //! three link channels are told apart by tag (the transport matches a
 //! message with the oldest receive of its tag). Messages are whole: a send
 //! posts the step's entire range, and a receive posts a staging buffer of the
-//! step's length, which it hands to the executor once filled.
+//! step's length, which it hands to the executor once filled. Packs of
+//! coalesced messages (`transport::coalesce`) go out eagerly, inline up to
+//! 64 KiB, without waiting for the receiver's CTS.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
