@@ -195,9 +195,11 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         settings.coalesce_bytes = 0;
     }
     for (p, conns) in peers.iter_mut().enumerate() {
-        match (limits, conns.as_mut().and_then(|c| c.get_mut(P2P_CHAN))) {
-            (Some(l), Some(c)) if coalesce::applies(c.transport) => coalesce::wrap(c, p, l),
-            _ => {}
+        if let (Some(l), Some(c)) = (limits, conns.as_mut()) {
+            if coalesce::applies(c[P2P_CHAN].transport) {
+                let plain = c.remove(P2P_CHAN);
+                c.insert(P2P_CHAN, coalesce::wrap(plain, p, l));
+            }
         }
     }
     let stop: Arc<crate::exec::stop::Stop> = Arc::default();

@@ -88,11 +88,13 @@ impl Batch<'_> {
             .expect("checked by packable");
         if !p.busy() {
             let limits = p.limits();
+            // No more sub-messages than 1-byte ones could fill the pack.
+            let most = limits.max_pack.saturating_sub(pack::HEADER) / 5;
             let queued: Vec<u32> = self
                 .queues
                 .iter()
                 .find(|(k, _)| *k == key)
-                .map(|(_, q)| q.iter().copied().collect())
+                .map(|(_, q)| q.iter().take(most).copied().collect())
                 .unwrap_or_default();
             let (mut parts, mut payload) = (Vec::new(), 0usize);
             for h in queued {
@@ -107,14 +109,11 @@ impl Batch<'_> {
             }
             p.start(&parts)?;
         }
-        let (moved, sent) = match p.poll() {
-            Ok(r) => r,
-            Err(e) => {
-                let r = Err(e);
-                self.count_link(peer, true, 0, &r);
-                return r.map(|_| Packed::NotHead);
+        let (moved, sent) = p.poll().inspect_err(|_| {
+            if let Some(l) = links.metrics.link(peer) {
+                crate::telemetry::metrics::bump(&l.errors, 1);
             }
-        };
+        })?;
         let Some(n) = sent else {
             return Ok(Packed::Pending(moved));
         };

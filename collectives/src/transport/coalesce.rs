@@ -76,46 +76,23 @@ pub fn applies(t: TransportKind) -> bool {
     t == TransportKind::Tcp
 }
 
-/// Makes `conn` coalesce (both halves) under `limits`; `peer` names the
-/// other end in errors.
-pub fn wrap(conn: &mut Conn, peer: usize, limits: Limits) {
-    let tx = std::mem::replace(&mut conn.tx, Box::new(Dead));
-    conn.tx = Box::new(PackSend {
-        inner: tx,
-        limits,
-        st: Mutex::new(SendState::default()),
-    });
-    let rx = std::mem::replace(&mut conn.rx, Box::new(Dead));
-    conn.rx = Box::new(PackRecv {
-        inner: rx,
-        limits,
-        peer,
-        st: Mutex::new(RecvState::default()),
-    });
-}
-
-/// A placeholder half, only while [`wrap`] swaps a link's halves.
-#[derive(Debug)]
-struct Dead;
-
-impl SendLink for Dead {
-    fn try_send(&self, _: &[u8]) -> Result<usize> {
-        Err(Error::Internal("placeholder link".into()))
+/// `conn`, coalescing (both halves) under `limits`; `peer` names the other
+/// end in errors.
+pub fn wrap(conn: Conn, peer: usize, limits: Limits) -> Conn {
+    Conn {
+        tx: Box::new(PackSend {
+            inner: conn.tx,
+            limits,
+            st: Mutex::new(SendState::default()),
+        }),
+        rx: Box::new(PackRecv {
+            inner: conn.rx,
+            limits,
+            peer,
+            st: Mutex::new(RecvState::default()),
+        }),
+        transport: conn.transport,
     }
-    fn wait_source(&self) -> WaitSource {
-        WaitSource::Poll
-    }
-    fn close(&self) {}
-}
-
-impl RecvLink for Dead {
-    fn try_recv_with(&self, _: usize, _: usize, _: &mut dyn FnMut(&[u8])) -> Result<usize> {
-        Err(Error::Internal("placeholder link".into()))
-    }
-    fn wait_source(&self) -> WaitSource {
-        WaitSource::Poll
-    }
-    fn close(&self) {}
 }
 
 /// The sending half of a coalescing link.

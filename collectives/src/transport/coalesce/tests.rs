@@ -23,10 +23,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 /// A TCP loopback pair of one channel, both ends coalescing.
 fn tcp_pair() -> (Conn, Conn) {
     let (mut a, mut b) = loopback_pair(1).unwrap();
-    let (mut a, mut b) = (a.remove(0), b.remove(0));
-    wrap(&mut a, 1, LIMITS);
-    wrap(&mut b, 0, LIMITS);
-    (a, b)
+    (wrap(a.remove(0), 1, LIMITS), wrap(b.remove(0), 0, LIMITS))
 }
 
 /// Sends `packs` (groups of messages, each group one pack when small, or
@@ -112,8 +109,7 @@ fn a_receive_of_another_size_is_invalid_usage() {
     ));
     // A plain message where the size says a pack.
     let (mut a, mut b) = loopback_pair(1).unwrap();
-    let (a, mut b) = (a.remove(0), b.remove(0));
-    wrap(&mut b, 0, LIMITS);
+    let (a, b) = (a.remove(0), wrap(b.remove(0), 0, LIMITS));
     let deadline = Instant::now() + Duration::from_secs(30);
     let msg = pattern(20, 0);
     let mut dst = [0u8; 20];
@@ -145,8 +141,7 @@ fn a_malformed_pack_is_a_remote_error() {
     bad.push(huge);
     for msg in bad {
         let (mut a, mut b) = loopback_pair(1).unwrap();
-        let (a, mut b) = (a.remove(0), b.remove(0));
-        wrap(&mut b, 0, LIMITS);
+        let (a, b) = (a.remove(0), wrap(b.remove(0), 0, LIMITS));
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut dst = [0u8; 4];
         let r = loop {
@@ -210,9 +205,7 @@ fn packs_cross_a_byte_stream_in_pieces() {
         rx: Box::new(t.clone()),
         transport: TransportKind::Shm,
     };
-    let (mut a, mut b) = (conn(), conn());
-    wrap(&mut a, 1, LIMITS);
-    wrap(&mut b, 0, LIMITS);
+    let (a, b) = (wrap(conn(), 1, LIMITS), wrap(conn(), 0, LIMITS));
     let packs = vec![
         vec![pattern(1, 9), pattern(300, 8)],
         vec![pattern(2000, 7)],
