@@ -77,6 +77,7 @@ fn every_variable_parses() {
         ("HETCCL_CHECK", "1"),
         ("HETCCL_TUNING_FILE", "/tmp/tune.json"),
         ("HETCCL_TUNE", "online"),
+        ("HETCCL_TUNE_BUDGET_MS", "120"),
         ("HETCCL_COMPRESS", "BF16"),
         ("HETCCL_TEST_DELAY_US", "Ring:2000"),
     ]);
@@ -135,6 +136,7 @@ fn every_variable_parses() {
     assert!(c.check);
     assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));
     assert_eq!(c.tune, super::TuneMode::Online);
+    assert_eq!(c.tune_budget_ms, 120);
     assert_eq!(c.compress, super::Compression::Bf16);
     assert_eq!(c.test_delay, Some(("Ring".to_string(), 2000)));
     assert!(
