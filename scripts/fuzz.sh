@@ -25,7 +25,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root/fuzz" || exit 2
 
 targets_all=(unique_id card card_table frame_recv auth_verify comm_config coll_config
-    net_handle net_hello net_frame boot_hello)
+    net_handle net_hello net_frame boot_hello engine_tuning_table tune_messages)
 
 if [ "${1:-}" = "--list" ]; then
     printf '%s\n' "${targets_all[@]}"

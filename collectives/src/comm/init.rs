@@ -416,3 +416,31 @@ fn transports_used(
     }
     crate::tune::table::sorted(&used)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transport_set_covers_every_pair() {
+        use TransportKind::{Shm, Tcp, Verbs};
+        let two_by_two = Topology::from_nodes(vec![0, 0, 1, 1]).with_processes(vec![0, 1, 2, 3]);
+        let none = [None; 4];
+        assert_eq!(transports_used(&two_by_two, &none, false), vec![Shm, Tcp]);
+        assert_eq!(transports_used(&two_by_two, &none, true), vec![Tcp]);
+        let fab = [Some([1u8; 9]); 4];
+        assert_eq!(transports_used(&two_by_two, &fab, false), vec![Shm, Verbs]);
+        // Only ranks 2 and 3 share a fabric: verbs for that pair, TCP for
+        // the other cross-node pairs.
+        let some = [None, None, Some([1u8; 9]), Some([1u8; 9])];
+        let four_nodes = Topology::from_nodes(vec![0, 1, 2, 3]);
+        assert_eq!(transports_used(&four_nodes, &some, false), vec![Tcp, Verbs]);
+        // Rank 0 alone on its node: the others' shm counts too.
+        let uneven = Topology::from_nodes(vec![0, 1, 1]).with_processes(vec![0, 1, 2]);
+        assert_eq!(transports_used(&uneven, &[None; 3], false), vec![Shm, Tcp]);
+        // Threads of one process, one node.
+        let threads = Topology::flat(3).with_processes(vec![7, 7, 7]);
+        assert_eq!(transports_used(&threads, &[None; 3], false), vec![Shm]);
+        assert!(transports_used(&Topology::flat(1), &[None], false).is_empty());
+    }
+}

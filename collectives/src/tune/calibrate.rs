@@ -280,7 +280,8 @@ impl<'a> Pair<'a> {
 
 /// Runs this rank's part of every probe of `topo` (in order, so that two
 /// probes of one rank never overlap) and returns what it measured as an
-/// initiator. `budget` is the whole probe's; each pair gets an equal share.
+/// initiator. `budget` is the whole calibration's: the pairs share 7/8 of
+/// it equally (the rest is [`reduce_cost`]'s).
 pub fn measure(
     links: &Links,
     topo: &Topology,
@@ -289,7 +290,7 @@ pub fn measure(
     comm_hash: u64,
 ) -> Result<Vec<LinkTimes>> {
     let all = probes(topo);
-    let share = budget / (all.len() as u32 + 1);
+    let share = (budget - budget / 8) / (all.len().max(1) as u32);
     let me = links.rank;
     let mut out = Vec::new();
     for p in all {
