@@ -52,7 +52,9 @@ ncclResult_t hetcclCommGetStats(ncclComm_t comm, char *buf, size_t len, size_t *
 
 /**
  * Writes the algorithm each collective would use on `comm`, per message-size
- * range, with the cost model's estimate (like UCX's protocol table), as
+ * range, with its estimated time and its source (`table`: the tuning
+ * table's measured times; `calibrated`: the cost model measured at init;
+ * `model`: the cost model's defaults), like UCX's protocol table, as
  * text into `buf` of `len` bytes, NUL-terminated and truncated if needed.
  * `*needed` (if not NULL) receives the full length without the NUL, as
  * snprintf does. `NCCL_ALGO` restrictions, or the `algo` options set with

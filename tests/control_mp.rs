@@ -237,13 +237,35 @@ fn switches(o: &RankOutput) -> Vec<String> {
         .collect()
 }
 
-/// The model's first choice for 64 KiB AllReduces on `layout`, without
-/// any delay.
+/// A `hetccl-tuning` table that fixes the first choice of 64 KiB
+/// AllReduces on both online layouts: `HETCCL_TUNE=online` calibrates the
+/// cost model at init, so the model's own choice may differ between
+/// launches. Direct on 2 hosts, Hierarchical on 2 × 2 (the default
+/// model's choices).
+fn pinned_table() -> String {
+    let path = tmp_dir().join("control_online_table.json");
+    let entry = |algo: &str| {
+        format!(r#"{{"collective":"allreduce","algo":"{algo}","points":[[65536,100.0]]}}"#)
+    };
+    let text = format!(
+        r#"{{"format":"hetccl-tuning","version":1,"layouts":[
+          {{"nranks":2,"nnodes":2,"transports":["tcp"],"entries":[{}]}},
+          {{"nranks":4,"nnodes":2,"transports":["shm","tcp"],"entries":[{}]}}]}}"#,
+        entry("direct"),
+        entry("hierarchical")
+    );
+    std::fs::write(&path, text).expect("table written");
+    path.display().to_string()
+}
+
+/// The first choice for 64 KiB AllReduces on `layout` (from
+/// [`pinned_table`]), without any delay.
 fn first_choice(layout: &Layout) -> String {
+    let table = pinned_table();
     let probe = launch(
         "online_probe",
         layout,
-        &[("HETCCL_TUNE", "online")],
+        &[("HETCCL_TUNE", "online"), ("HETCCL_TUNING_FILE", &table)],
         &["--mode", "online", "--iters", "2"],
     );
     algos(&probe[0])[0].1.clone()
@@ -254,7 +276,11 @@ fn first_choice(layout: &Layout) -> String {
 /// call but the exploration calls.
 fn online_case(layout: &Layout, how: &str, first: &str) {
     let delay = format!("{first}:4000");
-    let mut env = vec![("HETCCL_TEST_DELAY_US", delay.as_str())];
+    let table = pinned_table();
+    let mut env = vec![
+        ("HETCCL_TEST_DELAY_US", delay.as_str()),
+        ("HETCCL_TUNING_FILE", table.as_str()),
+    ];
     let mut args = vec!["--mode", "online", "--iters", "256"];
     if how == "env" {
         env.push(("HETCCL_TUNE", "online"));

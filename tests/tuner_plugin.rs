@@ -263,3 +263,31 @@ fn a_bad_file_warns_once_and_changes_nothing() {
         .iter()
         .any(|l| l.starts_with("2 ") && l.contains("cannot open")));
 }
+
+#[test]
+fn an_engine_table_is_an_info_line_not_a_warning() {
+    let path = write(
+        "tuner_engine_table.json",
+        r#"{"format":"hetccl-tuning","version":1,"layouts":[{"nranks":4,"nnodes":2,
+            "transports":["shm","tcp"],"entries":[
+            {"collective":"allreduce","algo":"ring","points":[[8,35.2],[65536,120.0]]}]}]}"#,
+    );
+    let r = run(Some(&path), 4, 2);
+    for v in VERSIONS {
+        assert_eq!(
+            pick(&r, &format!("{v}.allreduce.8")),
+            format!("{BASE} nch=0 changed=0")
+        );
+    }
+    let warns: Vec<&String> = warns(&r)
+        .into_iter()
+        .filter(|l| !l.contains("getCollInfo"))
+        .collect();
+    assert!(warns.is_empty(), "{:#?}", r.logs);
+    let info: Vec<&String> = r
+        .logs
+        .iter()
+        .filter(|l| l.contains("a table for hetccl's own engine; not used by the tuner plugin"))
+        .collect();
+    assert_eq!(info.len(), 1, "{:#?}", r.logs);
+}

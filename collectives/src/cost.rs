@@ -5,8 +5,8 @@
 //! A communicator builds its model once at init and keeps it on its engine;
 //! algorithm selection, `ncclGroupSimulateEnd` and
 //! `hetcclCommSelectionTable` read it from there. The numbers are α-β
-//! estimates for a host-memory cluster; the autotuner replaces them with
-//! measured ones. Each transport declares its reach and capabilities
+//! estimates for a host-memory cluster; `HETCCL_TUNE=init` replaces them
+//! with measured ones (`crate::tune::calibrate`). Each transport declares its reach and capabilities
 //! through its [`TransportKind`]; a communicator joins each pair of ranks
 //! with the nearest-reaching enabled one ([`TransportKind::for_class`]).
 

@@ -20,6 +20,7 @@ pub mod reduce;
 pub mod telemetry;
 pub mod topo;
 pub mod transport;
+pub mod tune;
 pub mod user_ptr;
 
 pub use hetccl_core::{config, obs};

@@ -4,7 +4,8 @@
 Run from anywhere: python3 fuzz/seeds/make_seeds.py. The formats are those
 of collectives/src/bootstrap/{id,card,frame,auth}.rs, api/config_read.rs and
 nccl-net-plugin/src/wire.rs and
-nccl-net-plugin/src/tuner/table.rs.
+nccl-net-plugin/src/tuner/table.rs, and
+collectives/src/tune/{table,agree}.rs.
 """
 import os
 import struct
@@ -204,6 +205,47 @@ put("tuning_table", "overlap", tuning(AR + ", " + AR2.replace("65536", "65535"))
 put("tuning_table", "unknown_key", tuning(AR.replace("max_bytes", "max_byte")))
 put("tuning_table", "bad_layout", tuning(AR, '"nranks": 2, "nnodes": 3'))
 put("tuning_table", "truncated", tuning(AR)[:60])
+
+
+def engine(entries, layout='"nranks": 4, "nnodes": 2, "transports": ["shm", "tcp"]'):
+    return ('{"format": "hetccl-tuning", "version": 1, "meta": {"x": 1}, "layouts": [{%s, "entries": [%s]}]}'
+            % (layout, entries)).encode()
+
+
+RING = '{"collective": "allreduce", "algo": "ring", "points": [[8, 35.2], [65536, 120.0], [1048576, 900.5]]}'
+TREE = '{"collective": "broadcast", "algo": "tree", "points": [[1, 2.5]]}'
+put("engine_tuning_table", "valid", engine(RING + ", " + TREE))
+put("engine_tuning_table", "descending", engine(RING.replace("65536", "7")))
+put("engine_tuning_table", "zero_time", engine(TREE.replace("2.5", "0")))
+put("engine_tuning_table", "unknown_transport", engine(RING, '"nranks": 4, "nnodes": 2, "transports": ["nvlink"]'))
+put("engine_tuning_table", "plugin_format", tuning(AR))
+put("engine_tuning_table", "truncated", engine(RING)[:70])
+
+
+def decision(calibrate=True, budget=50, body=b""):
+    flags = (1 if calibrate else 0) | (2 if body else 0)
+    return b"HTD1" + bytes([flags]) + struct.pack("<II", budget, len(body)) + body
+
+
+def times(entries, gamma=-1.0):
+    b = b"HTT1" + bytes([len(entries)])
+    for cls, rtt, bulk, n in entries:
+        b += bytes([cls]) + struct.pack("<ddQ", rtt, bulk, n)
+    return b + struct.pack("<d", gamma)
+
+
+def model(vals):
+    return b"HTM1" + b"".join(struct.pack("<d", v) for v in vals)
+
+
+ONE = engine(RING).decode().replace(', "meta": {"x": 1}', "").encode()
+put("tune_messages", "decision", b"\x00" + decision(True, 50, ONE))
+put("tune_messages", "decision_empty", b"\x00" + decision(False, 7))
+put("tune_messages", "decision_short", b"\x00" + decision()[:9])
+put("tune_messages", "times", b"\x01" + times([(1, 3.5, 120.0, 1 << 20), (2, 60.0, 900.0, 1 << 20)], 1e-4))
+put("tune_messages", "times_bad_class", b"\x01" + times([(7, 3.5, 120.0, 1 << 20)]))
+put("tune_messages", "model", b"\x02" + model([0.2, 5e-5, 1.0, 1e-4, 25.0, 8e-4, 0.5, 1.25e-4, 0.1]))
+put("tune_messages", "model_nan", b"\x02" + model([float("nan")] * 9))
 
 
 # Packs of coalesced messages (collectives/src/transport/pack.rs): the first

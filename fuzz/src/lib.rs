@@ -17,8 +17,9 @@
 //! (`bootstrap::auth::verify`), the `ncclConfig_t` and `ncclCollConfig_t`
 //! readers (`api::config_read`), and the net plugin's connect handle, hello
 //! and frame header (`nccl_net_plugin::wire`), the tuner plugin's
-//! tuning table (`nccl_net_plugin::tuner::table`), and the packs of
-//! coalesced point-to-point messages (`transport::pack`).
+//! tuning table (`nccl_net_plugin::tuner::table`), the engine's tuning
+//! table and rank-0 messages (`hetccl_collectives::tune::{table, agree}`),
+//! and the packs of coalesced point-to-point messages (`transport::pack`).
 
 use std::io::Write;
 use std::mem::offset_of;
@@ -36,7 +37,7 @@ use hetccl_collectives::bootstrap::{self, auth, frame, root};
 use nccl_net_plugin::wire;
 
 /// The names of all targets, as `fuzz_targets/` and `seeds/` name them.
-pub const TARGETS: [&str; 13] = [
+pub const TARGETS: [&str; 15] = [
     "unique_id",
     "card",
     "card_table",
@@ -49,6 +50,8 @@ pub const TARGETS: [&str; 13] = [
     "net_frame",
     "boot_hello",
     "tuning_table",
+    "engine_tuning_table",
+    "tune_messages",
     "pack",
 ];
 
@@ -67,6 +70,8 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "net_frame" => net_frame(data),
         "boot_hello" => boot_hello(data),
         "tuning_table" => tuning_table(data),
+        "engine_tuning_table" => engine_tuning_table(data),
+        "tune_messages" => tune_messages(data),
         "pack" => pack(data),
         _ => return false,
     }
@@ -410,6 +415,68 @@ pub fn tuning_table(data: &[u8]) {
                 }
             }
             assert_eq!(usable, cost::winner(&cells, 3) == Some((e.algo, e.proto)));
+        }
+    }
+}
+
+// ------------------------------------------------------------ engine tuning
+
+/// The engine's `tune::table::Table::parse` on the fuzz bytes. A table
+/// that parses has valid layouts and strictly ascending points, every
+/// entry interpolates to a finite positive time inside its range and to
+/// nothing outside, and each layout round-trips through its JSON.
+pub fn engine_tuning_table(data: &[u8]) {
+    use hetccl_collectives::tune::table::Table;
+    let Ok(t) = Table::parse(data) else {
+        return;
+    };
+    for l in &t.layouts {
+        assert!(1 <= l.nnodes && l.nnodes <= l.nranks);
+        for e in &l.entries {
+            assert!(!e.points.is_empty());
+            assert!(e.points.windows(2).all(|w| w[0].0 < w[1].0));
+            let (lo, hi) = (e.points[0].0, e.points[e.points.len() - 1].0);
+            assert_eq!(e.time_at(lo - 1), None);
+            assert_eq!(
+                e.time_at(hi.saturating_add(1)),
+                (hi == u64::MAX).then(|| e.points[e.points.len() - 1].1)
+            );
+            for b in [lo, lo + (hi - lo) / 3, hi] {
+                let t = e.time_at(b).expect("inside the curve");
+                assert!(t.is_finite() && t > 0.0);
+            }
+        }
+        let again = Table::parse(l.to_json().as_bytes()).expect("a layout's JSON parses");
+        assert_eq!(again.layouts, vec![l.clone()]);
+    }
+}
+
+/// The decoders of `tune::agree` (rank 0's decision and model, a peer's
+/// probe times) on the fuzz bytes, the first byte choosing which; what
+/// decodes re-encodes to a message that decodes to the same value.
+pub fn tune_messages(data: &[u8]) {
+    use hetccl_collectives::tune::agree;
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    match which % 3 {
+        0 => {
+            if let Ok(d) = agree::decode_decision(rest, 4, 2) {
+                let (b, fits) = agree::encode_decision(&d);
+                assert!(fits);
+                assert_eq!(agree::decode_decision(&b, 4, 2).expect("re-encoded"), d);
+            }
+        }
+        1 => {
+            if let Ok((t, g)) = agree::decode_times(rest) {
+                let b = agree::encode_times(&t, g);
+                assert_eq!(agree::decode_times(&b).expect("re-encoded"), (t, g));
+            }
+        }
+        _ => {
+            if let Ok(m) = agree::decode_model(rest) {
+                assert_eq!(agree::encode_model(&m), rest);
+            }
         }
     }
 }

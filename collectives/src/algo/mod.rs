@@ -29,7 +29,8 @@ pub use filter::{AlgoFilter, FilterError};
 pub use generate::{generate, supported, Chunking, PlanArgs, PlanError, Topology};
 pub use plan::{BufId, BufRange, Plan, PlanCheckError, Rank, Step, StepId, StepKind, CHANNELS};
 pub use select::{
-    estimate_us, select, selection_table, CostModel, LinkClass, LinkCost, NoAlgorithm,
+    estimate_us, select, selection_table, selection_table_with, CostModel, LinkClass, LinkCost,
+    NoAlgorithm, RowChoice,
 };
 
 use std::fmt;

@@ -185,16 +185,39 @@ fn human(bytes: usize) -> String {
     format!("{v} {}", UNITS[u])
 }
 
+/// One row's choice in [`selection_table_with`]: the algorithm, its
+/// estimated time in microseconds and where the choice came from
+/// (`model`, `calibrated`, `table`).
+pub type RowChoice = Result<(Algorithm, f64, &'static str), NoAlgorithm>;
+
 /// The selection per size range for each collective, like UCX's protocol
 /// table: sizes 0 and every power of two up to `max_bytes` are evaluated,
 /// and runs with the same choice are merged into one line showing the
-/// range, the algorithm, and the model's estimate at the range's end.
+/// range, the algorithm, the model's estimate at the range's end and the
+/// source (`model`).
 pub fn selection_table(
     colls: &[Collective],
     topo: &Topology,
     costs: &CostModel,
     filter: &AlgoFilter,
     max_bytes: usize,
+) -> String {
+    selection_table_with(colls, topo, filter, max_bytes, &|coll, bytes| {
+        let a = select(coll, bytes, topo, costs, filter)?;
+        let t = estimate_us(coll, a, bytes, topo, costs).unwrap_or(0.0);
+        Ok((a, t, "model"))
+    })
+}
+
+/// [`selection_table`] with the choice per (collective, size) made by
+/// `choose`: runs with the same algorithm and source are merged, and the
+/// estimate shown is `choose`'s at the range's end.
+pub fn selection_table_with(
+    colls: &[Collective],
+    topo: &Topology,
+    filter: &AlgoFilter,
+    max_bytes: usize,
+    choose: &dyn Fn(Collective, usize) -> RowChoice,
 ) -> String {
     use std::fmt::Write;
     let nodes = topo.nodes();
@@ -210,7 +233,7 @@ pub fn selection_table(
     );
     let _ = writeln!(
         out,
-        "# {:<14} {:<25} {:<16} {:>14}",
+        "# {:<14} {:<25} {:<16} {:>14}  source",
         "collective", "size range", "algorithm", "est. at end"
     );
     let mut sizes = vec![0usize];
@@ -222,41 +245,50 @@ pub fn selection_table(
             None => break,
         };
     }
+    // (first size, last size, choice at the last size)
+    type Run = Option<(usize, usize, RowChoice)>;
+    let same = |a: &RowChoice, b: &RowChoice| match (a, b) {
+        (Ok((x, _, sx)), Ok((y, _, sy))) => x == y && sx == sy,
+        (Err(x), Err(y)) => x == y,
+        _ => false,
+    };
     for &coll in colls {
-        let mut run: Option<(usize, usize, Result<Algorithm, NoAlgorithm>)> = None;
-        let flush =
-            |out: &mut String, run: &Option<(usize, usize, Result<Algorithm, NoAlgorithm>)>| {
-                if let Some((lo, hi, choice)) = run {
-                    let range = format!("{} - {}", human(*lo), human(*hi));
-                    match choice {
-                        Ok(a) => {
-                            let t = estimate_us(coll, *a, *hi, topo, costs).unwrap_or(0.0);
-                            let _ = writeln!(
-                                out,
-                                "  {:<14} {:<25} {:<16} {:>11.1} us",
-                                coll.name(),
-                                range,
-                                a.name(),
-                                t
-                            );
-                        }
-                        Err(_) => {
-                            let _ = writeln!(
-                                out,
-                                "  {:<14} {:<25} {:<16} {:>14}",
-                                coll.name(),
-                                range,
-                                "(none)",
-                                "-"
-                            );
-                        }
+        let mut run: Run = None;
+        let flush = |out: &mut String, run: &Run| {
+            if let Some((lo, hi, choice)) = run {
+                let range = format!("{} - {}", human(*lo), human(*hi));
+                match choice {
+                    Ok((a, t, source)) => {
+                        let _ = writeln!(
+                            out,
+                            "  {:<14} {:<25} {:<16} {:>11.1} us  {}",
+                            coll.name(),
+                            range,
+                            a.name(),
+                            t,
+                            source
+                        );
+                    }
+                    Err(_) => {
+                        let _ = writeln!(
+                            out,
+                            "  {:<14} {:<25} {:<16} {:>14}  -",
+                            coll.name(),
+                            range,
+                            "(none)",
+                            "-"
+                        );
                     }
                 }
-            };
+            }
+        };
         for &size in &sizes {
-            let choice = select(coll, size, topo, costs, filter);
+            let choice = choose(coll, size);
             match &mut run {
-                Some((_, hi, c)) if *c == choice => *hi = size,
+                Some((_, hi, c)) if same(c, &choice) => {
+                    *hi = size;
+                    *c = choice;
+                }
                 _ => {
                     flush(&mut out, &run);
                     run = Some((size, size, choice));

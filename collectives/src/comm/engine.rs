@@ -50,6 +50,9 @@ pub struct Engine {
     /// The cost model of this communicator's links (selection, simulation,
     /// the selection table).
     pub costs: crate::cost::CostModel,
+    /// Rank 0's tuning-table layout and whether `costs` was calibrated
+    /// (`crate::tune`): the same on every rank.
+    pub tuning: crate::tune::Tuning,
     /// What it took from the configuration at init (passed down from here).
     pub settings: super::settings::Settings,
     /// The run-time controls (`hetcclCommSetOption`, online adaptation).

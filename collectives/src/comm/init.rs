@@ -120,14 +120,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     // shared fabric).
     let mut choice: Vec<Option<TransportKind>> = Vec::with_capacity(nranks);
     for p in 0..nranks {
-        let class = CostModel::class(&topology, rank as u32, p as u32);
-        let same_fabric = fabrics[rank].is_some() && fabrics[rank] == fabrics[p];
-        let enabled = |t: TransportKind| match t {
-            TransportKind::Shm => !settings.shm_disable,
-            TransportKind::Verbs => same_fabric,
-            TransportKind::Tcp => true,
-        };
-        let t = TransportKind::for_class(class, enabled)
+        let t = pair_transport(&topology, &fabrics, settings.shm_disable, rank, p)
             .ok_or_else(|| Error::usage(format!("no enabled transport can reach rank {p}")))?;
         choice.push((p != rank).then_some(t));
     }
@@ -269,6 +262,21 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     tracing::info!(target: "hetccl::INIT",
         "rank {rank}: {} local ranks on {} PUs / {} cores / {} NUMA nodes ({}); spin {:?}",
         local.len(), hw.pus, hw.cores, hw.numa_nodes, hw.source, settings.patience.spin);
+    // Rank 0's table layout and (HETCCL_TUNE=init) calibrated model, for
+    // every rank: the links are up, every rank runs the same exchanges.
+    let transports = || transports_used(&topology, &fabrics, settings.shm_disable);
+    let (costs, tuning) = crate::tune::setup(
+        &mut bs,
+        &crate::tune::Inputs {
+            settings: &settings,
+            topo: &topology,
+            links: &links,
+            comm_hash,
+            label: settings.label(comm_hash),
+            transports: &transports,
+        },
+        costs,
+    )?;
     let engine = Engine {
         id: id.clone(),
         comm_hash,
@@ -285,6 +293,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         scratch_pool: Mutex::new(Vec::new()),
         intranode: direct,
         costs,
+        tuning,
         control: crate::control::Control::new(&settings),
         settings,
         status: doing.clone(),
@@ -357,4 +366,95 @@ fn setup_arena(
         Arena::unlink(&path);
     }
     arena
+}
+
+/// The transport joining ranks `a` and `b`: the nearest-reaching enabled
+/// one (`NCCL_SHM_DISABLE` takes shm out of the running; verbs needs a
+/// shared fabric); `None` if none reaches.
+fn pair_transport(
+    topology: &Topology,
+    fabrics: &[Option<[u8; 9]>],
+    shm_disable: bool,
+    a: usize,
+    b: usize,
+) -> Option<TransportKind> {
+    let class = CostModel::class(topology, a as u32, b as u32);
+    let same_fabric = fabrics[a].is_some() && fabrics[a] == fabrics[b];
+    let enabled = |t: TransportKind| match t {
+        TransportKind::Shm => !shm_disable,
+        TransportKind::Verbs => same_fabric,
+        TransportKind::Tcp => true,
+    };
+    TransportKind::for_class(class, enabled)
+}
+
+/// The transports the communicator's links use, over every pair of ranks
+/// (with this rank's `NCCL_SHM_DISABLE`, which init requires to agree).
+/// Ranks with the same node, process and fabric are alike, so one pair per
+/// combination of such groups (and one inside each group) is enough.
+fn transports_used(
+    topology: &Topology,
+    fabrics: &[Option<[u8; 9]>],
+    shm_disable: bool,
+) -> Vec<TransportKind> {
+    // The first two ranks of each (node, process, fabric) group.
+    type Key = (u32, Option<u32>, Option<[u8; 9]>);
+    let mut groups: Vec<(Key, usize, Option<usize>)> = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for r in 0..topology.nranks() {
+        let key = (
+            topology.node(r),
+            topology.process(r),
+            fabrics.get(r as usize).copied().flatten(),
+        );
+        match index.get(&key) {
+            Some(&g) => {
+                let e: &mut (_, usize, Option<usize>) = &mut groups[g];
+                e.2.get_or_insert(r as usize);
+            }
+            None => {
+                index.insert(key, groups.len());
+                groups.push((key, r as usize, None));
+            }
+        }
+    }
+    let mut used: Vec<TransportKind> = Vec::new();
+    for (i, g) in groups.iter().enumerate() {
+        let pairs = g.2.into_iter().chain(groups[i + 1..].iter().map(|h| h.1));
+        for other in pairs {
+            match pair_transport(topology, fabrics, shm_disable, g.1, other) {
+                Some(t) if !used.contains(&t) => used.push(t),
+                _ => {}
+            }
+        }
+    }
+    crate::tune::table::sorted(&used)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transport_set_covers_every_pair() {
+        use TransportKind::{Shm, Tcp, Verbs};
+        let two_by_two = Topology::from_nodes(vec![0, 0, 1, 1]).with_processes(vec![0, 1, 2, 3]);
+        let none = [None; 4];
+        assert_eq!(transports_used(&two_by_two, &none, false), vec![Shm, Tcp]);
+        assert_eq!(transports_used(&two_by_two, &none, true), vec![Tcp]);
+        let fab = [Some([1u8; 9]); 4];
+        assert_eq!(transports_used(&two_by_two, &fab, false), vec![Shm, Verbs]);
+        // Only ranks 2 and 3 share a fabric: verbs for that pair, TCP for
+        // the other cross-node pairs.
+        let some = [None, None, Some([1u8; 9]), Some([1u8; 9])];
+        let four_nodes = Topology::from_nodes(vec![0, 1, 2, 3]);
+        assert_eq!(transports_used(&four_nodes, &some, false), vec![Tcp, Verbs]);
+        // Rank 0 alone on its node: the others' shm counts too.
+        let uneven = Topology::from_nodes(vec![0, 1, 1]).with_processes(vec![0, 1, 2]);
+        assert_eq!(transports_used(&uneven, &[None; 3], false), vec![Shm, Tcp]);
+        // Threads of one process, one node.
+        let threads = Topology::flat(3).with_processes(vec![7, 7, 7]);
+        assert_eq!(transports_used(&threads, &[None; 3], false), vec![Shm]);
+        assert!(transports_used(&Topology::flat(1), &[None], false).is_empty());
+    }
 }

@@ -73,6 +73,11 @@ pub struct Settings {
     pub ib_ports: nccl_net_plugin::ib::DiscoverOpts,
     /// `HETCCL_TUNE`: the tuning mode.
     pub tune: hetccl_core::config::TuneMode,
+    /// `HETCCL_TUNING_FILE`: the tuning table (the engine reads it on rank 0
+    /// when its format is `hetccl-tuning`).
+    pub tuning_file: Option<String>,
+    /// `HETCCL_TUNE_BUDGET_MS`: how long the init probe may take.
+    pub tune_budget: Duration,
     /// `HETCCL_COMPRESS`: the wire format of float sum/avg reductions
     /// between nodes (the communicator's starting value).
     pub compress: hetccl_core::config::Compression,
@@ -149,6 +154,8 @@ impl Settings {
             ib: nccl_net_plugin::ib::IbOptions::from_config(cfg),
             ib_ports: nccl_net_plugin::plugin::backend::discover_opts(cfg),
             tune: cfg.tune,
+            tuning_file: cfg.tuning_file.clone(),
+            tune_budget: Duration::from_millis(u64::from(cfg.tune_budget_ms)),
             compress: cfg.compress,
             test_delay,
         })

@@ -1,6 +1,7 @@
 //! From a validated call to a job: the reduction, the in-place layout, the
-//! algorithm (the communicator's `NCCL_ALGO` filter or `algo` options, the
-//! cost model, online adaptation) and the plan (cached per communicator).
+//! algorithm (the communicator's `NCCL_ALGO` filter or `algo` options,
+//! online adaptation, the tuning table and the cost model) and the plan
+//! (cached per communicator).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -220,7 +221,8 @@ fn trace_id(engine: &Engine, a: &Call) -> TraceId {
 }
 
 /// The algorithm for a collective of `bytes`: `filter` (the call's
-/// `algSelection`, else `NCCL_ALGO`) restricts, the cost model picks.
+/// `algSelection`, else `NCCL_ALGO`) restricts; the tuning table, else the
+/// cost model, picks (`crate::tune::choose`).
 fn choose(
     engine: &Engine,
     coll: Collective,
@@ -230,6 +232,14 @@ fn choose(
     if matches!(coll, Collective::Send | Collective::Recv) {
         return Ok(algo::Algorithm::Direct);
     }
-    algo::select(coll, bytes, &engine.topo, &engine.costs, filter)
-        .map_err(|e| Error::usage(e.to_string()))
+    crate::tune::choose::choose(
+        coll,
+        bytes,
+        &engine.topo,
+        &engine.costs,
+        filter,
+        &engine.tuning,
+    )
+    .map(|c| c.algo)
+    .map_err(|e| Error::usage(e.to_string()))
 }

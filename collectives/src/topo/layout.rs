@@ -47,6 +47,11 @@ impl Topology {
         self.node_of.get(rank as usize).copied().unwrap_or(0)
     }
 
+    /// The process id of `rank`, when process ids are known.
+    pub fn process(&self, rank: Rank) -> Option<u32> {
+        self.process_of.as_ref()?.get(rank as usize).copied()
+    }
+
     /// Whether two ranks share a node.
     pub fn same_node(&self, a: Rank, b: Rank) -> bool {
         self.node(a) == self.node(b)

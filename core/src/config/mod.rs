@@ -181,13 +181,19 @@ pub struct Config {
     /// `NCCL_COMM_ID`, so that they cannot be guessed from the address.
     /// Never printed. Default unset.
     pub comm_secret: Option<Secret>,
-    /// `HETCCL_TUNING_FILE`: the tuning table (JSON) that the NCCL tuner
-    /// plugin (`ncclTunerPlugin_v*`) reads. Default unset (the plugin leaves
-    /// NCCL's choices alone).
+    /// `HETCCL_TUNING_FILE`: a tuning table (JSON). A `hetccl-tuning` table
+    /// gives hetccl's own engine measured times per algorithm (rank 0's file
+    /// counts for a whole communicator); a `hetccl-nccl-tuning` table is
+    /// what the NCCL tuner plugin (`ncclTunerPlugin_v*`) reads. Default
+    /// unset (the engine uses its cost model, the plugin leaves NCCL's
+    /// choices alone).
     pub tuning_file: Option<String>,
     /// `HETCCL_TUNE`: `off` (default), `init` (calibrate the cost model at
     /// communicator init) or `online` (also adapt choices at run time).
     pub tune: TuneMode,
+    /// `HETCCL_TUNE_BUDGET_MS`: the time the `HETCCL_TUNE=init` probe may
+    /// take on a rank, in milliseconds (1..=10000). Default 50.
+    pub tune_budget_ms: u32,
     /// `HETCCL_COMPRESS`: `off` (default), `bf16` or `fp8e4m3`: the wire
     /// format of float sum/avg reductions between nodes.
     pub compress: Compression,
@@ -264,6 +270,7 @@ impl Default for Config {
             comm_secret: None,
             tuning_file: None,
             tune: TuneMode::Off,
+            tune_budget_ms: 50,
             compress: Compression::Off,
             test_delay: None,
             from_env: 0,

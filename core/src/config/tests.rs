@@ -78,6 +78,7 @@ fn every_variable_parses() {
         ("HETCCL_COALESCE_BYTES", "4K"),
         ("HETCCL_TUNING_FILE", "/tmp/tune.json"),
         ("HETCCL_TUNE", "online"),
+        ("HETCCL_TUNE_BUDGET_MS", "120"),
         ("HETCCL_COMPRESS", "BF16"),
         ("HETCCL_TEST_DELAY_US", "Ring:2000"),
     ]);
@@ -137,6 +138,7 @@ fn every_variable_parses() {
     assert_eq!(c.coalesce_bytes, 4096);
     assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));
     assert_eq!(c.tune, super::TuneMode::Online);
+    assert_eq!(c.tune_budget_ms, 120);
     assert_eq!(c.compress, super::Compression::Bf16);
     assert_eq!(c.test_delay, Some(("Ring".to_string(), 2000)));
     assert!(

@@ -466,6 +466,15 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| Some(c.tune.to_string()),
     },
     Var {
+        name: "HETCCL_TUNE_BUDGET_MS",
+        field: "tune_budget_ms",
+        apply: |c, v| {
+            c.tune_budget_ms = parse::int_in(v, 1, 10_000)? as u32;
+            Ok(None)
+        },
+        show: |c| Some(c.tune_budget_ms.to_string()),
+    },
+    Var {
         name: "HETCCL_COMPRESS",
         field: "compress",
         apply: |c, v| ok(super::Compression::parse(v), |m| c.compress = m),

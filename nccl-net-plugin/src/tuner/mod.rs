@@ -75,6 +75,14 @@ fn process_table() -> Option<&'static Table> {
                     );
                     Some(t)
                 }
+                Err(e) if e == table::ENGINE_TABLE => {
+                    tracing::info!(
+                        target: TARGET,
+                        "tuner: HETCCL_TUNING_FILE {path} is a table for hetccl's own engine; \
+                         not used by the tuner plugin"
+                    );
+                    None
+                }
                 Err(e) => {
                     tracing::warn!(
                         target: TARGET,

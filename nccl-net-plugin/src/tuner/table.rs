@@ -19,6 +19,12 @@ use serde_json::{Map, Value};
 
 /// The `format` string of a table.
 pub const FORMAT: &str = "hetccl-nccl-tuning";
+/// The `format` string of hetccl's own engine table
+/// (`collectives/src/tune/table.rs`), which this plugin does not use.
+pub const ENGINE_FORMAT: &str = "hetccl-tuning";
+/// The error [`Table::parse`] gives for an engine table, so that the caller
+/// can tell it apart from a broken file.
+pub const ENGINE_TABLE: &str = "a table for hetccl's own engine (format \"hetccl-tuning\")";
 /// The one `version` this code reads.
 pub const VERSION: u64 = 1;
 /// The largest file accepted.
@@ -146,6 +152,7 @@ impl Table {
         known_keys(top, "the table", &["format", "version", "layouts", "meta"])?;
         match top.get("format").and_then(Value::as_str) {
             Some(FORMAT) => {}
+            Some(ENGINE_FORMAT) => return Err(ENGINE_TABLE.to_string()),
             _ => return Err(format!("\"format\" must be \"{FORMAT}\"")),
         }
         let version = uint(top, "version", "the table")?;
@@ -436,6 +443,15 @@ mod tests {
             let e = Table::parse(text.as_bytes()).unwrap_err();
             assert!(e.contains(why), "{text}: {e} (want {why:?})");
         }
+    }
+
+    #[test]
+    fn an_engine_table_is_told_apart() {
+        let engine = r#"{"format":"hetccl-tuning","version":1,"layouts":[]}"#;
+        assert_eq!(
+            Table::parse(engine.as_bytes()),
+            Err(ENGINE_TABLE.to_string())
+        );
     }
 
     #[test]

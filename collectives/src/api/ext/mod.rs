@@ -15,8 +15,9 @@ use hetccl_abi::{ncclComm_t, ncclResult_t};
 
 use super::check;
 use super::guard::{guard, guard_value};
-use crate::algo::{selection_table, Collective};
+use crate::algo::{selection_table_with, Collective};
 use crate::comm::handle;
+use crate::tune::choose::choose;
 
 /// The largest message size the selection table covers (1 GiB).
 const TABLE_MAX_BYTES: usize = 1 << 30;
@@ -33,7 +34,9 @@ pub unsafe extern "C" fn hetcclGetVersionString() -> *const c_char {
 }
 
 /// Writes the algorithm each collective would use on `comm`, per message-size
-/// range, with the cost model's estimate (like UCX's protocol table), as
+/// range, with its estimated time and its source (`table`: the tuning
+/// table's measured times; `calibrated`: the cost model measured at init;
+/// `model`: the cost model's defaults), like UCX's protocol table, as
 /// text into `buf` of `len` bytes, NUL-terminated and truncated if needed.
 /// `*needed` (if not NULL) receives the full length without the NUL, as
 /// snprintf does. `NCCL_ALGO` restrictions, or the `algo` options set with
@@ -56,7 +59,11 @@ pub unsafe extern "C" fn hetcclCommSelectionTable(
             .into_iter()
             .filter(|c| !matches!(c, Collective::Send | Collective::Recv))
             .collect();
-        let mut text = selection_table(&colls, &e.topo, &e.costs, filter, TABLE_MAX_BYTES);
+        let mut text =
+            selection_table_with(&colls, &e.topo, filter, TABLE_MAX_BYTES, &|coll, bytes| {
+                let c = choose(coll, bytes, &e.topo, &e.costs, filter, &e.tuning)?;
+                Ok((c.algo, c.est_us, c.source.name()))
+            });
         if let Some(d) = &e.intranode {
             text.push_str(&d.describe(filter));
         }
