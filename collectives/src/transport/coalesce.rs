@@ -30,6 +30,13 @@ use super::{Conn, RecvLink, SendLink, TransportKind, WaitSource};
 use crate::bootstrap::card::Card;
 use crate::error::{Error, Result};
 
+/// Packs up to this size go out eagerly (`SendLink::try_send_eager`: over
+/// TCP inline, without waiting for the receiver's CTS); larger ones wait for
+/// it. At 32 KiB, the TCP receiver's bound on unexpected messages (512)
+/// trips before its bound on their bytes (16 MiB), as it does for plain
+/// inline messages, however far a sender runs ahead.
+pub const EAGER_MAX: usize = 32 << 10;
+
 /// The sizes that govern coalescing on a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -157,7 +164,12 @@ impl PackSend {
         while st.sent < st.buf.len() {
             // The unsent remainder, the same range until the link takes
             // some of it (message links take all of it or nothing).
-            let n = self.inner.try_send_eager(&st.buf[st.sent..])?;
+            let rest = &st.buf[st.sent..];
+            let n = if st.buf.len() <= EAGER_MAX {
+                self.inner.try_send_eager(rest)?
+            } else {
+                self.inner.try_send(rest)?
+            };
             if n == 0 {
                 break;
             }

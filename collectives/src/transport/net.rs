@@ -8,8 +8,8 @@
 //! message with the oldest receive of its tag). Messages are whole: a send
 //! posts the step's entire range, and a receive posts a staging buffer of the
 //! step's length, which it hands to the executor once filled. Packs of
-//! coalesced messages (`transport::coalesce`) go out eagerly, inline up to
-//! 64 KiB, without waiting for the receiver's CTS.
+//! coalesced messages (`transport::coalesce`) of up to 32 KiB go out
+//! eagerly, inline, without waiting for the receiver's CTS.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -22,8 +22,12 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 /// A TCP loopback pair of one channel, both ends coalescing.
 fn tcp_pair() -> (Conn, Conn) {
+    tcp_pair_with(LIMITS)
+}
+
+fn tcp_pair_with(limits: Limits) -> (Conn, Conn) {
     let (mut a, mut b) = loopback_pair(1).unwrap();
-    (wrap(a.remove(0), 1, LIMITS), wrap(b.remove(0), 0, LIMITS))
+    (wrap(a.remove(0), 1, limits), wrap(b.remove(0), 0, limits))
 }
 
 /// Sends `packs` (groups of messages, each group one pack when small, or
@@ -38,7 +42,8 @@ fn run(a: &Conn, b: &Conn, packs: &[Vec<Vec<u8>>], recvs: &[usize]) -> Result<Ve
         assert!(Instant::now() < deadline, "the exchange hung");
         if si < packs.len() {
             let group = &packs[si];
-            if group.len() == 1 && !LIMITS.packs(group[0].len()) {
+            let limits = a.tx.packer().expect("coalescing link").limits();
+            if group.len() == 1 && !limits.packs(group[0].len()) {
                 // The unsent remainder (byte streams take pieces).
                 sent += a.tx.try_send(&group[0][sent..])?;
                 if sent == group[0].len() {
@@ -88,6 +93,20 @@ fn packs_keep_boundaries_and_order_over_tcp() {
     let got = run(&a, &b, &packs, &recvs).unwrap();
     let want: Vec<Vec<u8>> = packs.into_iter().flatten().collect();
     assert_eq!(got, want);
+}
+
+#[test]
+fn packs_above_the_eager_limit_wait_for_the_receiver() {
+    let (a, b) = tcp_pair_with(Limits::from_bytes(64 << 10).unwrap());
+    // 6 × 7000 B: a pack of 42 KiB, above EAGER_MAX, then a small one.
+    let packs = vec![
+        (0..6).map(|i| pattern(7000, i)).collect::<Vec<_>>(),
+        vec![pattern(9, 9)],
+    ];
+    assert!(pack::encoded_len(6, 42_000) > EAGER_MAX);
+    let recvs: Vec<usize> = packs.iter().flatten().map(Vec::len).collect();
+    let got = run(&a, &b, &packs, &recvs).unwrap();
+    assert_eq!(got, packs.into_iter().flatten().collect::<Vec<_>>());
 }
 
 #[test]
