@@ -17,6 +17,7 @@ fn plan(rank: u32, steps: Vec<(StepKind, Vec<u32>)>) -> Plan {
         send_bytes: 8,
         recv_bytes: 8,
         scratch_bytes: 0,
+        wire: hetccl_core::config::Compression::Off,
         steps: steps
             .into_iter()
             .map(|(kind, deps)| Step { kind, deps })

@@ -87,6 +87,9 @@ pub(crate) struct Builder {
     pub esize: usize,
     /// Maximum bytes per message.
     pub chunk_bytes: usize,
+    /// Whether finished results are rounded to a compressed wire's
+    /// precision: [`Builder::post`] then always emits a `PostOp`.
+    pub round: bool,
 }
 
 impl Builder {
@@ -100,6 +103,7 @@ impl Builder {
             scratch: 0,
             esize,
             chunk_bytes,
+            round: false,
         }
     }
 
@@ -223,9 +227,10 @@ impl Builder {
         self.push(StepKind::Reduce { a, b, dst });
     }
 
-    /// `buf = post(buf)` when `post` is set.
+    /// `buf = post(buf)` when `post` is set, or when finished results are
+    /// rounded to the wire ([`Builder::round`]).
     pub fn post(&mut self, post: bool, buf: BufRange) {
-        if post {
+        if post || self.round {
             self.push(StepKind::PostOp { buf });
         }
     }

@@ -14,11 +14,24 @@ use super::plan::{BufRange, Rank};
 /// Direct all-reduce: everybody sends its input to everybody, and reduces
 /// all `n` inputs in rank order. In place, the input is first staged in
 /// scratch since the accumulation overwrites it.
+///
+/// With a compressed wire ([`Builder::round`]) each rank rounds a copy of
+/// its input to the wire's precision first and sends and adds that copy,
+/// so that every rank adds the same values and gets the same result.
 pub(crate) fn allreduce(b: &mut Builder, g: &Group, input: BufRange, output: BufRange, post: bool) {
     let n = g.n();
-    let input = if input.overlaps(&output) && n > 1 {
-        let s = b.scratch(input.len);
-        b.copy(input, s);
+    let round = std::mem::take(&mut b.round) && n > 1;
+    let input = if (input.overlaps(&output) || round) && n > 1 {
+        let s = if input.buf == super::plan::BufId::Scratch {
+            input
+        } else {
+            let s = b.scratch(input.len);
+            b.copy(input, s);
+            s
+        };
+        if round {
+            b.push(super::plan::StepKind::PostOp { buf: s });
+        }
         s
     } else {
         input

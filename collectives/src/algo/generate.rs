@@ -2,6 +2,7 @@
 //! algorithm's generator.
 
 use hetccl_abi::DataType;
+use hetccl_core::config::Compression;
 
 use super::builder::Builder;
 use super::plan::{BufId, BufRange, Plan, Rank};
@@ -34,6 +35,11 @@ pub struct PlanArgs {
     /// Scatter at the root). In-place plans address the shared memory
     /// through one buffer id only, so their hazards are visible.
     pub in_place: bool,
+    /// The communicator's wire compression. It applies only to float
+    /// sum/avg AllReduce and ReduceScatter (`reduce::wire::eligible`) on a
+    /// topology of several nodes; the plan's [`Plan::wire`] says whether it
+    /// did.
+    pub compress: Compression,
 }
 
 impl PlanArgs {
@@ -46,6 +52,7 @@ impl PlanArgs {
             op: ReduceOp::Sum,
             root: 0,
             in_place: false,
+            compress: Compression::Off,
         }
     }
 }
@@ -197,6 +204,26 @@ fn regions(a: &PlanArgs, rank: Rank, n: usize) -> Result<Regions, PlanError> {
     })
 }
 
+/// The wire format of a call's messages between nodes: the communicator's
+/// compression for float sum/avg AllReduce and ReduceScatter when the ranks
+/// span several nodes, `Off` otherwise.
+pub fn wire_format(
+    args: &PlanArgs,
+    coll: Collective,
+    op: ReduceOp,
+    topo: &Topology,
+) -> Compression {
+    let spans_nodes = (1..topo.nranks()).any(|r| !topo.same_node(0, r));
+    let applies = matches!(coll, Collective::AllReduce | Collective::ReduceScatter)
+        && crate::reduce::wire::eligible(args.compress, args.dtype, op)
+        && spans_nodes;
+    if applies {
+        args.compress
+    } else {
+        Compression::Off
+    }
+}
+
 /// This rank's plan for one call. Pure: the same arguments give the same
 /// plan, and the plans of all ranks match each other (see
 /// `docs/algorithms.md`).
@@ -235,6 +262,10 @@ pub fn generate(
         ReduceOp::Sum
     };
     let post = op.has_post_op(args.dtype);
+    let wire = wire_format(args, coll, op, topo);
+    // With a compressed wire, every AllReduce result is rounded to the
+    // wire's precision where it is finished, before it is distributed.
+    b.round = wire != Compression::Off && coll == Collective::AllReduce;
     let mut input = reg.input;
     let output = reg.output;
     if coll.reduces() && op.has_pre_op(args.dtype) && input.len > 0 {
@@ -319,5 +350,6 @@ pub fn generate(
         recv_bytes: reg.recv_bytes,
         scratch_bytes,
         steps,
+        wire,
     })
 }

@@ -5,6 +5,7 @@
 use std::fmt;
 
 use hetccl_abi::DataType;
+use hetccl_core::config::Compression;
 
 use super::{Algorithm, Collective};
 use crate::reduce::ReduceOp;
@@ -138,7 +139,9 @@ pub enum StepKind {
         /// Destination.
         dst: BufRange,
     },
-    /// `buf = post(buf)`: the op's post-op (integer Avg division).
+    /// `buf = post(buf)`: the op's post-op (integer Avg division); on
+    /// plans with a compressed wire ([`Plan::wire`]), also the rounding of
+    /// a finished result to the wire's precision.
     PostOp {
         /// The final result to finish.
         buf: BufRange,
@@ -225,6 +228,11 @@ pub struct Plan {
     pub scratch_bytes: usize,
     /// The steps, in a valid sequential order.
     pub steps: Vec<Step>,
+    /// How messages to ranks on other nodes travel (`reduce::wire`):
+    /// `Off` except for float sum/avg reductions on a communicator with
+    /// compression on. Then each `PostOp` also rounds its range to the
+    /// wire's precision, so that every rank ends with the same result.
+    pub wire: Compression,
 }
 
 /// Why a plan failed its static checks.

@@ -14,8 +14,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write;
 
+use hetccl_core::config::Compression;
+
+use super::generate::Topology;
 use super::plan::{BufId, BufRange, Plan, PlanCheckError, StepKind};
-use crate::reduce;
+use crate::reduce::{self, wire};
 
 /// One rank's user buffers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -263,10 +266,39 @@ impl<'a> Rank<'a> {
 
 /// Runs `plans[r]` on `bufs[r]` for every rank `r`. Plans must be for ranks
 /// `0..n` in order; buffers must be at least as large as the plans say.
+/// Every message travels as it is (see [`run_on`]).
 pub fn run(
     plans: &[Plan],
     bufs: &mut [RankBuffers],
     opts: &SimOptions,
+) -> Result<SimReport, SimError> {
+    run_inner(plans, bufs, opts, None)
+}
+
+/// [`run`] with the ranks placed on `topo`'s nodes: a plan's messages to a
+/// rank on another node travel in the plan's wire format
+/// ([`Plan::wire`], `reduce::wire`), as the executor sends them.
+pub fn run_on(
+    plans: &[Plan],
+    bufs: &mut [RankBuffers],
+    opts: &SimOptions,
+    topo: &Topology,
+) -> Result<SimReport, SimError> {
+    if topo.nranks() as usize != plans.len() {
+        return Err(SimError::Setup(format!(
+            "topology of {} ranks for {} plans",
+            topo.nranks(),
+            plans.len()
+        )));
+    }
+    run_inner(plans, bufs, opts, Some(topo))
+}
+
+fn run_inner(
+    plans: &[Plan],
+    bufs: &mut [RankBuffers],
+    opts: &SimOptions,
+    topo: Option<&Topology>,
 ) -> Result<SimReport, SimError> {
     let n = plans.len();
     if bufs.len() != n {
@@ -328,7 +360,15 @@ pub fn run(
         let Some((r, step)) = picked else {
             return Err(SimError::Deadlock(dump(&ranks, &queues)));
         };
-        execute(&mut ranks, bufs, &mut queues, r, step, opts, &mut report)?;
+        execute(
+            &mut ranks,
+            bufs,
+            &mut queues,
+            (r, step),
+            opts,
+            topo,
+            &mut report,
+        )?;
     }
     let left: Vec<String> = keys
         .iter()
@@ -341,19 +381,38 @@ pub fn run(
     Ok(report)
 }
 
+/// The wire format of a message of `plan` between ranks `a` and `b`.
+fn wire_of(plan: &Plan, topo: Option<&Topology>, a: u32, b: u32) -> Compression {
+    match topo {
+        Some(t) if !t.same_node(a, b) => plan.wire,
+        _ => Compression::Off,
+    }
+}
+
+fn encode(c: Compression, plan: &Plan, raw: Vec<u8>) -> Vec<u8> {
+    if c == Compression::Off {
+        return raw;
+    }
+    let mut out = Vec::new();
+    // The plan's dtype is eligible (a plan has a wire only then).
+    wire::encode(c, plan.dtype, &raw, &mut out).expect("wire-eligible dtype");
+    out
+}
+
 fn execute(
     ranks: &mut [Rank],
     bufs: &mut [RankBuffers],
     queues: &mut [VecDeque<Msg>],
-    r: usize,
-    step: u32,
+    (r, step): (usize, u32),
     opts: &SimOptions,
+    topo: Option<&Topology>,
     report: &mut SimReport,
 ) -> Result<(), SimError> {
     let me = r as u32;
     let plan = ranks[r].plan;
     let kind = plan.steps[step as usize].kind;
     let (dt, op, nranks) = (plan.dtype, plan.op, plan.nranks);
+    let wire_err = |e: wire::WireError| SimError::Setup(format!("rank {me} step {step}: {e}"));
     let kerr = |err| SimError::Kernel {
         rank: me,
         step,
@@ -363,8 +422,12 @@ fn execute(
     let b = &mut bufs[r];
     let (lane, seq) = rk.lane_of[step as usize];
     match kind {
-        StepKind::Send { src, .. } => {
-            let data = read(b, &mut rk.scratch, src);
+        StepKind::Send { src, peer, .. } => {
+            let data = encode(
+                wire_of(plan, topo, me, peer),
+                plan,
+                read(b, &mut rk.scratch, src),
+            );
             let l = &mut rk.lanes[lane as usize];
             queues[l.queue].push_back(Msg { data, step });
             l.next += 1;
@@ -384,21 +447,33 @@ fn execute(
                 return Err(SimError::Setup("receive ran without a message".into()));
             };
             l.next += 1;
-            if msg.data.len() != dst.len {
+            let c = wire_of(plan, topo, me, peer);
+            let expected = wire::wire_len(c, dt, dst.len);
+            if msg.data.len() != expected {
                 return Err(SimError::SizeMismatch {
                     from: peer,
                     to: me,
                     chan,
                     seq,
                     sent: msg.data.len(),
-                    expected: dst.len,
+                    expected,
                 });
             }
             let out = match kind {
+                StepKind::RecvReduce { local, .. } if c != Compression::Off => {
+                    let mut acc = read(b, &mut rk.scratch, local);
+                    wire::decode_reduce(c, dt, &msg.data, None, &mut acc).map_err(wire_err)?;
+                    acc
+                }
                 StepKind::RecvReduce { local, .. } => {
                     let mut acc = read(b, &mut rk.scratch, local);
                     reduce::reduce_into(&mut acc, &msg.data, dt, op).map_err(kerr)?;
                     acc
+                }
+                _ if c != Compression::Off => {
+                    let mut out = vec![0u8; dst.len];
+                    wire::decode(c, dt, &msg.data, &mut out).map_err(wire_err)?;
+                    out
                 }
                 _ => msg.data.clone(),
             };
@@ -410,7 +485,7 @@ fn execute(
             let sender = &mut ranks[peer as usize];
             if let StepKind::Send { src, .. } = sender.plan.steps[msg.step as usize].kind {
                 let now = read(&mut bufs[peer as usize], &mut sender.scratch, src);
-                if now != msg.data {
+                if encode(c, sender.plan, now) != msg.data {
                     return Err(SimError::SourceModified {
                         rank: peer,
                         step: msg.step,
@@ -444,6 +519,7 @@ fn execute(
         StepKind::PostOp { buf } => {
             let mut x = read(b, &mut rk.scratch, buf);
             reduce::post_op(&mut x, dt, op, nranks).map_err(kerr)?;
+            wire::round(plan.wire, dt, &mut x).map_err(wire_err)?;
             write(b, &mut rk.scratch, buf, &x);
             rk.complete(step);
         }

@@ -3,6 +3,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use hetccl_core::config::Compression;
+
 use crate::error::{Error, Result};
 
 /// Encoded size of one card.
@@ -28,6 +30,17 @@ pub struct Card {
     pub addr: SocketAddr,
     /// Whether the rank checks collective fingerprints (`HETCCL_CHECK`).
     pub checks: bool,
+    /// The rank's wire compression (`HETCCL_COMPRESS`).
+    pub compress: Compression,
+}
+
+/// The code of a compression setting in the card's flags byte (bits 1–2).
+fn compress_code(c: Compression) -> u8 {
+    match c {
+        Compression::Off => 0,
+        Compression::Bf16 => 1,
+        Compression::Fp8E4M3 => 2,
+    }
 }
 
 impl Card {
@@ -40,7 +53,7 @@ impl Card {
         b[16..20].copy_from_slice(&self.pid.to_be_bytes());
         b[20..28].copy_from_slice(&self.proc_nonce.to_be_bytes());
         b[28..30].copy_from_slice(&self.addr.port().to_be_bytes());
-        b[31] = u8::from(self.checks);
+        b[31] = u8::from(self.checks) | compress_code(self.compress) << 1;
         match self.addr.ip() {
             IpAddr::V4(a) => {
                 b[30] = 4;
@@ -63,9 +76,15 @@ impl Card {
         let u32_at = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_be_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         let port = u16::from_be_bytes([b[28], b[29]]);
-        // Flags (byte 31) hold one bit; padding must be zero, as in the
-        // unique id: the unused tail of an IPv4 address.
-        let pad_ok = b[31] <= 1 && (b[30] != 4 || b[36..48].iter().all(|&x| x == 0));
+        // Flags (byte 31): bit 0 checks, bits 1-2 the compression code;
+        // padding must be zero, as in the unique id: the unused tail of an
+        // IPv4 address.
+        let pad_ok = b[31] >> 1 <= 2 && (b[30] != 4 || b[36..48].iter().all(|&x| x == 0));
+        let compress = match b[31] >> 1 {
+            1 => Compression::Bf16,
+            2 => Compression::Fp8E4M3,
+            _ => Compression::Off,
+        };
         if !pad_ok {
             return Err(Error::Remote("card with garbage in its padding".into()));
         }
@@ -84,7 +103,8 @@ impl Card {
             proc_nonce: u64_at(20),
             coalesce: u32_at(48),
             addr: SocketAddr::new(ip, port),
-            checks: b[31] == 1,
+            checks: b[31] & 1 == 1,
+            compress,
         };
         if c.nranks == 0 || c.rank >= c.nranks || port == 0 {
             return Err(Error::Remote(format!(
@@ -138,6 +158,11 @@ mod tests {
             coalesce: 65536 + rank,
             addr: "[::1]:99".parse().unwrap(),
             checks: r_checks(rank),
+            compress: if rank == 1 {
+                Compression::Fp8E4M3
+            } else {
+                Compression::Bf16
+            },
         }
     }
 
@@ -157,10 +182,16 @@ mod tests {
         assert!(decode_table(&bad, 3).is_err());
         assert!(Card::decode(&card(3, 3).encode()).is_err());
         assert!(Card::decode(&[0u8; 5]).is_err());
-        // The flags byte holds one bit.
+        // The flags byte holds a bit and a compression code below 3.
         let mut flags = card(1, 3).encode();
-        flags[31] = 2;
+        flags[31] = 6;
         assert!(Card::decode(&flags).is_err());
+        flags[31] = 8;
+        assert!(Card::decode(&flags).is_err());
+        assert_eq!(
+            Card::decode(&card(2, 3).encode()).unwrap().compress,
+            Compression::Bf16
+        );
         assert!(!Card::decode(&card(2, 3).encode()).unwrap().checks);
     }
 }

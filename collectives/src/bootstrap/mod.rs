@@ -23,6 +23,8 @@ pub mod tally;
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use hetccl_core::config::Compression;
+
 use self::card::{decode_table, Card, CARD_BYTES};
 use self::id::UniqueId;
 use self::retry::Fail;
@@ -42,6 +44,9 @@ pub struct Params {
     /// Whether this rank checks collective fingerprints (`HETCCL_CHECK`),
     /// published on its card so that the ranks can agree.
     pub checks: bool,
+    /// This rank's wire compression (`HETCCL_COMPRESS`), published on its
+    /// card so that the ranks can agree.
+    pub compress: Compression,
 }
 
 impl Default for Params {
@@ -52,6 +57,7 @@ impl Default for Params {
             timeout: Duration::from_secs(300),
             coalesce: 0,
             checks: true,
+            compress: Compression::Off,
         }
     }
 }
@@ -159,6 +165,7 @@ impl Bootstrap {
             coalesce: params.coalesce,
             addr: listener.local_addr()?,
             checks: params.checks,
+            compress: params.compress,
         };
         let mut h = root::ROOT_TAG.to_vec();
         h.extend_from_slice(&me.encode());

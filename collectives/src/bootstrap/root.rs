@@ -199,6 +199,7 @@ mod tests {
             coalesce: 0,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             checks: true,
+            compress: hetccl_core::config::Compression::Off,
         }
     }
 

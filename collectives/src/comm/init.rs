@@ -39,6 +39,7 @@ pub fn bootstrap_params(s: &Settings) -> Params {
         timeout: s.timeout,
         coalesce: s.coalesce_bytes,
         checks: s.check,
+        compress: s.compress,
     }
 }
 
@@ -89,6 +90,16 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
             "rank {rank}: HETCCL_CHECK is off on some ranks of this communicator: collective \
              fingerprints are off on every rank");
         settings.check = false;
+    }
+    // Compression changes message sizes between nodes: the ranks must agree.
+    if bs.cards.iter().any(|c| c.compress != settings.compress) {
+        if rank == 0 {
+            tracing::warn!(target: "hetccl::INIT",
+                "HETCCL_COMPRESS differs between the ranks of this communicator ({}): \
+                 compression is off on every rank",
+                bs.cards.iter().map(|c| c.compress.name()).collect::<Vec<_>>().join(","));
+        }
+        settings.compress = hetccl_core::config::Compression::Off;
     }
     let hashes: Vec<u64> = bs.cards.iter().map(|c| c.host_hash).collect();
     let node_of = topo::node_of_ranks(&hashes);
@@ -251,6 +262,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         stop: stop.clone(),
         watch,
         metrics: metrics.clone(),
+        cross_node: (0..nranks).map(|r| node_of[r] != node_of[rank]).collect(),
     };
     let kinds: Vec<&str> = links
         .peers

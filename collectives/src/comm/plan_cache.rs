@@ -36,6 +36,9 @@ pub struct PlanKey {
     pub forced: Option<Algorithm>,
     /// The chunk size of pipelined plans (`Control::chunk_bytes`).
     pub chunk_bytes: usize,
+    /// The communicator's wire compression when the call was made
+    /// (`Engine::compression`).
+    pub compress: hetccl_core::config::Compression,
 }
 
 /// A cached plan: its algorithm, the plan, and where its fingerprints live

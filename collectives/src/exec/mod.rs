@@ -14,6 +14,7 @@
 
 pub mod clock;
 mod coalesce;
+mod compress;
 pub mod fingerprint;
 mod mismatch;
 pub mod self_p2p;
@@ -61,6 +62,9 @@ pub struct Links {
     pub watch: watch::Watch,
     /// The communicator's metrics (`crate::telemetry`): the links' counters.
     pub metrics: Arc<crate::telemetry::Metrics>,
+    /// By peer: whether it is on another node, so that a plan's messages
+    /// to it travel in the plan's wire format ([`crate::algo::Plan::wire`]).
+    pub cross_node: Vec<bool>,
 }
 
 /// The buffers of one operation.
@@ -139,7 +143,14 @@ pub struct Batch<'a> {
     /// When each step started, in `telemetry::clock` ticks; empty unless the
     /// timeline is on.
     started: Vec<u64>,
+    /// Staging buffers of the compressed message steps in progress (step,
+    /// buffer), and emptied ones kept for reuse.
+    stages: Vec<(u32, Vec<u8>)>,
+    spare: Vec<Vec<u8>>,
 }
+
+/// Emptied staging buffers a batch keeps for reuse.
+const SPARE_STAGES: usize = 8;
 
 impl<'a> Batch<'a> {
     /// Builds a batch; fails if a plan needs a link the communicator lacks.
@@ -161,6 +172,8 @@ impl<'a> Batch<'a> {
             } else {
                 Vec::new()
             },
+            stages: Vec::new(),
+            spare: Vec::new(),
         };
         let mut base = 0u32;
         for (ji, job) in jobs.iter().enumerate() {
@@ -206,6 +219,25 @@ impl<'a> Batch<'a> {
             }
         };
         &mut self.queues[i].1
+    }
+
+    /// The index in `stages` of step `g`'s staging buffer (made on first use).
+    fn stage(&mut self, g: u32) -> usize {
+        if let Some(i) = self.stages.iter().position(|(s, _)| *s == g) {
+            return i;
+        }
+        let buf = self.spare.pop().unwrap_or_default();
+        self.stages.push((g, buf));
+        self.stages.len() - 1
+    }
+
+    /// Frees the staging buffer at `at` (its step is complete).
+    fn release_stage(&mut self, at: usize) {
+        let (_, mut buf) = self.stages.swap_remove(at);
+        if self.spare.len() < SPARE_STAGES {
+            buf.clear();
+            self.spare.push(buf);
+        }
     }
 
     fn queue_head(&self, key: LinkKey) -> Option<u32> {
@@ -296,12 +328,30 @@ impl<'a> Batch<'a> {
                     if !self.started.is_empty() && self.started[g as usize] == 0 {
                         self.started[g as usize] = crate::telemetry::clock::ticks();
                     }
-                    let r = step::run_message(
-                        &mut self.jobs[ji],
-                        &kind,
-                        conn,
-                        &mut self.moved[g as usize],
-                    );
+                    let cross = self.links.cross_node.get(peer as usize) == Some(&true);
+                    let c = compress::format(&self.jobs[ji], &kind, cross);
+                    let r = if c == hetccl_core::config::Compression::Off {
+                        step::run_message(
+                            &mut self.jobs[ji],
+                            &kind,
+                            conn,
+                            &mut self.moved[g as usize],
+                        )
+                    } else {
+                        let at = self.stage(g);
+                        let r = compress::run_message(
+                            &mut self.jobs[ji],
+                            &kind,
+                            conn,
+                            &mut self.moved[g as usize],
+                            c,
+                            &mut self.stages[at].1,
+                        );
+                        if matches!(r, Ok(true)) {
+                            self.release_stage(at);
+                        }
+                        r
+                    };
                     let moved = self.moved[g as usize] - before;
                     self.count_link(peer as usize, is_send, moved, &r);
                     progressed |= moved != 0;

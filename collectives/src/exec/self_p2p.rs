@@ -35,6 +35,7 @@ fn plan(
         recv_bytes: recv,
         scratch_bytes: 0,
         steps,
+        wire: hetccl_core::config::Compression::Off,
     }
 }
 

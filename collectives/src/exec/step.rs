@@ -18,7 +18,7 @@ fn ptr(job: &mut Job, r: &BufRange) -> *mut u8 {
     unsafe { base(job, r.buf).add(r.offset) }
 }
 
-fn slice<'a>(job: &mut Job, r: &BufRange) -> &'a [u8] {
+pub(super) fn slice<'a>(job: &mut Job, r: &BufRange) -> &'a [u8] {
     if r.len == 0 {
         return &[];
     }
@@ -26,7 +26,7 @@ fn slice<'a>(job: &mut Job, r: &BufRange) -> &'a [u8] {
     unsafe { std::slice::from_raw_parts(ptr(job, r), r.len) }
 }
 
-fn slice_mut<'a>(job: &mut Job, r: &BufRange) -> &'a mut [u8] {
+pub(super) fn slice_mut<'a>(job: &mut Job, r: &BufRange) -> &'a mut [u8] {
     if r.len == 0 {
         return &mut [];
     }
@@ -64,6 +64,9 @@ pub(super) fn run_local(job: &mut Job, kind: &StepKind) -> Result<()> {
         }
         StepKind::PostOp { buf } => {
             reduce::post_op(slice_mut(job, &buf), dt, op, n).map_err(red)?;
+            let wire = job.plan.wire;
+            reduce::wire::round(wire, dt, slice_mut(job, &buf))
+                .map_err(|e| Error::Internal(format!("rounding to the wire: {e}")))?;
         }
         StepKind::Send { .. } | StepKind::Recv { .. } | StepKind::RecvReduce { .. } => {
             return Err(Error::Internal("message step run as local".into()));

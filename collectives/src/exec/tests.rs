@@ -21,6 +21,7 @@ fn links_to_silent_peer() -> (Links, Vec<Conn>) {
         stop: Arc::default(),
         watch: watch::Watch::none(),
         metrics: metrics(2),
+        cross_node: vec![false; 2],
     };
     (links, theirs)
 }
@@ -46,6 +47,7 @@ fn recv_job(buf: &mut [u8]) -> Job {
             send_bytes: 0,
             recv_bytes: buf.len(),
             scratch_bytes: 0,
+            wire: hetccl_core::config::Compression::Off,
             steps: vec![Step {
                 kind: StepKind::Recv {
                     peer: 1,
@@ -258,6 +260,7 @@ fn a_dead_local_peer_is_noticed_at_the_first_check_on_a_manual_clock() {
         stop: Arc::default(),
         watch: me,
         metrics: metrics(3),
+        cross_node: vec![false; 3],
     };
     let mut buf = vec![0u8; 8];
     let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
@@ -310,6 +313,7 @@ fn a_peer_that_left_after_its_part_is_not_reported_dead() {
         stop: Arc::default(),
         watch: me,
         metrics: metrics(3),
+        cross_node: vec![false; 3],
     };
     let mut buf = vec![0u8; 16];
     let mut job = recv_job(&mut buf);

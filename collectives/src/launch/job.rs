@@ -97,6 +97,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
         checked: engine.settings.check && !matches!(coll, Collective::Send | Collective::Recv),
         forced,
         chunk_bytes: engine.control.chunk_bytes(),
+        compress: engine.compression(),
     };
     let self_p2p = matches!(coll, Collective::Send | Collective::Recv) && a.root == a.comm.rank;
     if self_p2p {
@@ -138,6 +139,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
             op: key.op,
             root: key.root,
             in_place: key.in_place,
+            compress: key.compress,
         };
         let plan = algo::generate(
             &args,

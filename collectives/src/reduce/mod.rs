@@ -22,6 +22,7 @@
 
 mod kernels;
 pub mod narrow;
+pub mod wire;
 
 use hetccl_abi::{DataType, RedOp};
 use kernels::{Arith, Narrow};

@@ -267,6 +267,7 @@ pub fn plans(c: &Case) -> Vec<Plan> {
         op: c.op,
         root: c.root,
         in_place: c.in_place,
+        compress: hetccl_core::config::Compression::Off,
     };
     let chunking = Chunking {
         chunk_bytes: c.chunk_bytes,

@@ -44,7 +44,7 @@ impl fmt::Display for TuneMode {
 
 /// `HETCCL_COMPRESS`: the wire format of floating-point sum/avg reductions
 /// between nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Compression {
     /// Data travels as it is.
     #[default]

@@ -250,6 +250,7 @@ fn limits_and_agreement() {
         coalesce,
         addr: "127.0.0.1:9".parse().unwrap(),
         checks: false,
+        compress: hetccl_core::config::Compression::Off,
     };
     assert_eq!(agree(&[card(0, 65536), card(1, 65536)], 65536, 1), Some(l));
     assert_eq!(agree(&[card(0, 65536), card(1, 4096)], 65536, 0), None);
