@@ -22,7 +22,7 @@ use half::f16;
 use hetccl_abi::DataType;
 use hetccl_core::config::Compression;
 
-use super::narrow::{bf16_to_f32, e4m3_to_f32, f32_to_bf16_bits, f32_to_e4m3};
+use super::narrow::{e4m3_to_f32, f32_to_bf16_bits, f32_to_e4m3};
 use super::ReduceOp;
 
 /// Bytes of the fp8 header (the scale exponent).
@@ -231,23 +231,62 @@ fn open(c: Compression, msg: &[u8], elems: usize, esize: usize) -> Result<(&[u8]
     }
 }
 
-/// Calls `f(i, value)` for every decoded element of a checked message.
+/// One element on the wire: its size and its decoded value (`inv` is the
+/// message's inverse fp8 scale).
+trait Code {
+    const SIZE: usize;
+    fn get(b: &[u8], inv: f32) -> f32;
+}
+
+struct Bf16Code;
+struct Fp8Code;
+
+impl Code for Bf16Code {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    fn get(b: &[u8], _inv: f32) -> f32 {
+        f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+    }
+}
+
+impl Code for Fp8Code {
+    const SIZE: usize = 1;
+    #[inline(always)]
+    fn get(b: &[u8], inv: f32) -> f32 {
+        e4m3_to_f32(b[0]) * inv
+    }
+}
+
+/// Plain elements (no compression) as a [`Code`].
+impl<E: Elem> Code for E {
+    const SIZE: usize = E::SIZE;
+    #[inline(always)]
+    fn get(b: &[u8], _inv: f32) -> f32 {
+        E::load(b)
+    }
+}
+
+/// The typed loops; `C` decodes the wire, `E` is the buffers' type.
 #[inline(always)]
-fn each<E: Elem>(c: Compression, body: &[u8], inv: f32, mut f: impl FnMut(usize, f32)) {
-    match c {
-        Compression::Off => {
-            for (i, b) in body.chunks_exact(E::SIZE).enumerate() {
-                f(i, E::load(b));
+fn decode_loop<E: Elem, C: Code>(body: &[u8], inv: f32, dst: &mut [u8]) {
+    for (o, w) in dst.chunks_exact_mut(E::SIZE).zip(body.chunks_exact(C::SIZE)) {
+        E::store(C::get(w, inv), o);
+    }
+}
+
+#[inline(always)]
+fn add_loop<E: Elem, C: Code>(body: &[u8], inv: f32, local: Option<&[u8]>, dst: &mut [u8]) {
+    match local {
+        Some(l) => {
+            let it = dst.chunks_exact_mut(E::SIZE).zip(l.chunks_exact(E::SIZE));
+            for ((o, l), w) in it.zip(body.chunks_exact(C::SIZE)) {
+                E::store(E::load(l) + C::get(w, inv), o);
             }
         }
-        Compression::Bf16 => {
-            for (i, b) in body.chunks_exact(2).enumerate() {
-                f(i, bf16_to_f32(u16::from_le_bytes([b[0], b[1]])));
-            }
-        }
-        Compression::Fp8E4M3 => {
-            for (i, &b) in body.iter().enumerate() {
-                f(i, e4m3_to_f32(b) * inv);
+        None => {
+            for (o, w) in dst.chunks_exact_mut(E::SIZE).zip(body.chunks_exact(C::SIZE)) {
+                let acc = E::load(o) + C::get(w, inv);
+                E::store(acc, o);
             }
         }
     }
@@ -255,9 +294,11 @@ fn each<E: Elem>(c: Compression, body: &[u8], inv: f32, mut f: impl FnMut(usize,
 
 fn decode_as<E: Elem>(c: Compression, msg: &[u8], dst: &mut [u8]) -> Result<(), WireError> {
     let (body, inv) = open(c, msg, dst.len() / E::SIZE, E::SIZE)?;
-    each::<E>(c, body, inv, |i, x| {
-        E::store(x, &mut dst[i * E::SIZE..(i + 1) * E::SIZE]);
-    });
+    match c {
+        Compression::Off => decode_loop::<E, E>(body, inv, dst),
+        Compression::Bf16 => decode_loop::<E, Bf16Code>(body, inv, dst),
+        Compression::Fp8E4M3 => decode_loop::<E, Fp8Code>(body, inv, dst),
+    }
     Ok(())
 }
 
@@ -283,17 +324,10 @@ fn decode_reduce_as<E: Elem>(
         }
     }
     let (body, inv) = open(c, msg, elems, E::SIZE)?;
-    match local {
-        Some(l) => each::<E>(c, body, inv, |i, x| {
-            let r = i * E::SIZE..(i + 1) * E::SIZE;
-            let acc = E::load(&l[r.clone()]) + x;
-            E::store(acc, &mut dst[r]);
-        }),
-        None => each::<E>(c, body, inv, |i, x| {
-            let r = i * E::SIZE..(i + 1) * E::SIZE;
-            let acc = E::load(&dst[r.clone()]) + x;
-            E::store(acc, &mut dst[r]);
-        }),
+    match c {
+        Compression::Off => add_loop::<E, E>(body, inv, local, dst),
+        Compression::Bf16 => add_loop::<E, Bf16Code>(body, inv, local, dst),
+        Compression::Fp8E4M3 => add_loop::<E, Fp8Code>(body, inv, local, dst),
     }
     Ok(())
 }
