@@ -6,10 +6,13 @@
 //!   (nranks+1)·2⁻⁸ relative of the exact result, and every AllReduce
 //!   result is a bf16 value (rounded once where it was finished, so that
 //!   all ranks agree); the parent checks that all ranks got the same bytes;
-//! - int32 sum, float32 max and float16 sum stay exact.
+//! - int32 sum and float32 max stay exact, and so does float16 sum (bf16
+//!   would not shrink float16, so it travels as it is).
 //!
-//! A second launch sets `HETCCL_COMPRESS=bf16` on rank 0 only: the ranks
-//! must turn compression off everywhere and still agree.
+//! A second launch does the same with `fp8e4m3` (bound (nranks+1)·2⁻⁴,
+//! results of 4 significant bits). A third sets `HETCCL_COMPRESS=bf16` on
+//! rank 0 only: the ranks must turn compression off everywhere, with a
+//! WARN, and still agree.
 
 use std::path::Path;
 use std::process::Command;
@@ -83,8 +86,16 @@ fn rel(got: f32, want: f64) -> f64 {
     ((f64::from(got) - want) / want).abs()
 }
 
-/// One rank's part; returns the AllReduce results' bytes for the parent.
-fn child(rank: usize, dir: &Path, compressed: bool) {
+/// One rank's part: `format` is the compression in force ("off" when the
+/// ranks must have turned it off). Writes the AllReduce results' bytes for
+/// the parent.
+fn child(rank: usize, dir: &Path, format: &str) {
+    let compressed = format != "off";
+    // Unit roundoff, and the low bits a rounded float32 result has clear.
+    let (unit, low_bits) = match format {
+        "fp8e4m3" => (2f64.powi(-4), 0xf_ffffu32),
+        _ => (2f64.powi(-8), 0xffff),
+    };
     let id = if rank == 0 {
         let mut id = ncclUniqueId::default();
         // SAFETY: a valid out pointer.
@@ -99,9 +110,9 @@ fn child(rank: usize, dir: &Path, compressed: bool) {
     let mut c: ncclComm_t = null_mut();
     // SAFETY: a valid out pointer; rank and size in range.
     check(unsafe { ncclCommInitRank(&mut c, NRANKS as i32, id, rank as i32) });
-    let bound = (NRANKS as f64 + 1.0) * 2f64.powi(-8);
+    let bound = (NRANKS as f64 + 1.0) * unit;
     let exact = |i: usize| (0..NRANKS).map(|r| f64::from(value(r, i))).sum::<f64>();
-    let is_bf16 = |x: f32| x.to_bits() & 0xffff == 0;
+    let is_rounded = |x: f32| x.to_bits() & low_bits == 0;
 
     // float32 sum and avg.
     let send: Vec<f32> = (0..COUNT).map(|i| value(rank, i)).collect();
@@ -122,12 +133,12 @@ fn child(rank: usize, dir: &Path, compressed: bool) {
         worst <= bound,
         "rank {rank}: relative error {worst} > {bound}"
     );
-    let rounded = sum.iter().chain(&avg).filter(|&&x| is_bf16(x)).count();
+    let rounded = sum.iter().chain(&avg).filter(|&&x| is_rounded(x)).count();
     if compressed {
         assert_eq!(
             rounded,
             2 * COUNT,
-            "rank {rank}: results are not bf16 values"
+            "rank {rank}: results are not {format} values"
         );
     } else {
         assert!(rounded < COUNT, "rank {rank}: results look compressed");
@@ -182,17 +193,26 @@ fn child(rank: usize, dir: &Path, compressed: bool) {
         assert_eq!(isum[i], (i as i32 % 1000) * 10, "int32 sum {i}");
         let m = (0..NRANKS).map(|r| value(r, i)).fold(0f32, f32::max);
         assert_eq!(fmax[i], m, "float32 max {i}");
-        assert_eq!(
+        let (got, want) = (
             f16::from_bits(hsum[i]).to_f32(),
             (i % 64) as f32 * NRANKS as f32,
-            "float16 sum {i}"
         );
+        if format == "fp8e4m3" {
+            // fp8 does compress float16.
+            let err = f64::from((got - want).abs());
+            assert!(err <= bound * f64::from(want), "float16 sum {i}: {got}");
+        } else {
+            assert_eq!(got, want, "float16 sum {i}");
+        }
     }
     // SAFETY: a live communicator, destroyed once.
     check(unsafe { ncclCommDestroy(c) });
 }
 
-fn launch(label: &str, compress_on: fn(usize) -> bool, compressed: bool) {
+/// Four ranks on two host ids; rank `r` gets `HETCCL_COMPRESS=format` when
+/// `compress_on(r)`; `expect` is the compression the ranks must use.
+fn launch(label: &str, format: &str, compress_on: fn(usize) -> bool, expect: &str) {
+    let compressed = expect != "off";
     let dir = std::env::temp_dir().join(format!("hetccl-compress-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -204,13 +224,13 @@ fn launch(label: &str, compress_on: fn(usize) -> bool, compressed: bool) {
             c.args(["--exact", TEST, "--nocapture", "--test-threads=1"])
                 .env(ROLE, r.to_string())
                 .env(DIR, &dir)
-                .env(EXPECT, if compressed { "1" } else { "0" })
+                .env(EXPECT, expect)
                 .env("HETCCL_HOST_ID", format!("node{}", r / 2))
                 .env("HETCCL_SOCKET_IFNAME", "lo")
                 .env("HETCCL_TIMEOUT_S", "60")
                 .env("NCCL_DEBUG", "WARN");
             if compress_on(r) {
-                c.env("HETCCL_COMPRESS", "bf16");
+                c.env("HETCCL_COMPRESS", format);
             }
             c
         })
@@ -243,10 +263,11 @@ fn launch(label: &str, compress_on: fn(usize) -> bool, compressed: bool) {
 fn bf16_between_two_nodes() {
     if let Ok(r) = std::env::var(ROLE) {
         let dir = std::env::var(DIR).unwrap();
-        let compressed = std::env::var(EXPECT).as_deref() == Ok("1");
-        child(r.parse().unwrap(), Path::new(&dir), compressed);
+        let expect = std::env::var(EXPECT).unwrap();
+        child(r.parse().unwrap(), Path::new(&dir), &expect);
         return;
     }
-    launch("bf16", |_| true, true);
-    launch("differ", |r| r == 0, false);
+    launch("bf16", "bf16", |_| true, "bf16");
+    launch("fp8", "fp8e4m3", |_| true, "fp8e4m3");
+    launch("differ", "bf16", |r| r == 0, "off");
 }

@@ -227,11 +227,21 @@ impl Builder {
         self.push(StepKind::Reduce { a, b, dst });
     }
 
-    /// `buf = post(buf)` when `post` is set, or when finished results are
-    /// rounded to the wire ([`Builder::round`]).
+    /// `buf = post(buf)` when `post` is set. When finished results are
+    /// rounded to the wire ([`Builder::round`]), one `PostOp` per chunk, so
+    /// that each chunk can travel on as soon as it is finished.
     pub fn post(&mut self, post: bool, buf: BufRange) {
-        if post || self.round {
+        if self.round {
+            self.round_range(buf);
+        } else if post {
             self.push(StepKind::PostOp { buf });
+        }
+    }
+
+    /// One `PostOp` per chunk of `buf`.
+    pub fn round_range(&mut self, buf: BufRange) {
+        for (o, l) in self.pieces(buf.len).collect::<Vec<_>>() {
+            self.push(StepKind::PostOp { buf: buf.sub(o, l) });
         }
     }
 

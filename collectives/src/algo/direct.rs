@@ -30,7 +30,7 @@ pub(crate) fn allreduce(b: &mut Builder, g: &Group, input: BufRange, output: Buf
             s
         };
         if round {
-            b.push(super::plan::StepKind::PostOp { buf: s });
+            b.round_range(s);
         }
         s
     } else {

@@ -3,17 +3,18 @@
 //! `reduce::wire`).
 //!
 //! A send encodes its whole range into a staging buffer when it starts and
-//! then moves the encoded bytes; a receive takes the whole encoded message
-//! into a staging buffer, checks it, and then decodes it into its
-//! destination (`Recv`) or adds it in float32 to its local operand
-//! (`RecvReduce`). The fingerprint messages of `exec::fingerprint` travel
+//! then moves the encoded bytes. A bf16 receive decodes into its
+//! destination (`Recv`), or adds in float32 to its local operand
+//! (`RecvReduce`), as the bytes arrive; an fp8 receive, whose message
+//! starts with its scale, takes the whole message into a staging buffer
+//! first and checks it. The fingerprint messages of `exec::fingerprint` travel
 //! as they are.
 
 use hetccl_core::config::Compression;
 
 use super::step::{slice, slice_mut};
 use super::Job;
-use crate::algo::StepKind;
+use crate::algo::{BufRange, StepKind};
 use crate::error::{Error, Result};
 use crate::reduce::wire;
 use crate::transport::Conn;
@@ -66,6 +67,11 @@ pub(super) fn run_message(
             }
             Ok(*moved == stage.len())
         }
+        StepKind::Recv { peer, dst, .. } | StepKind::RecvReduce { peer, dst, .. }
+            if c == Compression::Bf16 =>
+        {
+            recv_bf16(job, kind, peer, dst, conn, moved)
+        }
         StepKind::Recv { peer, dst, .. } | StepKind::RecvReduce { peer, dst, .. } => {
             let want = wire::wire_len(c, dt, dst.len);
             if stage.len() != want {
@@ -99,4 +105,48 @@ pub(super) fn run_message(
         }
         _ => Err(Error::Internal("local step run as message".into())),
     }
+}
+
+/// A bf16 receive, decoded (and added) as its bytes arrive, straight from
+/// the link's buffers: bf16 messages have no header.
+fn recv_bf16(
+    job: &mut Job,
+    kind: &StepKind,
+    peer: u32,
+    dst: BufRange,
+    conn: &Conn,
+    moved: &mut usize,
+) -> Result<bool> {
+    let dt = job.plan.dtype;
+    let esize = dt.size();
+    let want = wire::wire_len(Compression::Bf16, dt, dst.len);
+    let (local, add) = match *kind {
+        StepKind::RecvReduce { local, .. } if local != dst => (Some(slice(job, &local)), true),
+        StepKind::RecvReduce { .. } => (None, true),
+        _ => (None, false),
+    };
+    let out = slice_mut(job, &dst);
+    let mut err = None;
+    while *moved < want {
+        let mut off = *moved;
+        let n = conn.rx.try_recv_with(want - *moved, 2, &mut |s| {
+            let (e0, e1) = (off / 2, off / 2 + s.len() / 2);
+            let d = &mut out[e0 * esize..e1 * esize];
+            let l = local.map(|l| &l[e0 * esize..e1 * esize]);
+            if let Err(e) = wire::bf16_part(dt, s, l, d, add) {
+                err = Some(e);
+            }
+            off += s.len();
+        })?;
+        if let Some(e) = err {
+            return Err(Error::Remote(format!(
+                "rank {peer} sent a bad compressed message: {e}"
+            )));
+        }
+        if n == 0 {
+            break;
+        }
+        *moved += n;
+    }
+    Ok(*moved == want)
 }

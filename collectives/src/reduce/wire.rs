@@ -269,7 +269,10 @@ impl<E: Elem> Code for E {
 /// The typed loops; `C` decodes the wire, `E` is the buffers' type.
 #[inline(always)]
 fn decode_loop<E: Elem, C: Code>(body: &[u8], inv: f32, dst: &mut [u8]) {
-    for (o, w) in dst.chunks_exact_mut(E::SIZE).zip(body.chunks_exact(C::SIZE)) {
+    for (o, w) in dst
+        .chunks_exact_mut(E::SIZE)
+        .zip(body.chunks_exact(C::SIZE))
+    {
         E::store(C::get(w, inv), o);
     }
 }
@@ -284,7 +287,10 @@ fn add_loop<E: Elem, C: Code>(body: &[u8], inv: f32, local: Option<&[u8]>, dst: 
             }
         }
         None => {
-            for (o, w) in dst.chunks_exact_mut(E::SIZE).zip(body.chunks_exact(C::SIZE)) {
+            for (o, w) in dst
+                .chunks_exact_mut(E::SIZE)
+                .zip(body.chunks_exact(C::SIZE))
+            {
                 let acc = E::load(o) + C::get(w, inv);
                 E::store(acc, o);
             }
@@ -344,17 +350,71 @@ pub fn decode_reduce(
     by_type!(dt, c, E => decode_reduce_as::<E>(c, msg, local, dst))
 }
 
-/// Rounds `buf` in place to what crossing the wire would make of it, with
-/// one fp8 scale for the whole range. Any message that is a sub-range of
-/// `buf` then crosses the wire exactly (its scale is at least as fine), so
-/// every rank ends with the same value.
+/// `x` rounded to nearest even with `bits` significant bits (the implicit
+/// one included), keeping its exponent; non-finite results become NaN.
+#[inline(always)]
+fn round_significand(x: f32, bits: u32) -> f32 {
+    let drop = 24 - bits;
+    let b = x.to_bits();
+    let half = (1u32 << (drop - 1)) - 1 + ((b >> drop) & 1);
+    let r = f32::from_bits(b.wrapping_add(half) & !((1u32 << drop) - 1));
+    if x.is_finite() && r.is_finite() {
+        r
+    } else {
+        f32::NAN
+    }
+}
+
+fn round_as<E: Elem>(c: Compression, buf: &mut [u8]) {
+    for b in buf.chunks_exact_mut(<E as Elem>::SIZE) {
+        let x = E::load(b);
+        let r = match c {
+            Compression::Off => x,
+            Compression::Bf16 => Bf16Code::get(&f32_to_bf16_bits(x).to_le_bytes(), 1.0),
+            Compression::Fp8E4M3 => round_significand(x, 4),
+        };
+        E::store(r, b);
+    }
+}
+
+/// Rounds `buf` in place to the wire's precision, element by element: to
+/// bf16, or to the 4 significant bits of e4m3 (non-finite values become
+/// NaN, as on the wire). A rounded value then crosses the wire unchanged
+/// (for e4m3: when it is within 2¹⁴ of its message's largest magnitude,
+/// whatever the message's scale), so every rank ends with the same value.
 pub fn round(c: Compression, dt: DataType, buf: &mut [u8]) -> Result<(), WireError> {
-    if c == Compression::Off || buf.is_empty() {
+    if c == Compression::Off {
         return Ok(());
     }
-    let mut wire = Vec::new();
-    encode(c, dt, buf, &mut wire)?;
-    decode(c, dt, &wire, buf)
+    by_type!(dt, c, E => {
+        round_as::<E>(c, buf);
+        Ok(())
+    })
+}
+
+/// `dst = decode(part)` or `dst = local + decode(part)` (`add`) for a part
+/// of a bf16 message (which has no header, so it can be decoded as it
+/// arrives): `part` holds whole 2-byte elements, as many as `dst` holds.
+pub fn bf16_part(
+    dt: DataType,
+    part: &[u8],
+    local: Option<&[u8]>,
+    dst: &mut [u8],
+    add: bool,
+) -> Result<(), WireError> {
+    let c = Compression::Bf16;
+    by_type!(dt, c, E => {
+        let elems = dst.len() / <E as Elem>::SIZE;
+        if part.len() != 2 * elems || local.is_some_and(|l| l.len() != dst.len()) {
+            return Err(WireError::Length { got: part.len(), want: 2 * elems });
+        }
+        if add {
+            add_loop::<E, Bf16Code>(part, 1.0, local, dst);
+        } else {
+            decode_loop::<E, Bf16Code>(part, 1.0, dst);
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]
