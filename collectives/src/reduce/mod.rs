@@ -23,6 +23,7 @@
 mod kernels;
 pub mod narrow;
 pub mod wire;
+mod wire_fast;
 
 use hetccl_abi::{DataType, RedOp};
 use kernels::{Arith, Narrow};

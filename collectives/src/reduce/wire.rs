@@ -172,6 +172,9 @@ fn encode_as<E: Elem>(c: Compression, src: &[u8], out: &mut Vec<u8>) {
         Compression::Off => out.extend_from_slice(src),
         Compression::Bf16 => {
             out.resize(2 * elems, 0);
+            if E::SIZE == 4 && super::wire_fast::encode(src, out) {
+                return;
+            }
             for (o, i) in out.chunks_exact_mut(2).zip(src.chunks_exact(E::SIZE)) {
                 o.copy_from_slice(&f32_to_bf16_bits(E::load(i)).to_le_bytes());
             }
@@ -330,6 +333,9 @@ fn decode_reduce_as<E: Elem>(
         }
     }
     let (body, inv) = open(c, msg, elems, E::SIZE)?;
+    if c == Compression::Bf16 && E::SIZE == 4 && super::wire_fast::decode(body, local, dst, true) {
+        return Ok(());
+    }
     match c {
         Compression::Off => add_loop::<E, E>(body, inv, local, dst),
         Compression::Bf16 => add_loop::<E, Bf16Code>(body, inv, local, dst),
@@ -366,6 +372,9 @@ fn round_significand(x: f32, bits: u32) -> f32 {
 }
 
 fn round_as<E: Elem>(c: Compression, buf: &mut [u8]) {
+    if c == Compression::Bf16 && <E as Elem>::SIZE == 4 && super::wire_fast::round(buf) {
+        return;
+    }
     for b in buf.chunks_exact_mut(<E as Elem>::SIZE) {
         let x = E::load(b);
         let r = match c {
@@ -407,6 +416,9 @@ pub fn bf16_part(
         let elems = dst.len() / <E as Elem>::SIZE;
         if part.len() != 2 * elems || local.is_some_and(|l| l.len() != dst.len()) {
             return Err(WireError::Length { got: part.len(), want: 2 * elems });
+        }
+        if <E as Elem>::SIZE == 4 && super::wire_fast::decode(part, local, dst, add) {
+            return Ok(());
         }
         if add {
             add_loop::<E, Bf16Code>(part, 1.0, local, dst);
@@ -501,6 +513,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn fast_and_portable_loops_agree() {
+        // The same data aligned (typed loops) and shifted by one byte
+        // (portable loops), NaN and rounding ties included.
+        let mut v: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.0137).collect();
+        v.extend([
+            f32::NAN,
+            f32::INFINITY,
+            1.0 + 2f32.powi(-8),
+            1.0 + 3.0 * 2f32.powi(-8),
+        ]);
+        let raw = f32s(&v);
+        let mut shifted = vec![0u8; raw.len() + 1];
+        shifted[1..].copy_from_slice(&raw);
+        let c = Compression::Bf16;
+        let (mut w1, mut w2) = (Vec::new(), Vec::new());
+        encode(c, DataType::Float32, &raw, &mut w1).unwrap();
+        encode(c, DataType::Float32, &shifted[1..], &mut w2).unwrap();
+        assert_eq!(w1, w2);
+        let mut a = raw.clone();
+        let mut b = shifted.clone();
+        decode_reduce(c, DataType::Float32, &w1, Some(&raw), &mut a).unwrap();
+        decode_reduce(c, DataType::Float32, &w1, Some(&raw), &mut b[1..]).unwrap();
+        assert_eq!(a, &b[1..]);
+        round(c, DataType::Float32, &mut a).unwrap();
+        round(c, DataType::Float32, &mut b[1..]).unwrap();
+        assert_eq!(a, &b[1..]);
     }
 
     #[test]
