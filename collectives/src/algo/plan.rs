@@ -381,6 +381,9 @@ impl fmt::Display for Plan {
             self.recv_bytes,
             self.scratch_bytes
         )?;
+        if self.wire != Compression::Off {
+            writeln!(f, "# wire between nodes: {}", self.wire)?;
+        }
         for (i, s) in self.steps.iter().enumerate() {
             write!(f, "{i:>5}: {}", s.kind)?;
             if !s.deps.is_empty() {
