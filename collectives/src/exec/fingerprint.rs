@@ -14,6 +14,7 @@
 //! of a communicator agree at init.
 
 use hetccl_abi::DataType;
+use hetccl_core::config::Compression;
 
 use crate::algo::{BufId, BufRange, Collective, Plan, Step, StepKind};
 use crate::error::{Error, Result};
@@ -39,6 +40,9 @@ pub struct Fingerprint {
     pub root: u32,
     /// The communicator's collective sequence number.
     pub seq: u64,
+    /// The plan's wire format between nodes (`HETCCL_COMPRESS`), which
+    /// changes message sizes: 0 off, 1 bf16, 2 fp8 e4m3.
+    pub wire: u8,
 }
 
 fn op_code(op: ReduceOp) -> u8 {
@@ -76,7 +80,19 @@ impl Fingerprint {
             op: if kind.reduces() { op_code(op) } else { 0 },
             root: if kind.rooted() { root } else { 0 },
             seq,
+            wire: 0,
         }
+    }
+
+    /// The fingerprint of a call whose plan sends in wire format `wire`
+    /// between nodes.
+    pub fn with_wire(self, wire: Compression) -> Self {
+        let wire = match wire {
+            Compression::Off => 0,
+            Compression::Bf16 => 1,
+            Compression::Fp8E4M3 => 2,
+        };
+        Self { wire, ..self }
     }
 
     /// The 32 bytes on the wire.
@@ -90,6 +106,7 @@ impl Fingerprint {
             .unwrap_or(0) as u8;
         b[4] = self.dtype as u8;
         b[5] = self.op;
+        b[6] = self.wire;
         b[8..12].copy_from_slice(&self.root.to_le_bytes());
         b[16..24].copy_from_slice(&self.count.to_le_bytes());
         b[24..32].copy_from_slice(&self.seq.to_le_bytes());
@@ -98,7 +115,7 @@ impl Fingerprint {
 
     /// Decodes a peer's fingerprint (untrusted bytes).
     pub fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != BYTES || b[0..2] != MAGIC.to_le_bytes() || b[2] != VERSION {
+        if b.len() != BYTES || b[0..2] != MAGIC.to_le_bytes() || b[2] != VERSION || b[6] > 2 {
             return None;
         }
         let kind = *Collective::ALL.get(b[3] as usize)?;
@@ -107,6 +124,7 @@ impl Fingerprint {
             kind,
             dtype,
             op: b[5],
+            wire: b[6],
             root: u32::from_le_bytes(b[8..12].try_into().ok()?),
             count: u64::from_le_bytes(b[16..24].try_into().ok()?),
             seq: u64::from_le_bytes(b[24..32].try_into().ok()?),
@@ -120,6 +138,10 @@ impl Fingerprint {
         }
         if self.kind.rooted() {
             s.push_str(&format!(", root={}", self.root));
+        }
+        if self.wire != 0 {
+            let w = ["off", "bf16", "fp8e4m3"][self.wire as usize % 3];
+            s.push_str(&format!(", HETCCL_COMPRESS={w}"));
         }
         s.push(')');
         s
@@ -391,7 +413,7 @@ pub fn check(mine: &[u8], theirs: &[u8], me: usize, from: usize) -> Result<()> {
     };
     Err(Error::usage(format!(
         "rank {from} called {} but rank {me} called {} {at}: every rank must call the same \
-         collectives, with the same count, datatype, op and root, in the same order",
+         collectives, with the same count, datatype, op and root (and compression), in the same order",
         t.describe(),
         m.describe()
     )))
@@ -437,5 +459,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("something other than a collective"), "{e}");
+        // Ranks that compress differently are told so.
+        let w = a.with_wire(Compression::Bf16);
+        assert_eq!(Fingerprint::decode(&w.encode()), Some(w));
+        let e = check(&a.encode(), &w.encode(), 0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sum, HETCCL_COMPRESS=bf16)"), "{e}");
     }
 }

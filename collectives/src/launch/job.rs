@@ -169,7 +169,8 @@ pub fn make_job(a: &Call) -> Result<Job> {
         engine.comm_hash, a.comm.rank, a.count, a.dtype.name(), algorithm.name());
     let mut scratch = take_scratch(engine, plan.scratch_bytes);
     if let Some(l) = fp {
-        let mine = Fingerprint::new(coll, a.count, a.dtype, op, a.root as u32, coll_seq);
+        let mine = Fingerprint::new(coll, a.count, a.dtype, op, a.root as u32, coll_seq)
+            .with_wire(plan.wire);
         let mine = mine.encode();
         for at in l.out_slots() {
             scratch[at..at + fingerprint::BYTES].copy_from_slice(&mine);
