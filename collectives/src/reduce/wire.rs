@@ -13,10 +13,9 @@
 //!   Infinities and NaN travel as NaN (e4m3 has no infinity).
 //!
 //! The receiver decodes into float32 and adds into its accumulator in
-//! float32 ([`decode_reduce`]), rounding once to the buffer's type. The
-//! scale of the power of two is exact, and a value that was already
-//! rounded to the format ([`round`]) crosses the wire unchanged when its
-//! message lies inside the rounded range.
+//! float32 ([`decode_reduce`], [`bf16_part`]), rounding once to the
+//! buffer's type. Scaling by a power of two is exact, and a value already
+//! rounded to the format ([`round`]) crosses the wire unchanged.
 
 use half::f16;
 use hetccl_abi::DataType;
@@ -53,8 +52,8 @@ pub enum WireError {
 
 /// Whether a reduction of `dt` under `op` travels compressed as `c`:
 /// float32 and float16 sums and averages (never integers, min, max, prod
-/// or PreMulSum). float16 data travels as bf16 in its own 2 bytes, since
-/// bf16 would halve nothing and only lose precision; fp8 takes it.
+/// or PreMulSum). With bf16, float16 data travels as it is (bf16 would
+/// save nothing and only lose precision); fp8 compresses it.
 pub fn eligible(c: Compression, dt: DataType, op: ReduceOp) -> bool {
     let size_gain = match c {
         Compression::Off => false,
