@@ -19,8 +19,8 @@ use crate::error::{Error, Result};
 use crate::reduce::wire;
 use crate::transport::Conn;
 
-/// The wire format of a message step of `job` with `peer`: the plan's when
-/// the peer is on another node, except for point-to-point operations and
+/// The wire format of a message step of `job`: the plan's when its peer is
+/// on another node (`cross_node`), except for point-to-point operations and
 /// fingerprint messages.
 pub(super) fn format(job: &Job, kind: &StepKind, cross_node: bool) -> Compression {
     let c = job.plan.wire;
