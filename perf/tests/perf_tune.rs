@@ -22,6 +22,8 @@ fn tune_writes_and_merges_a_hetccl_table() {
     let r = run_env(
         &[
             "tune",
+            "--rounds",
+            "2",
             "--out",
             o,
             "--colls",

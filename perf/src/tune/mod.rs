@@ -51,7 +51,7 @@ const DEFAULT_COLLS: [&str; 5] = [
 ];
 
 const USAGE: &str = "usage: hetccl-perf tune [--out FILE] [--colls all_reduce,...] [--algos A,B] \
-[--protos P,Q] [--format auto|hetccl|nccl] [--nnodes N] [--transports shm,tcp] \
+[--protos P,Q] [--format auto|hetccl|nccl] [--rounds N] [--nnodes N] [--transports shm,tcp] \
 [--dry-run] BENCHMARK-FLAGS...
   Runs `hetccl-perf <collective> BENCHMARK-FLAGS` once per collective and algorithm
   (and protocol, for NCCL) with NCCL_ALGO/NCCL_PROTO set, and writes a tuning table
@@ -68,6 +68,8 @@ struct Args {
     nnodes: Option<usize>,
     transports: Option<Vec<String>>,
     dry_run: bool,
+    /// Runs of each point; the median time per size is kept.
+    rounds: usize,
     /// Everything else, handed to each benchmark run.
     flags: Vec<String>,
 }
@@ -83,6 +85,7 @@ fn list(s: &str) -> Vec<String> {
 fn parse(argv: &[String]) -> Result<Args, String> {
     let mut a = Args {
         colls: DEFAULT_COLLS.iter().map(|s| s.to_string()).collect(),
+        rounds: 1,
         ..Args::default()
     };
     let mut it = argv.iter();
@@ -93,7 +96,14 @@ fn parse(argv: &[String]) -> Result<Args, String> {
         };
         let takes = matches!(
             name,
-            "--out" | "--colls" | "--algos" | "--protos" | "--format" | "--nnodes" | "--transports"
+            "--out"
+                | "--colls"
+                | "--algos"
+                | "--protos"
+                | "--format"
+                | "--nnodes"
+                | "--transports"
+                | "--rounds"
         );
         if !takes {
             match name {
@@ -113,6 +123,13 @@ fn parse(argv: &[String]) -> Result<Args, String> {
             "--algos" => a.algos = Some(list(&v)),
             "--protos" => a.protos = Some(list(&v)),
             "--format" => a.format = Some(v),
+            "--rounds" => {
+                a.rounds = v
+                    .parse()
+                    .ok()
+                    .filter(|&r| r >= 1)
+                    .ok_or(format!("--rounds {v}: a number from 1"))?
+            }
             "--nnodes" => {
                 a.nnodes = Some(v.parse().map_err(|_| format!("--nnodes {v}: a number"))?)
             }
@@ -245,48 +262,71 @@ fn run(a: &Args) -> Result<(), String> {
         lay.transports.join(","),
         lib.display()
     );
-    let mut measures: Vec<Measure> = Vec::new();
-    for coll in &a.colls {
-        for algo in &algos {
-            for proto in &protos {
-                let mut env: Vec<(&str, &str)> = vec![("NCCL_ALGO", algo.as_str())];
-                if let Some(p) = proto {
-                    env.push(("NCCL_PROTO", p.as_str()));
-                }
-                let what = format!(
-                    "{coll} {algo}{}",
-                    proto
-                        .as_deref()
-                        .map(|p| format!("/{p}"))
-                        .unwrap_or_default()
-                );
-                if a.dry_run {
-                    eprintln!(
-                        "#   would run {what}: {} {coll} {}",
-                        exe.display(),
-                        flags.join(" ")
-                    );
-                    continue;
-                }
-                match sweep::run(&exe, coll, &flags, &env) {
-                    sweep::Outcome::Rows(rows) => {
-                        let times: Vec<String> = rows
-                            .iter()
-                            .map(|r| format!("{}B:{:.1}", r.size, r.time_us()))
-                            .collect();
-                        eprintln!("#   {what}: {}", times.join(" "));
-                        measures.push(Measure {
-                            collective: table::collective_name(coll),
-                            algo: algo.to_ascii_lowercase(),
-                            proto: proto.as_ref().map(|p| p.to_ascii_lowercase()),
-                            rows,
-                        });
+    // Every (collective, algorithm, protocol) once per round, interleaved,
+    // so that a slow moment of the machine does not pick the winner.
+    type Key = (String, String, Option<String>);
+    let mut runs: Vec<(Key, Vec<Vec<sweep::Row>>)> = Vec::new();
+    let mut failed: Vec<Key> = Vec::new();
+    for round in 0..a.rounds {
+        for coll in &a.colls {
+            for algo in &algos {
+                for proto in &protos {
+                    let key: Key = (coll.clone(), algo.clone(), proto.clone());
+                    if failed.contains(&key) {
+                        continue;
                     }
-                    sweep::Outcome::Failed(why) => eprintln!("#   {what}: skipped ({why})"),
+                    let mut env: Vec<(&str, &str)> = vec![("NCCL_ALGO", algo.as_str())];
+                    if let Some(p) = proto {
+                        env.push(("NCCL_PROTO", p.as_str()));
+                    }
+                    let what = format!(
+                        "{coll} {algo}{}",
+                        proto
+                            .as_deref()
+                            .map(|p| format!("/{p}"))
+                            .unwrap_or_default()
+                    );
+                    if a.dry_run {
+                        if round == 0 {
+                            eprintln!(
+                                "#   would run {what}: {} {coll} {}",
+                                exe.display(),
+                                flags.join(" ")
+                            );
+                        }
+                        continue;
+                    }
+                    match sweep::run(&exe, coll, &flags, &env) {
+                        sweep::Outcome::Rows(rows) => {
+                            let times: Vec<String> = rows
+                                .iter()
+                                .map(|r| format!("{}B:{:.1}", r.size, r.time_us()))
+                                .collect();
+                            eprintln!("#   {what}: {}", times.join(" "));
+                            match runs.iter_mut().find(|(k, _)| *k == key) {
+                                Some((_, v)) => v.push(rows),
+                                None => runs.push((key, vec![rows])),
+                            }
+                        }
+                        sweep::Outcome::Failed(why) => {
+                            eprintln!("#   {what}: skipped ({why})");
+                            runs.retain(|(k, _)| *k != key);
+                            failed.push(key);
+                        }
+                    }
                 }
             }
         }
     }
+    let measures: Vec<Measure> = runs
+        .into_iter()
+        .map(|((coll, algo, proto), rounds)| Measure {
+            collective: table::collective_name(&coll),
+            algo: algo.to_ascii_lowercase(),
+            proto: proto.map(|p| p.to_ascii_lowercase()),
+            rows: sweep::median_rows(&rounds),
+        })
+        .collect();
     if a.dry_run {
         return Ok(());
     }

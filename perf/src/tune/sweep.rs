@@ -82,6 +82,36 @@ pub fn parse_rows(text: &str) -> Vec<Row> {
     rows
 }
 
+/// The rows of several runs of one point: for each size present in every
+/// run, the median out-of-place and in-place times (the upper median of an
+/// even count). `wrong` is summed.
+pub fn median_rows(runs: &[Vec<Row>]) -> Vec<Row> {
+    let Some(first) = runs.first() else {
+        return Vec::new();
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut out = Vec::new();
+    for r in first {
+        let same: Vec<&Row> = runs
+            .iter()
+            .filter_map(|run| run.iter().find(|x| x.size == r.size && x.count == r.count))
+            .collect();
+        if same.len() != runs.len() {
+            continue;
+        }
+        out.push(Row {
+            time_oop_us: median(same.iter().map(|x| x.time_oop_us).collect()),
+            time_ip_us: median(same.iter().map(|x| x.time_ip_us).collect()),
+            wrong: same.iter().map(|x| x.wrong).sum(),
+            ..r.clone()
+        });
+    }
+    out
+}
+
 /// What one forced run gave.
 #[derive(Debug)]
 pub enum Outcome {
@@ -147,6 +177,17 @@ mod tests {
         assert_eq!(rows[1].wrong, 0);
         assert_eq!(rows[1].dtype, "float");
         assert_eq!(type_size("bfloat16"), Some(2));
+        let mut slow = rows.clone();
+        slow[0].time_oop_us = 100.0;
+        let mut fast = rows.clone();
+        fast[0].time_oop_us = 1.0;
+        let m = median_rows(&[slow, rows.clone(), fast]);
+        assert_eq!(
+            m[0].time_oop_us, rows[0].time_oop_us,
+            "the median of 1, 10.5, 100"
+        );
+        let m = median_rows(&[rows.clone(), rows[..1].to_vec()]);
+        assert_eq!(m.len(), 1, "sizes missing from a run are dropped");
         assert_eq!(type_size("nope"), None);
     }
 }
