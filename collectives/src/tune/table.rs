@@ -22,7 +22,8 @@
 
 use std::io::Read;
 
-use serde_json::{json, Map, Value};
+use nccl_net_plugin::tuner::json::{array, known_keys, normalise, object, string, uint};
+use serde_json::{json, Value};
 
 use crate::algo::{Algorithm, Collective};
 use crate::cost::TransportKind;
@@ -214,20 +215,20 @@ impl Table {
             )));
         }
         let v: Value = serde_json::from_slice(bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
-        let top = object(&v, "the table")?;
+        let top = object(&v, "the table").map_err(bad)?;
         match top.get("format").and_then(Value::as_str) {
             Some(FORMAT) => {}
             Some(PLUGIN_FORMAT) => return Err(TableError::OtherFormat(PLUGIN_FORMAT.into())),
             _ => return Err(bad(format!("\"format\" must be \"{FORMAT}\""))),
         }
-        known_keys(top, "the table", &["format", "version", "layouts", "meta"])?;
-        let version = uint(top, "version", "the table")?;
+        known_keys(top, "the table", &["format", "version", "layouts", "meta"]).map_err(bad)?;
+        let version = uint(top, "version", "the table").map_err(bad)?;
         if version != VERSION {
             return Err(bad(format!(
                 "version {version} (this hetccl reads {VERSION})"
             )));
         }
-        let layouts = array(top, "layouts", "the table", MAX_LAYOUTS)?;
+        let layouts = array(top, "layouts", "the table", MAX_LAYOUTS).map_err(bad)?;
         let mut out: Vec<Layout> = Vec::with_capacity(layouts.len());
         for (i, l) in layouts.iter().enumerate() {
             let l = parse_layout(l).map_err(|e| bad(format!("layouts[{i}]: {e}")))?;
@@ -249,22 +250,20 @@ impl Table {
 }
 
 fn parse_layout(v: &Value) -> Result<Layout, String> {
-    let m = object(v, "a layout").map_err(|e| e.to_string())?;
+    let m = object(v, "a layout")?;
     known_keys(
         m,
         "a layout",
         &["nranks", "nnodes", "transports", "entries"],
-    )
-    .map_err(|e| e.to_string())?;
-    let nranks = uint(m, "nranks", "a layout").map_err(|e| e.to_string())?;
-    let nnodes = uint(m, "nnodes", "a layout").map_err(|e| e.to_string())?;
+    )?;
+    let nranks = uint(m, "nranks", "a layout")?;
+    let nnodes = uint(m, "nnodes", "a layout")?;
     if !(1..=MAX_RANKS).contains(&nranks) || !(1..=nranks).contains(&nnodes) {
         return Err(format!(
             "nranks {nranks} nnodes {nnodes}: need 1 <= nnodes <= nranks <= {MAX_RANKS}"
         ));
     }
-    let raw =
-        array(m, "transports", "a layout", TransportKind::ALL.len()).map_err(|e| e.to_string())?;
+    let raw = array(m, "transports", "a layout", TransportKind::ALL.len())?;
     let mut transports = Vec::with_capacity(raw.len());
     for t in raw {
         let s = t
@@ -279,7 +278,7 @@ fn parse_layout(v: &Value) -> Result<Layout, String> {
         }
         transports.push(k);
     }
-    let raw = array(m, "entries", "a layout", MAX_ENTRIES).map_err(|e| e.to_string())?;
+    let raw = array(m, "entries", "a layout", MAX_ENTRIES)?;
     let mut entries: Vec<Entry> = Vec::with_capacity(raw.len());
     for (i, e) in raw.iter().enumerate() {
         let e = parse_entry(e).map_err(|err| format!("entries[{i}]: {err}"))?;
@@ -305,8 +304,8 @@ fn parse_layout(v: &Value) -> Result<Layout, String> {
 
 fn parse_entry(v: &Value) -> Result<Entry, String> {
     const W: &str = "an entry";
-    let m = object(v, W).map_err(|e| e.to_string())?;
-    known_keys(m, W, &["collective", "algo", "points"]).map_err(|e| e.to_string())?;
+    let m = object(v, W)?;
+    known_keys(m, W, &["collective", "algo", "points"])?;
     let coll_name = string(m, "collective")?;
     let collective = Collective::ALL
         .into_iter()
@@ -321,7 +320,7 @@ fn parse_entry(v: &Value) -> Result<Entry, String> {
     if !crate::algo::supported(collective).contains(&algo) {
         return Err(format!("{} does not implement {collective}", algo.name()));
     }
-    let raw = array(m, "points", W, MAX_POINTS).map_err(|e| e.to_string())?;
+    let raw = array(m, "points", W, MAX_POINTS)?;
     if raw.is_empty() {
         return Err("\"points\" is empty".into());
     }
@@ -355,57 +354,6 @@ fn parse_entry(v: &Value) -> Result<Entry, String> {
 
 /// Lower case, `_` and `-` removed (`Halving_Doubling` is
 /// `halvingdoubling`).
-fn normalise(s: &str) -> String {
-    s.chars()
-        .filter(|c| *c != '_' && *c != '-')
-        .flat_map(char::to_lowercase)
-        .collect()
-}
-
-fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>, TableError> {
-    v.as_object()
-        .ok_or_else(|| bad(format!("{what} must be a JSON object")))
-}
-
-fn known_keys(m: &Map<String, Value>, what: &str, keys: &[&str]) -> Result<(), TableError> {
-    match m.keys().find(|k| !keys.contains(&k.as_str())) {
-        Some(k) => Err(bad(format!("{what} has an unknown key {k:?}"))),
-        None => Ok(()),
-    }
-}
-
-fn array<'a>(
-    m: &'a Map<String, Value>,
-    key: &str,
-    what: &str,
-    max: usize,
-) -> Result<&'a Vec<Value>, TableError> {
-    let a = m
-        .get(key)
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad(format!("{what} needs an array {key:?}")))?;
-    if a.len() > max {
-        return Err(bad(format!(
-            "{key:?} has {} items (at most {max})",
-            a.len()
-        )));
-    }
-    Ok(a)
-}
-
-fn uint(m: &Map<String, Value>, key: &str, what: &str) -> Result<u64, TableError> {
-    m.get(key)
-        .ok_or_else(|| bad(format!("{what} needs {key:?}")))?
-        .as_u64()
-        .ok_or_else(|| bad(format!("{key:?} of {what} must be an integer >= 0")))
-}
-
-fn string<'a>(m: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
-    m.get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| format!("an entry needs a string {key:?}"))
-}
-
 #[cfg(test)]
 #[path = "table_tests.rs"]
 mod tests;

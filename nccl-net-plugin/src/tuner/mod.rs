@@ -15,6 +15,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod cost;
+pub mod json;
 pub mod table;
 pub mod v3;
 pub mod v4;

@@ -15,6 +15,7 @@
 
 use std::io::Read;
 
+use super::json::{array, known_keys, normalise, object, opt_uint, string, uint};
 use serde_json::{Map, Value};
 
 /// The `format` string of a table.
@@ -259,60 +260,11 @@ fn parse_entry(v: &Value) -> Result<Entry, String> {
     })
 }
 
-fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>, String> {
-    v.as_object()
-        .ok_or_else(|| format!("{what} must be a JSON object"))
-}
-
-fn known_keys(m: &Map<String, Value>, what: &str, keys: &[&str]) -> Result<(), String> {
-    match m.keys().find(|k| !keys.contains(&k.as_str())) {
-        Some(k) => Err(format!("{what} has an unknown key {k:?}")),
-        None => Ok(()),
-    }
-}
-
-fn array<'a>(
-    m: &'a Map<String, Value>,
-    key: &str,
-    what: &str,
-    max: usize,
-) -> Result<&'a Vec<Value>, String> {
-    let a = m
-        .get(key)
-        .and_then(Value::as_array)
-        .ok_or_else(|| format!("{what} needs an array {key:?}"))?;
-    if a.len() > max {
-        return Err(format!("{key:?} has {} items (at most {max})", a.len()));
-    }
-    Ok(a)
-}
-
-fn opt_uint(m: &Map<String, Value>, key: &str, what: &str) -> Result<Option<u64>, String> {
-    match m.get(key) {
-        None => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| format!("{key:?} of {what} must be an integer >= 0")),
-    }
-}
-
-fn uint(m: &Map<String, Value>, key: &str, what: &str) -> Result<u64, String> {
-    opt_uint(m, key, what)?.ok_or_else(|| format!("{what} needs {key:?}"))
-}
-
 /// The index of a name in `names`: case-insensitive, `_` and `-` ignored
 /// (`CollNet_Direct` is `collnetdirect`).
 fn name(m: &Map<String, Value>, key: &str, names: &[&str]) -> Result<usize, String> {
-    let raw = m
-        .get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| format!("an entry needs a string {key:?}"))?;
-    let norm: String = raw
-        .chars()
-        .filter(|c| *c != '_' && *c != '-')
-        .flat_map(char::to_lowercase)
-        .collect();
+    let raw = string(m, key)?;
+    let norm = normalise(raw);
     names
         .iter()
         .position(|n| *n == norm)
