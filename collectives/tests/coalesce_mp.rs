@@ -22,9 +22,9 @@ use std::process::Command;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-use hetccl_abi::{ncclComm_t, ncclUniqueId};
+use hetccl_abi::ncclComm_t;
 use hetccl_collectives::api::coll::{ncclRecv, ncclSend};
-use hetccl_collectives::api::comm_init::{ncclCommInitRank, ncclGetUniqueId};
+use hetccl_collectives::api::comm_init::ncclCommInitRank;
 use hetccl_collectives::api::comm_life::ncclCommDestroy;
 use hetccl_collectives::api::ext::hetcclCommGetStats;
 use hetccl_collectives::api::group::{ncclGroupEnd, ncclGroupStart};
@@ -113,22 +113,6 @@ fn group(c: ncclComm_t, ops: Vec<Op<'_>>) {
             }
         }
         check(ncclGroupEnd());
-    }
-}
-
-fn read_id(dir: &Path) -> ncclUniqueId {
-    let path = dir.join("id");
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(b) = std::fs::read(&path) {
-            if b.len() == 128 {
-                let mut id = ncclUniqueId::default();
-                id.internal.copy_from_slice(&b);
-                return id;
-            }
-        }
-        assert!(Instant::now() < until, "no unique id from rank 0");
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -236,17 +220,7 @@ fn burst(c: ncclComm_t, me: usize) -> Option<u64> {
 
 /// One rank's part.
 fn child(me: usize, dir: &Path, expect: &str) {
-    let id = if me == 0 {
-        let mut id = ncclUniqueId::default();
-        // SAFETY: a valid out pointer.
-        check(unsafe { ncclGetUniqueId(&mut id) });
-        let tmp = dir.join("id.tmp");
-        std::fs::write(&tmp, id.internal).unwrap();
-        std::fs::rename(&tmp, dir.join("id")).unwrap();
-        id
-    } else {
-        read_id(dir)
-    };
+    let id = hetccl_testkit::ranks::shared_unique_id(dir, me);
     let mut c: ncclComm_t = null_mut();
     // SAFETY: a valid out pointer; rank and size in range.
     check(unsafe { ncclCommInitRank(&mut c, NRANKS as i32, id, me as i32) });

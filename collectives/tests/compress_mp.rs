@@ -17,12 +17,12 @@
 use std::path::Path;
 use std::process::Command;
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use half::f16;
-use hetccl_abi::{ncclComm_t, ncclUniqueId};
+use hetccl_abi::ncclComm_t;
 use hetccl_collectives::api::coll::{ncclAllReduce, ncclReduceScatter};
-use hetccl_collectives::api::comm_init::{ncclCommInitRank, ncclGetUniqueId};
+use hetccl_collectives::api::comm_init::ncclCommInitRank;
 use hetccl_collectives::api::comm_life::ncclCommDestroy;
 use hetccl_testkit::{ranks, threads::check};
 
@@ -47,22 +47,6 @@ fn value(r: usize, i: usize) -> f32 {
     s = s.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     s ^= s >> 32;
     0.1 + 0.9 * (s >> 40) as f32 / (1u64 << 24) as f32
-}
-
-fn read_id(dir: &Path) -> ncclUniqueId {
-    let path = dir.join("id");
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(b) = std::fs::read(&path) {
-            if b.len() == 128 {
-                let mut id = ncclUniqueId::default();
-                id.internal.copy_from_slice(&b);
-                return id;
-            }
-        }
-        assert!(Instant::now() < until, "no unique id from rank 0");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// # Safety
@@ -96,17 +80,7 @@ fn child(rank: usize, dir: &Path, format: &str) {
         "fp8e4m3" => (2f64.powi(-4), 0xf_ffffu32),
         _ => (2f64.powi(-8), 0xffff),
     };
-    let id = if rank == 0 {
-        let mut id = ncclUniqueId::default();
-        // SAFETY: a valid out pointer.
-        check(unsafe { ncclGetUniqueId(&mut id) });
-        let tmp = dir.join("id.tmp");
-        std::fs::write(&tmp, id.internal).unwrap();
-        std::fs::rename(&tmp, dir.join("id")).unwrap();
-        id
-    } else {
-        read_id(dir)
-    };
+    let id = hetccl_testkit::ranks::shared_unique_id(dir, rank);
     let mut c: ncclComm_t = null_mut();
     // SAFETY: a valid out pointer; rank and size in range.
     check(unsafe { ncclCommInitRank(&mut c, NRANKS as i32, id, rank as i32) });

@@ -291,3 +291,33 @@ pub fn remove_id_files(p: &Path) {
 pub fn same_file(a: &str, b: &Path) -> bool {
     Path::new(a).canonicalize().ok().as_deref() == b.canonicalize().ok().as_deref()
 }
+
+/// The unique id of a multi-process test whose ranks share `dir`: rank 0
+/// makes one (`ncclGetUniqueId`) and publishes it as `dir/id` (written
+/// whole, then renamed); the others wait up to 30 s for it.
+pub fn shared_unique_id(dir: &Path, rank: usize) -> hetccl_abi::ncclUniqueId {
+    use hetccl_abi::ncclUniqueId;
+    let path = dir.join("id");
+    if rank == 0 {
+        let mut id = ncclUniqueId::default();
+        // SAFETY: a valid out pointer.
+        let rc = unsafe { hetccl_collectives::api::comm_init::ncclGetUniqueId(&mut id) };
+        assert_eq!(rc as i32, 0, "ncclGetUniqueId failed");
+        let tmp = dir.join("id.tmp");
+        std::fs::write(&tmp, id.internal).expect("write the id");
+        std::fs::rename(&tmp, &path).expect("publish the id");
+        return id;
+    }
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(b) = std::fs::read(&path) {
+            if b.len() == 128 {
+                let mut id = ncclUniqueId::default();
+                id.internal.copy_from_slice(&b);
+                return id;
+            }
+        }
+        assert!(Instant::now() < until, "no unique id from rank 0");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
