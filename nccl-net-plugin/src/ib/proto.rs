@@ -229,8 +229,31 @@ pub struct Cts {
 }
 
 impl Cts {
+    /// A check word over the entry's sequence number and fields. The
+    /// receiver's NIC writes an entry into the sender's memory, which the
+    /// sender polls: the bytes may become visible in any order (a software
+    /// NIC copies with `rep movsb`, whose stores are not ordered), so the
+    /// sequence numbers at both ends do not prove the middle has landed;
+    /// this word, stored just before the trailer, does.
+    fn check(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for w in [
+            self.seq + 1,
+            self.msg,
+            self.offset,
+            self.len,
+            self.addr,
+            u64::from(self.rkey) | u64::from(self.flags) << 32,
+        ] {
+            h = (h ^ w).wrapping_mul(0x0000_0100_0000_01b3);
+            h ^= h >> 29;
+        }
+        h
+    }
+
     /// Encodes; the sequence number is at both ends (stored as seq + 1, so
-    /// an all-zero entry is never valid), so a torn read is detected.
+    /// an all-zero entry is never valid) and a check word covers the
+    /// fields, so a torn read is detected.
     pub fn encode(&self) -> [u8; CTS_BYTES] {
         let mut b = [0u8; CTS_BYTES];
         let s = (self.seq + 1).to_le_bytes();
@@ -241,12 +264,14 @@ impl Cts {
         b[32..40].copy_from_slice(&self.addr.to_le_bytes());
         b[40..44].copy_from_slice(&self.rkey.to_le_bytes());
         b[44..48].copy_from_slice(&self.flags.to_le_bytes());
+        b[48..56].copy_from_slice(&self.check().to_le_bytes());
         b[56..64].copy_from_slice(&s);
         b
     }
 
     /// Decodes the entry if it is the one with sequence number `want`
-    /// (`Ok(None)`: not written yet); checks the flags.
+    /// (`Ok(None)`: not written yet, or not wholly: its check word does not
+    /// match); checks the flags.
     pub fn decode(b: &[u8; CTS_BYTES], want: u64) -> Result<Option<Self>> {
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
         if u64_at(0) != want + 1 || u64_at(56) != want + 1 {
@@ -261,6 +286,9 @@ impl Cts {
             rkey: u32::from_le_bytes(b[40..44].try_into().expect("4")),
             flags: u32::from_le_bytes(b[44..48].try_into().expect("4")),
         };
+        if u64_at(48) != c.check() {
+            return Ok(None);
+        }
         if c.flags & !CTS_REJECT != 0 {
             return Err(NetError::proto(format!("verbs CTS flags {:#x}", c.flags)));
         }
@@ -382,6 +410,15 @@ mod tests {
         torn[56] ^= 0xff;
         assert_eq!(Cts::decode(&torn, 3).unwrap(), None);
         assert_eq!(Cts::decode(&[0; CTS_BYTES], 0).unwrap(), None);
+        // Both sequence numbers landed but a middle field did not (its old
+        // bytes, zero in a fresh slot): not written yet, whichever field.
+        for at in (8..48).step_by(8) {
+            let mut half = b;
+            half[at..at + 8].fill(0);
+            if half != b {
+                assert_eq!(Cts::decode(&half, 3).unwrap(), None, "field at {at}");
+            }
+        }
         let bad = Cts { flags: 2, ..c };
         assert!(Cts::decode(&bad.encode(), 3).is_err());
     }
