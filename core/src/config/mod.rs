@@ -113,6 +113,10 @@ pub struct Config {
     /// `HETCCL_IBVERBS_LIB`: the libibverbs file to open in place of the
     /// usual sonames. Default unset.
     pub ibverbs_lib: Option<String>,
+    /// `HETCCL_SYSFS_ROOT`: where sysfs is read for PCI placement and the
+    /// peer-memory module (tests point it at a synthetic tree). Default
+    /// unset (`/sys`).
+    pub sysfs_root: Option<String>,
     /// `NCCL_SHM_DISABLE`: disable the shared-memory transport. Default false.
     pub shm_disable: bool,
     /// `NCCL_P2P_DISABLE`: disable the peer-to-peer (GPU IPC) transport.
@@ -246,6 +250,7 @@ impl Default for Config {
             nccl_fallback: None,
             nvrtc_lib: None,
             ibverbs_lib: None,
+            sysfs_root: None,
             shm_disable: false,
             p2p_disable: false,
             net: None,

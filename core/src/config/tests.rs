@@ -54,6 +54,7 @@ fn every_variable_parses() {
         ("HETCCL_NCCL_FALLBACK", "/usr/lib/libnccl.so.2"),
         ("HETCCL_NVRTC_LIB", "/opt/nvrtc/libnvrtc.so.12"),
         ("HETCCL_IBVERBS_LIB", "/opt/rdma/libibverbs.so.1"),
+        ("HETCCL_SYSFS_ROOT", "/tmp/fake-sys"),
         ("NCCL_SHM_DISABLE", "1"),
         ("NCCL_P2P_DISABLE", "true"),
         ("NCCL_NET", "Socket"),
@@ -134,6 +135,7 @@ fn every_variable_parses() {
     assert_eq!(c.hetccl_net.as_deref(), Some("ib"));
     assert_eq!(c.comm_secret, Some(Secret("s3cret".into())));
     assert_eq!(c.ibverbs_lib.as_deref(), Some("/opt/rdma/libibverbs.so.1"));
+    assert_eq!(c.sysfs_root.as_deref(), Some("/tmp/fake-sys"));
     assert!(c.check);
     assert_eq!(c.coalesce_bytes, 4096);
     assert_eq!(c.tuning_file.as_deref(), Some("/tmp/tune.json"));

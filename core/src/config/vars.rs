@@ -280,6 +280,12 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| c.ibverbs_lib.clone(),
     },
     Var {
+        name: "HETCCL_SYSFS_ROOT",
+        field: "sysfs_root",
+        apply: |c, v| ok(parse::text(v), |t| c.sysfs_root = Some(t)),
+        show: |c| c.sysfs_root.clone(),
+    },
+    Var {
         name: "NCCL_SHM_DISABLE",
         field: "shm_disable",
         apply: |c, v| ok(parse::boolean(v), |b| c.shm_disable = b),

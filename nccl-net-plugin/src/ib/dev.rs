@@ -58,6 +58,8 @@ pub struct IbPort {
     pub guid: u64,
     /// The canonical sysfs device path, `None` for a virtual device (rxe).
     pub pci_path: Option<String>,
+    /// Its place in the PCI tree, `None` for a virtual device.
+    pub pci: Option<super::pci::PciDevice>,
 }
 
 impl IbPort {
@@ -178,7 +180,8 @@ fn speed_mbps(speed: u8, width: u8) -> i32 {
 }
 
 fn sysfs(dev: &str, rest: &str) -> Option<String> {
-    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/{rest}"))
+    let root = super::pci::sysfs_root();
+    std::fs::read_to_string(root.join("class/infiniband").join(dev).join(rest))
         .ok()
         .map(|s| s.trim().to_string())
 }
@@ -267,9 +270,14 @@ fn discover(v: &'static Verbs, opts: &DiscoverOpts) -> Vec<IbPort> {
         }
         // SAFETY: the device of the list.
         let guid = u64::from_be(unsafe { (v.get_device_guid)(d) });
-        let pci_path = std::fs::canonicalize(format!("/sys/class/infiniband/{name}/device"))
+        let sys_dev = super::pci::sysfs_root()
+            .join("class/infiniband")
+            .join(&name)
+            .join("device");
+        let pci_path = std::fs::canonicalize(&sys_dev)
             .ok()
             .map(|p| p.to_string_lossy().into_owned());
+        let pci = super::pci::PciDevice::read(&sys_dev);
         let mut ports = Vec::new();
         for p in 1..=attr.phys_port_cnt() {
             if !filter.selects(&name, p) {
@@ -325,6 +333,7 @@ fn discover(v: &'static Verbs, opts: &DiscoverOpts) -> Vec<IbPort> {
                 speed_mbps: speed_mbps(pa.active_speed, pa.active_width),
                 guid,
                 pci_path: pci_path.clone(),
+                pci: pci.clone(),
             });
         }
     }

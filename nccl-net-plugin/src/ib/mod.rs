@@ -17,6 +17,7 @@ pub mod ffi;
 pub mod flush;
 pub mod gdr;
 pub mod mr;
+pub mod pci;
 pub mod proto;
 pub mod qp;
 pub mod recv;

@@ -224,12 +224,14 @@ pub unsafe fn reg_mr(
 ) -> Result<()> {
     let out = nonnull(mhandle, "mhandle")?;
     let port = objects::check_comm(comm)?;
-    let gdr = port.is_some() && crate::ib::gdr::ptr_support() & NCCL_PTR_CUDA != 0;
+    let gdr = port
+        .as_ref()
+        .is_some_and(|p| crate::ib::gdr::ptr_support(p) & NCCL_PTR_CUDA != 0);
     if type_ != NCCL_PTR_HOST && !(type_ == NCCL_PTR_CUDA && gdr) {
         return Err(NetError::Internal(format!(
             "regMr of memory type {type_}: only host memory is supported{}",
             if port.is_some() {
-                " (no GPUDirect RDMA: nvidia-peermem is not loaded)"
+                " (no GPUDirect RDMA: nvidia-peermem is not loaded, or the GPU is beyond NCCL_NET_GDR_LEVEL)"
             } else {
                 ""
             }

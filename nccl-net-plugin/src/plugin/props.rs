@@ -167,10 +167,11 @@ pub fn device_props(dev: c_int) -> Result<DevProps> {
             .as_ref()
             .map_or(std::ptr::null_mut(), |c| c.as_ptr().cast_mut()),
         guid,
-        ptr_support: if t.ib {
-            crate::ib::gdr::ptr_support()
-        } else {
-            NCCL_PTR_HOST
+        ptr_support: match super::backend::backend() {
+            super::backend::Backend::Ib(ports) if t.ib => ports
+                .get(i)
+                .map_or(NCCL_PTR_HOST, crate::ib::gdr::ptr_support),
+            _ => NCCL_PTR_HOST,
         },
         speed,
         port,
