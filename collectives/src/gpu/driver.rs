@@ -53,6 +53,22 @@ pub fn available() -> bool {
     STATE.get_or_init(probe).is_ok()
 }
 
+/// Whether the driver is usable without loading it for this question: it
+/// was probed already, or the process has `libcuda.so.1` mapped (the
+/// application uses CUDA), in which case it is probed now.
+pub fn loaded() -> bool {
+    if let Some(s) = STATE.get() {
+        return s.is_ok();
+    }
+    // SAFETY: RTLD_NOLOAD only looks the library up; nothing is loaded or
+    // initialised.
+    let mapped = unsafe {
+        libloading::os::unix::Library::open(Some(PROBE[0]), libc::RTLD_NOLOAD | libc::RTLD_LAZY)
+    }
+    .is_ok();
+    mapped && available()
+}
+
 /// Why the driver is not available (empty when it is).
 pub fn unavailable_reason() -> String {
     match STATE.get_or_init(probe) {

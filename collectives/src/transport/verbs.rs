@@ -14,6 +14,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use nccl_net_plugin::ib::pci::{self, PciDevice, Place};
 use nccl_net_plugin::ib::{DiscoverOpts, IbNet, IbOptions, IbPort, IbRecvComm, IbSendComm};
 use nccl_net_plugin::tcp::{RecvBuf, RecvRequest, SendRequest};
 use nccl_net_plugin::NetError;
@@ -298,8 +299,34 @@ pub fn connect(send: IbSendComm, recv: IbRecvComm, nchan: usize) -> Vec<Conn> {
         .collect()
 }
 
-/// Sets up verbs links to `peers` over `ports` (peer `p` uses local port
-/// `p % ports.len()`): listeners' handles travel through the bootstrap,
+/// Where this rank's buffers live, for choosing its NIC: the GPU of the
+/// calling thread's current CUDA context when there is one (probed only
+/// when the driver is already loaded), else the NUMA node it runs on.
+pub fn local_place() -> Place {
+    if crate::gpu::driver::loaded() {
+        if let Some(g) =
+            crate::gpu::driver::current_device().and_then(nccl_net_plugin::ib::gdr::gpu_location)
+        {
+            return Place::Gpu(g);
+        }
+    }
+    Place::Cpu(pci::current_numa_node())
+}
+
+/// The local port of each peer: the ports nearest to `place`
+/// ([`pci::nearest`]: same PCI switch, then root complex, then NUMA node),
+/// spread by peer rank among equals; all ports, spread, when the topology
+/// is unknown.
+pub fn ports_for_peers(place: &Place, nics: &[Option<PciDevice>], peers: &[usize]) -> Vec<usize> {
+    let near = pci::nearest(place, nics);
+    if near.is_empty() {
+        return vec![0; peers.len()];
+    }
+    peers.iter().map(|&p| near[p % near.len()]).collect()
+}
+
+/// Sets up verbs links to `peers` over `ports` (each peer on one of the
+/// ports nearest this rank, [`ports_for_peers`]): listeners' handles travel through the bootstrap,
 /// then connects and accepts are polled until all are up. Every rank calls
 /// this (it runs a bootstrap all-gather), with or without peers.
 pub fn setup(
@@ -317,7 +344,16 @@ pub fn setup(
     let mut blob = vec![0u8; n * HANDLE_BYTES];
     let net = (!peers.is_empty() && !ports.is_empty())
         .then(|| IbNet::new(ports.to_vec(), params.ip, params.ib.clone()));
-    let dev_of = |p: usize| p % ports.len().max(1);
+    let devs = if ports.len() > 1 {
+        let place = local_place();
+        let nics: Vec<_> = ports.iter().map(|p| p.pci.clone()).collect();
+        let d = ports_for_peers(&place, &nics, peers);
+        tracing::info!(target: "hetccl::INIT", "rank {rank}: verbs ports by distance from {place:?}: {d:?}");
+        d
+    } else {
+        vec![0; peers.len()]
+    };
+    let dev_of = |p: usize| peers.iter().position(|&q| q == p).map_or(0, |i| devs[i]);
     if let Some(net) = &net {
         for &p in peers {
             let (l, h) = net.listen(dev_of(p)).map_err(verbs_err)?;
@@ -415,4 +451,59 @@ pub fn loopback_pair(nchan: usize) -> Result<Option<(Vec<Conn>, Vec<Conn>)>> {
         connect(sa.expect("set"), ra.expect("set"), nchan),
         connect(sb.expect("set"), rb.expect("set"), nchan),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn dev(path: &str, numa: i32) -> Option<PciDevice> {
+        PciDevice::from_path(Path::new(path), Some(numa))
+    }
+
+    #[test]
+    fn each_peer_gets_a_nearest_port_spread_among_equals() {
+        // Two NICs on one switch with the GPU, one on another root port,
+        // one on the other socket.
+        let nics = vec![
+            dev(
+                "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:10.0/0000:04:00.0",
+                0,
+            ),
+            dev("/sys/devices/pci0000:00/0000:00:02.0/0000:08:00.0", 0),
+            dev(
+                "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:18.0/0000:05:00.0",
+                0,
+            ),
+            dev("/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0", 1),
+        ];
+        let gpu = dev(
+            "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:08.0/0000:03:00.0",
+            0,
+        )
+        .unwrap();
+        let peers = [1, 2, 3, 4, 5];
+        assert_eq!(
+            ports_for_peers(&Place::Gpu(gpu), &nics, &peers),
+            vec![2, 0, 2, 0, 2]
+        );
+        assert_eq!(
+            ports_for_peers(&Place::Cpu(Some(1)), &nics, &peers),
+            vec![3; 5]
+        );
+        assert_eq!(
+            ports_for_peers(&Place::Cpu(Some(0)), &nics, &peers),
+            vec![1, 2, 0, 1, 2]
+        );
+        // Unknown topology (rxe has no PCI location): spread as p mod ports.
+        let virt = vec![None, None, None];
+        assert_eq!(
+            ports_for_peers(&Place::Cpu(Some(0)), &virt, &peers),
+            vec![1, 2, 0, 1, 2]
+        );
+        assert!(ports_for_peers(&Place::Cpu(None), &[], &peers)
+            .iter()
+            .all(|&d| d == 0));
+    }
 }
