@@ -27,6 +27,7 @@
 pub mod cc;
 pub mod coll;
 pub mod fake_cuda;
+pub mod fake_verbs;
 pub mod faults;
 pub mod modes;
 pub mod net;

@@ -280,6 +280,17 @@ CUresult cuDeviceGetCount(int *count) {
     return CUDA_SUCCESS;
 }
 
+/* The PCI address matches CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: bus 0x10 + ordinal. */
+CUresult cuDeviceGetPCIBusId(char *out, int len, CUdevice dev) {
+    LOG("cuDeviceGetPCIBusId(dev=%d)", dev);
+    NEED_INIT();
+    NEED_PTR(out);
+    NEED_DEV(dev);
+    if (len < 13) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(out, (size_t)len, "0000:%02x:00.0", 0x10 + dev);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attr, CUdevice dev) {
     LOG("cuDeviceGetAttribute(attr=%d, dev=%d)", (int)attr, dev);
     NEED_INIT();

@@ -291,6 +291,25 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr 
     return CUDA_SUCCESS;
 }
 
+/* A DMA-BUF fd for a device range (whole pages of one device allocation):
+ * here a duplicate of the allocation's memfd; the caller closes it. */
+CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t size,
+                                       CUmemRangeHandleType type, unsigned long long flags) {
+    NEED_INIT();
+    NEED_PTR(handle);
+    struct alloc a;
+    if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || flags != 0 || !lookup(p, &a) ||
+        a.kind != K_DEVICE || size == 0 || size > a.maplen - (p - a.dev)) {
+        LOG("cuMemGetHandleForAddressRange(%#llx, %zu, type %d) -> invalid", p, size, (int)type);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    int fd = dup(a.fd);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    LOG("cuMemGetHandleForAddressRange(%#llx, %zu) -> fd %d", p, size, fd);
+    *(int *)handle = fd;
+    return CUDA_SUCCESS;
+}
+
 /* ------------------------------------------------------------------ IPC */
 
 struct ipc_handle { /* the first bytes of a CUipcMemHandle */

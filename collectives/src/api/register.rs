@@ -30,9 +30,12 @@ export! {
             }
             let token = NEXT_TOKEN.fetch_add(16, Ordering::Relaxed);
             c.registrations.lock().insert(token, (buff as usize, size));
-            // Verbs links then write straight from and into it (device
-            // memory fails to register and stays staged, as before).
-            nccl_net_plugin::ib::register_user(buff as usize, size);
+            // Verbs links then write straight from and into host memory;
+            // device memory is registered for GPUDirect where allowed.
+            match crate::gpu::classify(buff, size, "buff")?.device() {
+                Some(d) => crate::transport::gdr::register_user(buff as usize, size, d),
+                None => nccl_net_plugin::ib::register_user(buff as usize, size),
+            }
             // SAFETY: checked non-NULL.
             unsafe { *reg_handle = token as *mut c_void };
             Ok(())

@@ -17,6 +17,7 @@
 pub mod arena;
 pub mod coalesce;
 pub mod doorbell;
+pub mod gdr;
 pub mod net;
 pub mod pack;
 pub mod ring;

@@ -211,6 +211,44 @@ pub fn ptr_support(port: &IbPort) -> i32 {
     p
 }
 
+/// Registers device memory `base..base+size` on `port`'s device, for
+/// GPUDirect: with a DMA-BUF fd, `ibv_reg_dmabuf_mr` (offset 0, iova
+/// `base`); without, `ibv_reg_mr` on the device address (peer memory).
+/// A range the device's registration cache covers already is shared; a
+/// new one is added to the cache. The fd stays the caller's to close.
+pub fn register_device(
+    port: &IbPort,
+    base: usize,
+    size: usize,
+    dmabuf_fd: Option<c_int>,
+) -> crate::error::Result<std::sync::Arc<super::mr::Mr>> {
+    let dev = &port.dev;
+    if let Some(m) = dev.regs.lock().find(base, size) {
+        return Ok(m);
+    }
+    match dmabuf_fd {
+        Some(fd) => {
+            // SAFETY: the device's live PD; the kernel checks fd and range.
+            let mr = unsafe {
+                super::mr::Mr::register_dmabuf(
+                    dev.pd,
+                    0,
+                    size,
+                    base as u64,
+                    fd,
+                    super::mr::access(false),
+                )?
+            };
+            let mr = std::sync::Arc::new(mr);
+            dev.regs.lock().insert(mr.clone());
+            Ok(mr)
+        }
+        // SAFETY: device memory the caller owns; with peer memory the
+        // kernel pins it through the GPU driver, else registration fails.
+        None => unsafe { dev.regs.lock().get(dev.pd, base, size, false) },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -412,6 +412,12 @@ pub fn register_user(addr: usize, len: usize) {
     USER.lock().push((addr, len, held));
 }
 
+/// Holds registrations made elsewhere for `addr..addr+len` (the engine's
+/// GPUDirect registrations of device memory) until [`unregister_user`].
+pub fn hold_user(addr: usize, len: usize, mrs: Vec<std::sync::Arc<mr::Mr>>) {
+    USER.lock().push((addr, len, mrs));
+}
+
 /// Drops what [`register_user`] held for `addr..addr+len` and removes the
 /// range from every cache (the memory is about to be freed).
 pub fn unregister_user(addr: usize, len: usize) {

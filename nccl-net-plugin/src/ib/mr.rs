@@ -204,6 +204,26 @@ impl RegCache {
         Ok(mr)
     }
 
+    /// Adds a registration made outside the cache (a DMA-BUF one, whose
+    /// fd the cache cannot obtain), replacing the entries it overlaps.
+    pub fn insert(&mut self, mr: Arc<Mr>) {
+        self.clock += 1;
+        self.drop_overlapping(mr.addr, mr.addr.saturating_add(mr.len));
+        self.registered += 1;
+        while self.by_start.len() >= self.max {
+            if !self.evict_one() {
+                break;
+            }
+        }
+        self.by_start.insert(
+            mr.addr,
+            Entry {
+                mr,
+                used: self.clock,
+            },
+        );
+    }
+
     fn drop_overlapping(&mut self, start: usize, end: usize) -> usize {
         let hit: Vec<usize> = self
             .by_start

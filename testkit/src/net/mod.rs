@@ -337,6 +337,34 @@ impl Api {
         call!(self, regMr(comm.0, ptr.cast(), len, ty, &mut mh))
     }
 
+    /// `regMr` with pointer type `ty`: the handle, or the result code.
+    pub fn reg_typed(&self, comm: P, ptr: *mut u8, len: usize, ty: c_int) -> Result<P, i32> {
+        let mut mh = std::ptr::null_mut();
+        check(
+            call!(self, regMr(comm.0, ptr.cast(), len, ty, &mut mh)),
+            "regMr",
+        )
+        .map(|_| P(mh))
+    }
+
+    /// `regMrDmaBuf`: the handle, or the result code.
+    pub fn reg_dmabuf(
+        &self,
+        comm: P,
+        ptr: *mut u8,
+        len: usize,
+        ty: c_int,
+        offset: u64,
+        fd: c_int,
+    ) -> Result<P, i32> {
+        let mut mh = std::ptr::null_mut();
+        let rc = call!(
+            self,
+            regMrDmaBuf(comm.0, ptr.cast(), len, ty, offset, fd, &mut mh)
+        );
+        check(rc, "regMrDmaBuf").map(|_| P(mh))
+    }
+
     /// `deregMr`; panics unless it succeeds.
     pub fn dereg(&self, comm: P, mh: P) {
         assert_eq!(call!(self, deregMr(comm.0, mh.0)), OK, "deregMr");
