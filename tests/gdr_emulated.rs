@@ -143,10 +143,8 @@ impl Cuda {
     fn alloc(&self, n: usize) -> u64 {
         let mut d = 0;
         // SAFETY: a writable slot; a context is current.
-        assert_eq!(
-            unsafe { self.lib.get::<Alloc>(b"cuMemAlloc_v2\0").unwrap()(&mut d, n) },
-            0
-        );
+        let rc = unsafe { self.lib.get::<Alloc>(b"cuMemAlloc_v2\0").unwrap()(&mut d, n) };
+        assert_eq!(rc, 0);
         d
     }
 
