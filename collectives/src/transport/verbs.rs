@@ -348,7 +348,12 @@ pub fn setup(
         let place = local_place();
         let nics: Vec<_> = ports.iter().map(|p| p.pci.clone()).collect();
         let d = ports_for_peers(&place, &nics, peers);
-        tracing::info!(target: "hetccl::INIT", "rank {rank}: verbs ports by distance from {place:?}: {d:?}");
+        let from = match &place {
+            Place::Gpu(g) => format!("GPU at {}", g.chain.last().map_or("?", String::as_str)),
+            Place::Cpu(Some(n)) => format!("NUMA node {n}"),
+            Place::Cpu(None) => "an unknown place".into(),
+        };
+        tracing::info!(target: "hetccl::INIT", "rank {rank}: verbs port of each peer, nearest to {from}: {d:?}");
         d
     } else {
         vec![0; peers.len()]
