@@ -2,9 +2,10 @@
  * fake_cuda_memory.c: the emulated CUDA driver's memory (the model and its
  * limits are described in fake_cuda.c): the table of allocations, with the
  * address translation the stream workers use; device and pinned
- * allocations; pointer attributes; address ranges; IPC handles. Frees and
- * IPC closes synchronise as CUDA's do: they wait (quiesce) until the
- * streams are idle.
+ * allocations; pointer attributes; address ranges; DMA-BUF handles (a
+ * dup of the allocation's memfd); IPC handles. Frees and IPC closes
+ * synchronise as CUDA's do: they wait (quiesce) until the streams are
+ * idle.
  */
 #include "fake_cuda_internal.h"
 

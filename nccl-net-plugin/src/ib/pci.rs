@@ -115,6 +115,18 @@ fn is_bdf(s: &str) -> bool {
             .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
 }
 
+/// Whether `s` names a PCI root complex, `pcidddd:bb`.
+fn is_root(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 10
+        && s.starts_with("pci")
+        && b[7] == b':'
+        && b[3..]
+            .iter()
+            .enumerate()
+            .all(|(i, c)| i == 4 || c.is_ascii_hexdigit())
+}
+
 impl PciDevice {
     /// Parses a canonical sysfs device path; `None` when it is not below a
     /// PCI root complex (virtual devices such as rxe).
@@ -123,11 +135,7 @@ impl PciDevice {
             .components()
             .map(|c| c.as_os_str().to_string_lossy().into_owned())
             .collect();
-        let at = parts.iter().position(|p| {
-            p.len() > 3
-                && p.starts_with("pci")
-                && p[3..].chars().all(|c| c == ':' || c.is_ascii_hexdigit())
-        })?;
+        let at = parts.iter().position(|p| is_root(p))?;
         let chain: Vec<String> = parts[at + 1..]
             .iter()
             .take_while(|p| is_bdf(p))

@@ -122,6 +122,8 @@ fn virtual_devices_have_no_pci_location() {
         PciDevice::from_path(Path::new("/sys/devices/virtual/infiniband/rxe0"), None).is_none()
     );
     assert!(PciDevice::from_path(Path::new("/sys/devices/pci0000:00"), None).is_none());
+    // Only `pcidddd:bb` names a root complex.
+    assert!(PciDevice::from_path(Path::new("/x/pcibe/0000:00:01.0"), None).is_none());
     let p = PciDevice::from_path(
         Path::new("/sys/devices/pci0000:00/0000:00:03.0/virtio0/net/eth0"),
         None,
