@@ -59,6 +59,7 @@ fn fake_sys(case: &str, gpu: &str, peermem: bool) -> PathBuf {
 /// What a child printed and the fake verbs library logged.
 struct Out {
     stdout: String,
+    stderr: String,
     log: String,
 }
 
@@ -105,7 +106,12 @@ fn run(child: &str, case: &str, gpu: &str, peermem: bool, env: &[(&str, &str)]) 
     );
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&sys);
-    Out { stdout, log }
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    Out {
+        stdout,
+        stderr,
+        log,
+    }
 }
 
 fn is_child() -> bool {
@@ -406,6 +412,18 @@ fn the_engine_registers_device_memory_through_a_dmabuf_fd() {
     assert!(
         line.contains(&format!("offset=0 len={MIB} iova={d:#x} ")) && line.contains("fd_ok=1"),
         "{line}"
+    );
+    // The fd is the one the driver exported (its log: `-> fd N`).
+    let fd = line
+        .split(' ')
+        .find_map(|w| w.strip_prefix("fd="))
+        .expect("fd=");
+    assert!(
+        o.stderr.contains(&format!(
+            "cuMemGetHandleForAddressRange({d:#x}, {MIB}) -> fd {fd}"
+        )),
+        "{line}\n{}",
+        o.stderr
     );
     assert!(!o.log.contains(&format!("reg_mr addr={d:#x}")), "{}", o.log);
     let rkey = o.get("MR").split(' ').nth(2).unwrap().to_string();
