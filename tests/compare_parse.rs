@@ -45,7 +45,8 @@ fn compare_parser_reads_both_programs_tables() {
         "coalescing ratio: ",
     ] {
         assert!(
-            text.lines().any(|l| l.starts_with(line) && l.ends_with(": ok")),
+            text.lines()
+                .any(|l| l.starts_with(line) && l.ends_with(": ok")),
             "missing or failed: {line}\n{text}"
         );
     }
