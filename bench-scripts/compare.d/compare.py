@@ -25,9 +25,11 @@ Definitions used everywhere below:
     collective's busbw reaches.
   * memory limit (mem_limit.c): 2 threads, one per CPU, copy (the faster of
     memcpy and a streaming-store copy) and float add c = a + b, as bytes read
-    + written per second. A collective's limit time is its least memory
-    traffic (min_traffic) at the bandwidth of its kernel; the fraction is
-    limit time / hetccl time (1 = at the memory limit).
+    + written per second, measured right before each round's hetccl launch
+    of every shm sweep that reaches 64 MiB. A collective's limit time is its
+    least memory traffic (tables.min_traffic) at that round's rate of its
+    kernel; the fraction is limit time / hetccl time (1 = at the memory
+    limit), median over rounds.
   * coalescing ratio: a group of 64 ncclSend of 64 B (and the 64 matching
     ncclRecv) between 2 ranks over TCP on loopback, time per group with
     HETCCL_COALESCE_BYTES=0 / time with the default, medians over rounds
@@ -45,9 +47,10 @@ import sys
 import tempfile
 import time
 
-from report import coalescing, limits, mem_bw, report, summarize
-from tables import (BUSBW_FACTOR, COALESCE_BYTES, COALESCE_MSGS, COLLS, FIELDS, LIBS, PERF_NAME,
-                    group_time_us, parse_mem_limit, parse_memcpy, parse_table)
+from report import coalescing, limit_tag, limits, report
+from tables import (BUSBW_FACTOR, COALESCE_BYTES, COALESCE_MSGS, COLLS, FIELDS, LIBS,
+                    LIMIT_SIZE, PERF_NAME, group_time_us, parse_mem_limit, parse_memcpy,
+                    parse_table)
 
 # -------------------------------------------------------------- launching ---
 
@@ -180,6 +183,15 @@ class Runner:
         if s >= hi:
             return [(a.minbytes, a.maxbytes, a.small_iters)]
         return [(a.minbytes, str(s), a.small_iters), (str(s * a.factor), a.maxbytes, a.iters)]
+
+    def sizes(self):
+        """Every size of the sweep (nccl-tests' -b/-e/-f steps)."""
+        lo, hi = size_bytes(self.a.minbytes), size_bytes(self.a.maxbytes)
+        out = []
+        while lo <= hi:
+            out.append(lo)
+            lo *= self.a.factor
+        return out
 
     def sweep_flags(self, part):
         a = self.a
@@ -338,10 +350,10 @@ def cmd_run(a):
             print(f"  skipping {kind}-{n}: no network namespaces", flush=True)
             continue
         r.memcpy(f"before-{kind}{n}")
-        if kind == "shm":
-            r.mem_limit(f"before-{kind}{n}")
         for coll in colls:
             for rnd in range(1, a.rounds + 1):
+                if kind == "shm" and LIMIT_SIZE in r.sizes():
+                    r.mem_limit(limit_tag(kind, n, coll, rnd))
                 for part in r.parts():
                     for lib in LIBS:  # A, B, A, B, ...
                         r.launch(lib, coll, kind, n, rnd, part)
@@ -349,7 +361,6 @@ def cmd_run(a):
         for setting in ("off", "on"):
             r.coalesce(rnd, setting)
     r.memcpy("end")
-    r.mem_limit("end")
     meta = {
         "command": a.command, "quick": a.quick, "rounds": a.rounds,
         "sizes": f"{a.minbytes}..{a.maxbytes} x{a.factor}", "iters": a.iters,
@@ -365,8 +376,7 @@ def cmd_run(a):
                        "subnet": a.subnet},
     }
     res = {"meta": meta, "launches": r.launches, "rows": r.rows}
-    summ, _ = summarize(res)
-    derived = {"memory_limit": limits(summ, mem_bw(res)), "coalesce": coalescing(res)}
+    derived = {"memory_limit": limits(res), "coalesce": coalescing(res)}
     base = os.path.join(a.outdir, a.prefix)
     with open(base + ".json", "w") as f:  # one row per line: small and diffable
         f.write('{"meta": ' + json.dumps(meta, indent=1) + ',\n')
@@ -438,7 +448,7 @@ def main():
     r.add_argument("--mem-minbytes", default="8")
     r.add_argument("--mem-secs", type=float, default=0.2)
     r.add_argument("--mem-limit", required=True, help="the mem_limit program")
-    r.add_argument("--mem-limit-secs", type=float, default=1.0, help="seconds per kernel")
+    r.add_argument("--mem-limit-secs", type=float, default=0.5, help="seconds per kernel")
     r.add_argument("--coalesce-rounds", type=int, default=5,
                    help="rounds of the coalescing benchmark (0: skip)")
     r.add_argument("--coalesce-iters", type=int, default=50)

@@ -66,34 +66,63 @@ def summarize(res):
     return out, mem
 
 
-def mem_bw(res):
-    """{"copy", "add": GB/s} of the memory limit: per mem_limit launch the
-    copy rate is the faster of memcpy and ntcopy; medians over launches."""
+def mem_launches(res):
+    """{round tag: {"copy", "add": GB/s}} per mem_limit launch; the copy
+    rate is the faster of memcpy and ntcopy."""
     per = {}
     for r in res["rows"]:
         if r["lib"] == "memlimit" and r["busbw"] is not None:
-            per.setdefault(r["launch"], {})[r["collective"]] = r["busbw"]
-    copy = [max(v.get("memcpy", 0), v.get("ntcopy", 0)) for v in per.values()]
-    add = [v["add"] for v in per.values() if "add" in v]
-    return {"copy": med([c for c in copy if c > 0]), "add": med(add), "launches": len(per)}
+            per.setdefault(r["launch"], {"tag": r["round"]})[r["collective"]] = r["busbw"]
+    out = {}
+    for v in per.values():
+        copy = max(v.get("memcpy", 0), v.get("ntcopy", 0))
+        out[v["tag"]] = {"copy": copy or None, "add": v.get("add")}
+    return out
 
 
-def limits(summ, bw, size=LIMIT_SIZE):
+def mem_bw(res):
+    """{"copy", "add": GB/s}: medians over every mem_limit launch."""
+    per = mem_launches(res).values()
+    return {"copy": med([v["copy"] for v in per]), "add": med([v["add"] for v in per]),
+            "launches": len(per)}
+
+
+def limit_tag(cfg, n, coll, rnd):
+    """The round tag of the mem_limit launch run right before round `rnd`'s
+    hetccl launch of (cfg, n, coll)."""
+    return f"{cfg}{n}-{coll}-r{rnd}"
+
+
+def limits(res, size=LIMIT_SIZE):
     """One dict per shm (nranks, collective) measured at `size`: its least
-    traffic, kernel, limit time (µs) at that kernel's bandwidth, hetccl's
-    median time and the fraction limit / hetccl."""
+    traffic, kernel, and per round the limit time (µs) at the bandwidth that
+    round's mem_limit launch measured and the fraction limit ÷ hetccl time;
+    medians over rounds (rounds without their own mem_limit launch use the
+    median bandwidth of all launches)."""
+    per = mem_launches(res)
+    every = mem_bw(res)
+    times = {}
+    for r in res["rows"]:
+        if (r["lib"] == "hetccl" and r["config"] == "shm" and r["size"] == size
+                and r["time_us"]):
+            times.setdefault((r["nranks"], r["collective"]), {})[r["round"]] = r["time_us"]
     out = []
-    for (cfg, n, coll), tab in sorted(summ.items(), key=lambda kv: (kv[0][1],
-                                                                   COLLS.index(kv[0][2]))):
-        if cfg != "shm" or size not in tab:
-            continue
+    for (n, coll), rounds in sorted(times.items(), key=lambda kv: (kv[0][0],
+                                                                  COLLS.index(kv[0][1]))):
         traffic, kern = min_traffic(coll, n, size)
-        gbs = bw.get(kern)
-        h = tab[size]["h_time"]
-        t = traffic / (gbs * 1e9) * 1e6 if gbs else None
-        out.append({"collective": coll, "nranks": n, "config": cfg, "size": size,
-                    "traffic": traffic, "kernel": kern, "bw_gbs": gbs, "limit_us": t,
-                    "hetccl_us": h, "fraction": t / h if (t and h) else None})
+        lim, frac, bws = [], [], []
+        for rnd, h in sorted(rounds.items()):
+            gbs = per.get(limit_tag("shm", n, coll, rnd), every)[kern]
+            if gbs:
+                t = traffic / (gbs * 1e9) * 1e6
+                lim.append(t)
+                frac.append(t / h)
+                bws.append(gbs)
+        out.append({"collective": coll, "nranks": n, "config": "shm", "size": size,
+                    "traffic": traffic, "kernel": kern, "bw_gbs": med(bws),
+                    "limit_us": med(lim), "hetccl_us": med(list(rounds.values())),
+                    "fraction": med(frac), "fraction_min": min(frac) if frac else None,
+                    "fraction_max": max(frac) if frac else None, "rounds": len(frac)})
     return out
 
 
@@ -230,27 +259,31 @@ def report(res, outdir, plot_prefix, md_path=None):
             f"{human(hi)}: {fmt(z['h_busbw'])} / {fmt(z['o_busbw'])} | {fmt(z['ratio'])} | "
             f"{fmt(z['h_mem'], 3)} |")
     bw = mem_bw(res)
-    lims = limits(summ, bw)
+    lims = limits(res)
     coal = coalescing(res)
     lines.append("")
     lines.append("## Memory limit at 64 MiB (shm)")
     lines.append("")
-    lines.append(f"mem_limit, 2 threads pinned one per CPU, medians of {bw['launches']} launches: "
-                 f"copy {fmt(bw['copy'], 1)} GB/s, add {fmt(bw['add'], 1)} GB/s (bytes read + "
-                 "written per second). Least traffic (S = size): allreduce 2·n·S and "
-                 "reducescatter (n+1)·S at the add rate, allgather and broadcast (n+1)·S at "
-                 "the copy rate. fraction = limit time ÷ hetccl time.")
+    lines.append(f"mem_limit, 2 threads pinned one per CPU, one launch right before each "
+                 f"round's hetccl launch ({bw['launches']} launches; medians copy "
+                 f"{fmt(bw['copy'], 1)} GB/s, add {fmt(bw['add'], 1)} GB/s, bytes read + written "
+                 "per second). Least traffic (S = size): allreduce 2·n·S and reducescatter "
+                 "(n+1)·S at the add rate, allgather and broadcast (n+1)·S at the copy rate. "
+                 "Per round: limit time = traffic ÷ that round's rate, fraction = limit time "
+                 "÷ hetccl time (1 = at the limit); medians over rounds.")
     lines.append("")
-    lines.append("| collective | ranks | least traffic | kernel | limit time (µs) | "
-                 "hetccl time (µs) | fraction |")
-    lines.append("|---|---:|---:|---|---:|---:|---:|")
+    lines.append("| collective | ranks | least traffic | kernel | rate GB/s | limit time (µs) | "
+                 "hetccl time (µs) | fraction (min–max) |")
+    lines.append("|---|---:|---:|---|---:|---:|---:|---:|")
     for lim in lims:
+        rng = (f" ({fmt(lim['fraction_min'], 3)}–{fmt(lim['fraction_max'], 3)})"
+               if lim["rounds"] > 1 else "")
         lines.append(f"| {lim['collective']} | {lim['nranks']} | "
                      f"{fmt(lim['traffic'] / (1 << 20), 0)} MiB | {lim['kernel']} | "
-                     f"{fmt(lim['limit_us'], 0)} | {fmt(lim['hetccl_us'], 0)} | "
-                     f"{fmt(lim['fraction'], 3)} |")
+                     f"{fmt(lim['bw_gbs'], 1)} | {fmt(lim['limit_us'], 0)} | "
+                     f"{fmt(lim['hetccl_us'], 0)} | {fmt(lim['fraction'], 3)}{rng} |")
     if not lims:
-        lines.append("| (no shm sweep reached 64 MiB) | | | | | | |")
+        lines.append("| (no shm sweep reached 64 MiB) | | | | | | | |")
     lines.append("")
     lines.append("## Coalescing")
     lines.append("")

@@ -6,7 +6,7 @@ import os
 import sys
 import tempfile
 
-from report import coalescing, limits, mem_bw, report, summarize
+from report import coalescing, limit_tag, limits, mem_bw, report
 from tables import (BUSBW_FACTOR, COALESCE_BYTES, COALESCE_MSGS, LIMIT_SIZE, group_time_us,
                     parse_mem_limit, parse_table)
 
@@ -55,35 +55,49 @@ def selftest_limit(sdir):
     with open(os.path.join(sdir, "coalesce-sendrecv.txt")) as f:
         t, wrong = group_time_us(f.read(), COALESCE_BYTES, COALESCE_MSGS)
     ok &= check("coalesce-sendrecv.txt µs per group", t, 1.14 * 64) and wrong == 0
-    # A run with that mem_limit launch, one 2-rank shm allreduce and one
-    # allgather at 64 MiB, and two coalescing rounds.
+    # A run with two rounds of a 2-rank shm allreduce and one of an
+    # allgather at 64 MiB, each hetccl launch after its own mem_limit launch
+    # (the sample's rates; the allreduce's second round at twice those), and
+    # two coalescing rounds.
     S = LIMIT_SIZE
-    rows = [{"lib": "memlimit", "collective": k, "config": "2threads", "nranks": 2,
-             "size": per_array, "round": "end", "time_us": None, "algbw": v / 1e9,
-             "busbw": v / 1e9, "wrong": 0, "status": "ok", "launch": 1} for k, v in m.items()]
-    for lib, coll, us in (("hetccl", "allreduce", 40000.0), ("openmpi", "allreduce", 80000.0),
-                          ("hetccl", "allgather", 20000.0), ("openmpi", "allgather", 30000.0)):
+    rows = []
+
+    def row(lib, coll, rnd, us, launch):
         algbw = S / (us * 1e3)
         rows.append({"lib": lib, "collective": coll, "config": "shm", "nranks": 2, "size": S,
-                     "round": 1, "time_us": us, "algbw": algbw,
+                     "round": rnd, "time_us": us, "algbw": algbw,
                      "busbw": algbw * BUSBW_FACTOR[coll](2), "wrong": 0, "status": "ok",
-                     "launch": 2})
+                     "launch": launch})
+
+    launch = 0
+    for coll, rnd, scale, h_us in (("allreduce", 1, 1.0, 40000.0),
+                                   ("allreduce", 2, 2.0, 30000.0),
+                                   ("allgather", 1, 1.0, 20000.0)):
+        launch += 1
+        rows += [{"lib": "memlimit", "collective": k, "config": "2threads", "nranks": 2,
+                  "size": per_array, "round": limit_tag("shm", 2, coll, rnd), "time_us": None,
+                  "algbw": v * scale / 1e9, "busbw": v * scale / 1e9, "wrong": 0,
+                  "status": "ok", "launch": launch} for k, v in m.items()]
+        row("hetccl", coll, rnd, h_us, launch + 100)
+        row("openmpi", coll, rnd, 2 * h_us, launch + 200)
     for rnd, off, on in ((1, 600.0, 100.0), (2, 900.0, 120.0)):
         for lib, us in (("coalesce-off", off), ("coalesce-on", on)):
             rows.append({"lib": lib, "collective": "sendrecv", "config": "tcp-lo", "nranks": 2,
                          "size": COALESCE_BYTES, "round": rnd, "time_us": us, "algbw": None,
-                         "busbw": None, "wrong": 0, "status": "ok", "launch": 3})
+                         "busbw": None, "wrong": 0, "status": "ok", "launch": 300})
     res = {"rows": rows, "launches": [], "meta": {
         "quick": True, "start_utc": "2026-01-01T00:00:00Z", "end_utc": "2026-01-01T00:01:00Z",
         "host": "selftest", "nproc": 2, "cpu": "-", "kernel": "-", "openmpi": "-", "git": "-",
-        "sizes": "-", "iters": 1, "warmup": 1, "rounds": 1, "command": "selftest"}}
-    bw = mem_bw(res)
-    ok &= check("copy GB/s = max(memcpy, ntcopy)", bw["copy"], 21.189)
-    lims = {x["collective"]: x for x in limits(summarize(res)[0], bw)}
-    # allreduce: 2·2·S bytes at the add rate; allgather: 3·S at the copy rate
+        "sizes": "-", "iters": 1, "warmup": 1, "rounds": 2, "command": "selftest"}}
+    ok &= check("copy GB/s = max(memcpy, ntcopy)", mem_bw(res)["copy"], 21.189)
+    lims = {x["collective"]: x for x in limits(res)}
+    # allreduce: 2·2·S bytes at the add rate, per round; allgather: 3·S at
+    # the copy rate.
     ok &= check("allreduce least traffic", lims["allreduce"]["traffic"], 4 * S)
-    ok &= check("allreduce fraction", lims["allreduce"]["fraction"],
-                4 * S / 12.580e9 * 1e6 / 40000.0)
+    f1 = 4 * S / 12.580e9 * 1e6 / 40000.0
+    f2 = 4 * S / 25.160e9 * 1e6 / 30000.0
+    ok &= check("allreduce fraction", lims["allreduce"]["fraction"], (f1 + f2) / 2)
+    ok &= check("allreduce fraction range", lims["allreduce"]["fraction_min"], min(f1, f2))
     ok &= check("allgather fraction", lims["allgather"]["fraction"],
                 3 * S / 21.189e9 * 1e6 / 20000.0)
     coal = coalescing(res)
@@ -98,8 +112,9 @@ def selftest_limit(sdir):
                 sys.stdout = old
         with open(md) as f:
             text = f.read()
-    want = [f"| allreduce | 2 | 256 MiB | add | {4 * S / 12.580e3:,.0f} | 40,000 | "
-            f"{4 * S / 12.580e3 / 40000.0:.3f} |",
+    lim_us = (4 * S / 12.580e3 + 4 * S / 25.160e3) / 2
+    want = [f"| allreduce | 2 | 256 MiB | add | 18.9 | {lim_us:,.0f} | 35,000 | "
+            f"{(f1 + f2) / 2:.3f} ({min(f1, f2):.3f}–{max(f1, f2):.3f}) |",
             "coalescing ratio (off ÷ on, medians): 6.82×"]
     for w in want:
         good = w in text
