@@ -15,9 +15,10 @@
  * ntcopy as the copy bandwidth.
  *
  * Each kernel runs 5 batches of about SECONDS/5; a batch starts with both
- * threads at a barrier and ends when the slower one is done. The printed
- * rate is the median batch's traffic, bytes read + bytes written by both
- * threads together, per second:
+ * threads at a barrier and ends when the slower one is done. It prints the
+ * median and the fastest batch's traffic, bytes read + bytes written by
+ * both threads together, per second (bench-scripts/compare uses the
+ * fastest: preemption on a shared machine only ever slows a batch):
  *
  *   # mem_limit threads 2 cpus 0,1 bytes_per_array 67108864
  *   # kernel traffic_bytes_per_s best_traffic_bytes_per_s passes_per_batch

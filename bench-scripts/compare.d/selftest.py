@@ -48,9 +48,9 @@ def selftest_limit(sdir):
     with open(os.path.join(sdir, "mem_limit.txt")) as f:
         m, per_array = parse_mem_limit(f.read())
     print(f"mem_limit.txt: {m} bytes_per_array {per_array}")
-    ok &= check("mem_limit memcpy", m.get("memcpy"), 1.6777e10)
-    ok &= check("mem_limit ntcopy", m.get("ntcopy"), 2.1189e10)
-    ok &= check("mem_limit add", m.get("add"), 1.2580e10)
+    ok &= check("mem_limit memcpy", m.get("memcpy"), 1.6910e10)
+    ok &= check("mem_limit ntcopy", m.get("ntcopy"), 2.2920e10)
+    ok &= check("mem_limit add", m.get("add"), 1.3472e10)
     ok &= check("mem_limit bytes_per_array", per_array, 64 << 20)
     with open(os.path.join(sdir, "coalesce-sendrecv.txt")) as f:
         t, wrong = group_time_us(f.read(), COALESCE_BYTES, COALESCE_MSGS)
@@ -89,17 +89,17 @@ def selftest_limit(sdir):
         "quick": True, "start_utc": "2026-01-01T00:00:00Z", "end_utc": "2026-01-01T00:01:00Z",
         "host": "selftest", "nproc": 2, "cpu": "-", "kernel": "-", "openmpi": "-", "git": "-",
         "sizes": "-", "iters": 1, "warmup": 1, "rounds": 2, "command": "selftest"}}
-    ok &= check("copy GB/s = max(memcpy, ntcopy)", mem_bw(res)["copy"], 21.189)
+    ok &= check("copy GB/s = max(memcpy, ntcopy)", mem_bw(res)["copy"], 22.920)
     lims = {x["collective"]: x for x in limits(res)}
     # allreduce: 2·2·S bytes at the add rate, per round; allgather: 3·S at
     # the copy rate.
     ok &= check("allreduce least traffic", lims["allreduce"]["traffic"], 4 * S)
-    f1 = 4 * S / 12.580e9 * 1e6 / 40000.0
-    f2 = 4 * S / 25.160e9 * 1e6 / 30000.0
+    f1 = 4 * S / 13.472e9 * 1e6 / 40000.0
+    f2 = 4 * S / 26.944e9 * 1e6 / 30000.0
     ok &= check("allreduce fraction", lims["allreduce"]["fraction"], (f1 + f2) / 2)
     ok &= check("allreduce fraction range", lims["allreduce"]["fraction_min"], min(f1, f2))
     ok &= check("allgather fraction", lims["allgather"]["fraction"],
-                3 * S / 21.189e9 * 1e6 / 20000.0)
+                3 * S / 22.920e9 * 1e6 / 20000.0)
     coal = coalescing(res)
     ok &= check("coalescing ratio", coal["ratio"], 750.0 / 110.0)
     with tempfile.TemporaryDirectory() as d:
@@ -112,8 +112,8 @@ def selftest_limit(sdir):
                 sys.stdout = old
         with open(md) as f:
             text = f.read()
-    lim_us = (4 * S / 12.580e3 + 4 * S / 25.160e3) / 2
-    want = [f"| allreduce | 2 | 256 MiB | add | 18.9 | {lim_us:,.0f} | 35,000 | "
+    lim_us = (4 * S / 13.472e3 + 4 * S / 26.944e3) / 2
+    want = [f"| allreduce | 2 | 256 MiB | add | 20.2 | {lim_us:,.0f} | 35,000 | "
             f"{(f1 + f2) / 2:.3f} ({min(f1, f2):.3f}–{max(f1, f2):.3f}) |",
             "coalescing ratio (off ÷ on, medians): 6.82×"]
     for w in want:

@@ -62,8 +62,9 @@ def parse_table(text):
 
 
 def parse_mem_limit(text):
-    """{kernel: bytes read + written per second (median batch)} from
-    mem_limit's lines, and the bytes per array from its header."""
+    """{kernel: bytes read + written per second} from mem_limit's lines (the
+    fastest batch: a limit, and preemption only ever slows a batch), and the
+    bytes per array from its header."""
     out, per_array = {}, None
     for line in text.splitlines():
         m = re.match(r"#\s*mem_limit .*bytes_per_array (\d+)", line)
@@ -72,8 +73,8 @@ def parse_mem_limit(text):
         if line.startswith("#") or not line.strip():
             continue
         p = line.split()
-        if len(p) >= 2 and p[0] in ("memcpy", "ntcopy", "add"):
-            v = num(p[1])
+        if len(p) >= 3 and p[0] in ("memcpy", "ntcopy", "add"):
+            v = num(p[2])
             if v is not None and v > 0:
                 out[p[0]] = v
     return out, per_array
