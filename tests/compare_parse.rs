@@ -1,9 +1,13 @@
 //! `bench-scripts/compare` parses hetccl-perf's and its OpenMPI program's
 //! (`bench-scripts/compare.d/mpi_coll.c`) tables with one parser
-//! (`compare.d/compare.py`). This runs that parser's self-test on the
-//! captured samples in `compare.d/samples/` (one of each program), so a
-//! change to either format that the script would misread fails here.
-//! Skipped when `python3` is missing.
+//! (`compare.d/compare.py`), and the memory-limit program's
+//! (`compare.d/mem_limit.c`) lines with another. This runs the script's
+//! self-test on the captured samples in `compare.d/samples/` (one table of
+//! each program, one mem_limit output, one coalescing sendrecv table), which
+//! also checks the memory-limit fractions and the coalescing ratio that the
+//! report derives from them, so a change to any format that the script would
+//! misread, or to those formulas, fails here. Skipped when `python3` is
+//! missing.
 
 use std::path::Path;
 use std::process::Command;
@@ -33,4 +37,18 @@ fn compare_parser_reads_both_programs_tables() {
         text.contains("hetccl-") && text.contains("openmpi-"),
         "{text}"
     );
+    for line in [
+        "mem_limit add: ",
+        "coalesce-sendrecv.txt µs per group: ",
+        "allreduce fraction: ",
+        "allgather fraction: ",
+        "coalescing ratio: ",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(line) && l.ends_with(": ok")),
+            "missing or failed: {line}\n{text}"
+        );
+    }
+    assert!(!text.contains("FAILED"), "{text}");
 }

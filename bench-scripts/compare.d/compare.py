@@ -6,6 +6,9 @@
     compare.py parse  FILE           nccl-tests table -> JSON rows (stdout)
     compare.py selftest              parses the captured samples in samples/
 
+The parsers and formulas are in tables.py, the report in report.py, the
+self-test in selftest.py (all in this directory).
+
 `bench-scripts/compare` (the entry script) installs, builds, makes the network
 namespaces and calls `run`; use it rather than this file directly.
 
@@ -17,91 +20,37 @@ Definitions used everywhere below:
     same (config, collective, size); launches alternate hetccl, OpenMPI,
     hetccl, OpenMPI, ... so each pair ran seconds apart. The quoted ratio is
     the median over rounds. Latency ratios use time (hetccl / OpenMPI).
-  * memory limit: single-core memcpy of the same size, in bytes copied per
-    second (memcpy_bw). "÷ mem" = busbw (GB/s) / memcpy (GB/s): the share of
-    one core's copy rate the collective's busbw reaches.
+  * ÷ mem: busbw (GB/s) / single-core memcpy of the same size (memcpy_bw,
+    bytes copied per second): the share of one core's copy rate the
+    collective's busbw reaches.
+  * memory limit (mem_limit.c): 2 threads, one per CPU, copy (the faster of
+    memcpy and a streaming-store copy) and float add c = a + b, as bytes read
+    + written per second, measured right before each round's hetccl launch
+    of every shm sweep that reaches 64 MiB. A collective's limit time is its
+    least memory traffic (tables.min_traffic) at that round's rate of its
+    kernel; the fraction is limit time / hetccl time (1 = at the memory
+    limit), median over rounds.
+  * coalescing ratio: a group of 64 ncclSend of 64 B (and the 64 matching
+    ncclRecv) between 2 ranks over TCP on loopback, time per group with
+    HETCCL_COALESCE_BYTES=0 / time with the default, medians over rounds
+    (the same measurement as bench-scripts/coalesce).
 """
 import argparse
 import csv
 import datetime as dt
 import json
-import math
 import os
 import platform
-import re
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-COLLS = ["allreduce", "allgather", "reducescatter", "broadcast"]
-PERF_NAME = {"allreduce": "all_reduce", "allgather": "all_gather",
-             "reducescatter": "reduce_scatter", "broadcast": "broadcast"}
-LIBS = ("hetccl", "openmpi")
-# nccl-tests' busbw factors; the printed size is algbw's numerator for these four.
-BUSBW_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-                "reducescatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
-FIELDS = ["lib", "collective", "config", "nranks", "size", "round", "time_us",
-          "algbw", "busbw", "wrong", "status", "launch", "start_utc", "load1"]
-
-# ---------------------------------------------------------------- parsing ---
-
-ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(.*)$")
-
-
-def num(s):
-    """A table cell as float; None for N/A or anything unparsable."""
-    try:
-        return float(s)
-    except ValueError:
-        return None
-
-
-def parse_table(text):
-    """Rows of an nccl-tests table (hetccl-perf or mpi_coll), out-of-place.
-
-    Returns (rows, footer) where rows are dicts with size, count, type,
-    redop, root, time_us, algbw, busbw, wrong (None when N/A) and footer has
-    out_of_bounds / avg_busbw when those lines were printed."""
-    rows, footer = [], {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            m = re.match(r"#\s*Out of bounds values\s*:\s*(\d+)", line)
-            if m:
-                footer["out_of_bounds"] = int(m.group(1))
-            m = re.match(r"#\s*Avg bus bandwidth\s*:\s*(\S+)", line)
-            if m:
-                footer["avg_busbw"] = num(m.group(1))
-            continue
-        m = ROW.match(line)
-        if not m:
-            continue
-        rest = m.group(6).split()
-        if len(rest) < 4:
-            continue
-        rows.append({
-            "size": int(m.group(1)), "count": int(m.group(2)), "type": m.group(3),
-            "redop": m.group(4), "root": int(m.group(5)),
-            "time_us": num(rest[0]), "algbw": num(rest[1]), "busbw": num(rest[2]),
-            "wrong": None if rest[3] == "N/A" else int(float(rest[3])),
-        })
-    return rows, footer
-
-
-def parse_memcpy(text):
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        p = line.split()
-        try:
-            out[int(p[0])] = float(p[1])
-        except (ValueError, IndexError):
-            pass
-    return out
+from report import coalescing, limit_tag, limits, report
+from tables import (BUSBW_FACTOR, COALESCE_BYTES, COALESCE_MSGS, COLLS, FIELDS, LIBS,
+                    LIMIT_SIZE, PERF_NAME, group_time_us, parse_mem_limit, parse_memcpy,
+                    parse_table)
 
 # -------------------------------------------------------------- launching ---
 
@@ -235,6 +184,15 @@ class Runner:
             return [(a.minbytes, a.maxbytes, a.small_iters)]
         return [(a.minbytes, str(s), a.small_iters), (str(s * a.factor), a.maxbytes, a.iters)]
 
+    def sizes(self):
+        """Every size of the sweep (nccl-tests' -b/-e/-f steps)."""
+        lo, hi = size_bytes(self.a.minbytes), size_bytes(self.a.maxbytes)
+        out = []
+        while lo <= hi:
+            out.append(lo)
+            lo *= self.a.factor
+        return out
+
     def sweep_flags(self, part):
         a = self.a
         lo, hi, iters = part
@@ -307,6 +265,72 @@ class Runner:
               + ("" if status == "ok" else f"  <-- {status}"), flush=True)
 
 
+    def mem_limit(self, tag):
+        """Runs mem_limit once; rows lib=memlimit, collective=kernel, busbw
+        = traffic GB/s."""
+        a = self.a
+        self.n += 1
+        cmd = [a.mem_limit, "-t", str(a.mem_limit_secs)]
+        start, l1, t0 = utcnow(), load1(), time.monotonic()
+        rc, out, err = self.spawn([cmd], [{}], a.timeout)
+        secs = time.monotonic() - t0
+        log = self._log(f"mem_limit-{tag}", [cmd], out, err, rc, secs)
+        m, per_array = parse_mem_limit(out)
+        ok = rc == 0 and "add" in m and ("memcpy" in m or "ntcopy" in m)
+        status = "ok" if ok else f"failed rc={rc}"
+        self.launches.append({"launch": self.n, "lib": "memlimit", "collective": "memlimit",
+                              "config": "2threads", "nranks": 2, "round": tag,
+                              "start_utc": start, "load1": l1, "seconds": round(secs, 2),
+                              "rc": rc, "status": status, "rows": len(m), "log": log,
+                              "commands": [sh(cmd)], "env": [{}]})
+        for kern, bps in sorted(m.items()):
+            self.rows.append({"lib": "memlimit", "collective": kern, "config": "2threads",
+                              "nranks": 2, "size": per_array, "round": tag, "time_us": None,
+                              "algbw": bps / 1e9, "busbw": bps / 1e9, "wrong": 0,
+                              "status": status, "launch": self.n, "start_utc": start,
+                              "load1": l1})
+        desc = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in sorted(m.items()))
+        print(f"  [{start}] mem_limit {tag}: {desc} GB/s, {secs:.1f} s, load {l1}"
+              + ("" if status == "ok" else f"  <-- {status}"), flush=True)
+
+    def coalesce(self, rnd, setting):
+        """One launch of the coalescing benchmark, `setting` off or on; row
+        lib=coalesce-<setting>, time_us = µs per group."""
+        a = self.a
+        self.n += 1
+        cmd = [a.perf, "sendrecv", "-np", "2", "--hosts", "2", "-b", str(COALESCE_BYTES),
+               "-e", str(COALESCE_BYTES), "-m", str(COALESCE_MSGS), "-n", str(a.coalesce_iters),
+               "-w", "5", "-T", str(min(a.timeout, 120))]
+        if a.lib:
+            cmd += ["--lib", a.lib]
+        env = {"HETCCL_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+        if setting == "off":
+            env["HETCCL_COALESCE_BYTES"] = "0"
+        start, l1, t0 = utcnow(), load1(), time.monotonic()
+        rc, out, err = self.spawn([cmd], [env], a.timeout)
+        secs = time.monotonic() - t0
+        log = self._log(f"coalesce-{setting}-r{rnd}", [cmd], out, err, rc, secs)
+        t, wrong = group_time_us(out, COALESCE_BYTES, COALESCE_MSGS)
+        status = "ok" if rc == 0 and t is not None else (
+            "timeout" if rc in (124, 137) else f"failed rc={rc}")
+        if wrong:
+            status = f"WRONG ({wrong} wrong elements)"
+        lib = f"coalesce-{setting}"
+        self.launches.append({"launch": self.n, "lib": lib, "collective": "sendrecv",
+                              "config": "tcp-lo", "nranks": 2, "round": rnd,
+                              "start_utc": start, "load1": l1, "seconds": round(secs, 2),
+                              "rc": rc, "status": status, "rows": 0 if t is None else 1,
+                              "log": log, "commands": [sh(cmd)], "env": [env]})
+        self.rows.append({"lib": lib, "collective": "sendrecv", "config": "tcp-lo",
+                          "nranks": 2, "size": COALESCE_BYTES, "round": rnd, "time_us": t,
+                          "algbw": None, "busbw": None, "wrong": wrong, "status": status,
+                          "launch": self.n, "start_utc": start, "load1": l1})
+        flag = "" if status == "ok" else f"  <-- {status} (see {log})"
+        print(f"  [{start}] coalesce {setting:3s} round {rnd}: "
+              f"{'–' if t is None else f'{t:.0f}'} us per group, {secs:5.1f} s, "
+              f"load {l1}{flag}", flush=True)
+
+
 def cmd_run(a):
     a.tmpdir = tempfile.mkdtemp(prefix="hetccl-compare-")
     r = Runner(a)
@@ -328,9 +352,14 @@ def cmd_run(a):
         r.memcpy(f"before-{kind}{n}")
         for coll in colls:
             for rnd in range(1, a.rounds + 1):
+                if kind == "shm" and LIMIT_SIZE in r.sizes():
+                    r.mem_limit(limit_tag(kind, n, coll, rnd))
                 for part in r.parts():
                     for lib in LIBS:  # A, B, A, B, ...
                         r.launch(lib, coll, kind, n, rnd, part)
+    for rnd in range(1, a.coalesce_rounds + 1):
+        for setting in ("off", "on"):
+            r.coalesce(rnd, setting)
     r.memcpy("end")
     meta = {
         "command": a.command, "quick": a.quick, "rounds": a.rounds,
@@ -341,14 +370,19 @@ def cmd_run(a):
         "start_utc": t_start, "end_utc": utcnow(), "host": platform.node(),
         "kernel": platform.release(), "nproc": os.cpu_count(), "cpu": cpu_model(),
         "openmpi": a.ompi_version, "shm_btl": a.shm_btl, "git": a.git,
-        "hetccl_perf": a.perf, "lib": a.lib,
+        "hetccl_perf": a.perf, "lib": a.lib, "coalesce_rounds": a.coalesce_rounds,
+        "coalesce_iters": a.coalesce_iters,
         "namespaces": {"a": a.ns_a, "b": a.ns_b, "if_a": a.if_a, "if_b": a.if_b,
                        "subnet": a.subnet},
     }
     res = {"meta": meta, "launches": r.launches, "rows": r.rows}
+    derived = {"memory_limit": limits(res), "coalesce": coalescing(res)}
     base = os.path.join(a.outdir, a.prefix)
     with open(base + ".json", "w") as f:  # one row per line: small and diffable
-        f.write('{"meta": ' + json.dumps(meta, indent=1) + ',\n "launches": [\n')
+        f.write('{"meta": ' + json.dumps(meta, indent=1) + ',\n')
+        for k, v in derived.items():
+            f.write(f' "{k}": ' + json.dumps(v) + ',\n')
+        f.write(' "launches": [\n')
         f.write(",\n".join(json.dumps(x) for x in r.launches))
         f.write('\n ],\n "rows": [\n')
         f.write(",\n".join(json.dumps(x) for x in r.rows))
@@ -375,244 +409,6 @@ def cpu_model():
         pass
     return platform.processor()
 
-# -------------------------------------------------------------- reporting ---
-
-
-def med(xs):
-    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return statistics.median(xs) if xs else None
-
-
-def human(n):
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= f and n % f == 0:
-            return f"{n // f} {unit}"
-    return f"{n} B"
-
-
-def fmt(v, d=2):
-    if v is None:
-        return "–"
-    if v != 0 and abs(v) < 10 ** -d:
-        return f"{v:.{d}g}" if d > 0 else f"{v:.1g}"
-    return f"{v:,.{d}f}"
-
-
-def summarize(res):
-    """{(config, nranks, coll): {size: stats}} and {size: memcpy GB/s}."""
-    rows = [r for r in res["rows"] if r["size"] is not None and r["busbw"] is not None]
-    mem = {}
-    for r in rows:
-        if r["lib"] == "memcpy":
-            mem.setdefault(r["size"], []).append(r["busbw"])
-    mem = {s: med(v) for s, v in mem.items()}
-    by = {}
-    for r in rows:
-        if r["lib"] == "memcpy":
-            continue
-        key = (r["config"], r["nranks"], r["collective"])
-        d = by.setdefault(key, {}).setdefault(r["size"], {l: {} for l in LIBS})
-        d[r["lib"]][r["round"]] = r
-    out = {}
-    for key, sizes in by.items():
-        for size, d in sorted(sizes.items()):
-            h, o = d["hetccl"], d["openmpi"]
-            pairs = [k for k in h if k in o]
-            bw_ratios = [h[k]["busbw"] / o[k]["busbw"] for k in pairs if o[k]["busbw"]]
-            t_ratios = [h[k]["time_us"] / o[k]["time_us"] for k in pairs
-                        if o[k]["time_us"] and h[k]["time_us"] is not None]
-            hb = med([x["busbw"] for x in h.values()])
-            m = mem.get(size)
-            out.setdefault(key, {})[size] = {
-                "h_busbw": hb, "o_busbw": med([x["busbw"] for x in o.values()]),
-                "h_time": med([x["time_us"] for x in h.values()]),
-                "o_time": med([x["time_us"] for x in o.values()]),
-                "ratio": med(bw_ratios), "ratio_min": min(bw_ratios) if bw_ratios else None,
-                "ratio_max": max(bw_ratios) if bw_ratios else None,
-                "t_ratio": med(t_ratios), "pairs": len(bw_ratios),
-                "mem": m, "h_mem": hb / m if (hb is not None and m) else None,
-                "wrong": sum((x["wrong"] or 0) for x in list(h.values()) + list(o.values())),
-            }
-    return out, mem
-
-
-def targets(summ):
-    """(description, value, goal, holds or None) per issue-5 target."""
-    res = []
-
-    def get(cfg, n, coll):
-        return summ.get((cfg, n, coll), {})
-
-    def near(tab, size):
-        if size in tab:
-            return size
-        return None
-
-    def bw(cfg, n, coll, size, goal, what):
-        tab = get(cfg, n, coll)
-        s = near(tab, size)
-        v = tab[s]["ratio"] if s else None
-        res.append((what, v, f"≥ {goal}×", None if v is None else v >= goal))
-
-    bw("shm", 2, "allreduce", 64 << 20, 2.5, "2-rank shm allreduce 64 MiB busbw ÷ OpenMPI")
-    bw("shm", 2, "allreduce", 1 << 20, 1.5, "2-rank shm allreduce 1 MiB busbw ÷ OpenMPI")
-    tab = get("shm", 2, "allreduce")
-    small = min(tab) if tab else None
-    v = tab[small]["t_ratio"] if small is not None else None
-    res.append((f"2-rank shm allreduce {human(small) if small else '8 B'} latency ÷ OpenMPI",
-                v, "≤ 1×", None if v is None else v <= 1.0))
-    tab = get("shm", 4, "allreduce")
-    big = [s for s in tab if s >= 1 << 20 and tab[s]["ratio"] is not None]
-    v = min(tab[s]["ratio"] for s in big) if big else None
-    worst = min(big, key=lambda s: tab[s]["ratio"]) if big else None
-    res.append((f"4-rank shm allreduce, every size ≥ 1 MiB: busbw ÷ OpenMPI (worst: "
-                f"{human(worst) if worst else '–'})", v, "≥ 1.5×", None if v is None else v >= 1.5))
-    sm = [s for s in tab if s <= 4096 and tab[s]["t_ratio"] is not None]
-    v = max(tab[s]["t_ratio"] for s in sm) if sm else None
-    worst = max(sm, key=lambda s: tab[s]["t_ratio"]) if sm else None
-    res.append((f"4-rank shm allreduce, sizes ≤ 4 KiB: latency ÷ OpenMPI (worst: "
-                f"{human(worst) if worst else '–'})", v, "≤ 2×", None if v is None else v <= 2.0))
-    bw("shm", 2, "allgather", 64 << 20, 1.1, "2-rank shm allgather 64 MiB busbw ÷ OpenMPI")
-    bw("shm", 2, "broadcast", 64 << 20, 1.1, "2-rank shm broadcast 64 MiB busbw ÷ OpenMPI")
-    bw("shm", 2, "reducescatter", 64 << 20, 3.0, "2-rank shm reducescatter 64 MiB busbw ÷ OpenMPI")
-    bw("tcp", 2, "allreduce", 64 << 20, 1.5, "2-rank TCP (netns) allreduce 64 MiB busbw ÷ OpenMPI")
-    return res
-
-
-KEY_SIZES = [8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
-
-
-def report(res, outdir, plot_prefix, md_path=None):
-    summ, mem = summarize(res)
-    lines = []
-    meta = res["meta"]
-    lines.append(f"# bench-scripts/compare results ({'quick' if meta.get('quick') else 'full'} run)")
-    lines.append("")
-    lines.append(f"Run {meta['start_utc']} – {meta['end_utc']} on {meta['host']} "
-                 f"({meta['nproc']} CPUs, {meta['cpu']}, Linux {meta['kernel']}), "
-                 f"{meta['openmpi']}, git {meta['git']}. Sizes {meta['sizes']}, "
-                 f"-n {meta['iters']}"
-                 + (f" (-n {meta['small_iters']} up to {meta['small_max']}, a launch of its own)"
-                    if meta.get("small_iters") else "")
-                 + f" -w {meta['warmup']}, {meta['rounds']} rounds.")
-    lines.append("")
-    lines.append(f"Command: `{meta['command']}`")
-    lines.append("")
-    lines.append("ratio = median over rounds of (hetccl busbw ÷ OpenMPI busbw) of "
-                 "consecutive launches; t-ratio the same for time; ÷ mem = hetccl busbw ÷ "
-                 "single-core memcpy bytes/s at that size. busbw in GB/s, time in µs.")
-    bad = []
-    for l in res["launches"]:
-        if l["status"] != "ok":
-            bad.append(l)
-    for (cfg, n, coll), tab in sorted(summ.items(), key=lambda kv: (kv[0][0] != "shm", kv[0][1],
-                                                                   COLLS.index(kv[0][2]))):
-        lines.append("")
-        lines.append(f"## {coll}, {n} ranks, {cfg}")
-        lines.append("")
-        lines.append("| size | hetccl busbw | OpenMPI busbw | ratio (min–max) | hetccl time | "
-                     "OpenMPI time | t-ratio | memcpy GB/s | ÷ mem | pairs |")
-        lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|")
-        for size, s in sorted(tab.items()):
-            rng = (f" ({fmt(s['ratio_min'])}–{fmt(s['ratio_max'])})"
-                   if s["pairs"] > 1 else "")
-            wrong = f" **{s['wrong']} wrong**" if s["wrong"] else ""
-            lines.append(f"| {human(size)} | {fmt(s['h_busbw'], 3)} | {fmt(s['o_busbw'], 3)} | "
-                         f"{fmt(s['ratio'])}{rng} | {fmt(s['h_time'])} | {fmt(s['o_time'])} | "
-                         f"{fmt(s['t_ratio'])} | {fmt(s['mem'], 1)} | {fmt(s['h_mem'], 3)} | "
-                         f"{s['pairs']}{wrong} |")
-    lines.append("")
-    lines.append("## Key sizes")
-    lines.append("")
-    lines.append("h/o = hetccl / OpenMPI medians; ratio = median pairwise ratio (busbw, or "
-                 "time for the smallest size); ÷ mem = hetccl busbw ÷ memcpy bytes/s.")
-    lines.append("")
-    lines.append("| collective | ranks, transport | smallest size: time h/o (µs) | t-ratio | "
-                 "64 KiB ratio | 1 MiB busbw h/o | ratio | largest: busbw h/o | ratio | ÷ mem |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for (cfg, n, coll), tab in sorted(summ.items(), key=lambda kv: (COLLS.index(kv[0][2]),
-                                                                   kv[0][0] != "shm", kv[0][1])):
-        lo, hi = min(tab), max(tab)
-        a, b, c = tab[lo], tab.get(65536, {}), tab.get(1 << 20, {})
-        z = tab[hi]
-        lines.append(
-            f"| {coll} | {n}, {cfg} | {human(lo)}: {fmt(a['h_time'])} / {fmt(a['o_time'])} | "
-            f"{fmt(a['t_ratio'])} | {fmt(b.get('ratio'))} | "
-            f"{fmt(c.get('h_busbw'))} / {fmt(c.get('o_busbw'))} | {fmt(c.get('ratio'))} | "
-            f"{human(hi)}: {fmt(z['h_busbw'])} / {fmt(z['o_busbw'])} | {fmt(z['ratio'])} | "
-            f"{fmt(z['h_mem'], 3)} |")
-    lines.append("")
-    lines.append("## Targets (from the medians above)")
-    lines.append("")
-    lines.append("| target | measured | goal | holds |")
-    lines.append("|---|---:|---:|:-:|")
-    for what, v, goal, ok in targets(summ):
-        lines.append(f"| {what} | {fmt(v)}× | {goal} | "
-                     f"{'–' if ok is None else ('yes' if ok else '**no**')} |")
-    lines.append("")
-    if bad:
-        lines.append("## Launches that failed or reported wrong results")
-        lines.append("")
-        for l in bad:
-            lines.append(f"* launch {l['launch']} {l['lib']} {l['collective']} {l['config']}-"
-                         f"{l['nranks']} round {l['round']}: {l['status']} (log {l['log']})")
-    else:
-        lines.append("Every launch succeeded and every #wrong was 0.")
-    text = "\n".join(lines) + "\n"
-    print()
-    print(text)
-    if md_path:
-        with open(md_path, "w") as f:
-            f.write(text)
-    try:
-        plots(summ, mem, outdir, plot_prefix, meta)
-    except ImportError as e:
-        print(f"# no plots: {e}")
-    return bad
-
-
-def plots(summ, mem, outdir, prefix, meta):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    colors = {("shm", 2): "tab:blue", ("shm", 4): "tab:green", ("tcp", 2): "tab:red"}
-    for coll in COLLS:
-        keys = [k for k in summ if k[2] == coll]
-        if not keys:
-            continue
-        fig, ax = plt.subplots(figsize=(9, 5.5))
-        for cfg, n, _ in sorted(keys):
-            tab = summ[(cfg, n, coll)]
-            xs = sorted(tab)
-            c = colors.get((cfg, n), None)
-            for lib, key, style in (("hetccl", "h_busbw", "-o"), ("OpenMPI", "o_busbw", "--s")):
-                pts = [(x, tab[x][key]) for x in xs if tab[x][key]]
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=c,
-                            markersize=3.5, label=f"{lib} {cfg} {n} ranks")
-        if mem:
-            xs = sorted(mem)
-            ax.plot(xs, [mem[x] for x in xs], ":", color="black", label="memcpy, 1 core (copied B/s)")
-        ax.set_xscale("log", base=2)
-        top = max(max(summ[k]) for k in keys)
-        ticks = [t for t in (8 << (3 * k) for k in range(10)) if t <= top]
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([human(t).replace(" ", "") for t in ticks])
-        ax.set_yscale("log")
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("busbw (GB/s), median over rounds")
-        ompi = re.sub(r"^mpirun \((.*)\)", r"\1", meta.get("openmpi", "OpenMPI"))
-        ax.set_title(f"{coll}: hetccl vs {ompi}, float sum, busbw "
-                     f"({meta['start_utc'][:16]}Z, {meta['rounds']} rounds)")
-        ax.grid(True, which="major", alpha=0.4)
-        ax.legend(fontsize=8, loc="upper left")
-        fig.tight_layout()
-        path = os.path.join(outdir, f"{prefix}{coll}.png")
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        print(f"# plot {path}")
-
-
 def cmd_report(a):
     with open(a.results) as f:
         res = json.load(f)
@@ -627,27 +423,6 @@ def cmd_parse(a):
     json.dump({"rows": rows, "footer": footer}, sys.stdout, indent=1)
     print()
     return 0
-
-
-def cmd_selftest(_a):
-    """Parses the captured samples of both programs, as CI does."""
-    sdir = os.path.join(HERE, "samples")
-    names = sorted(f for f in os.listdir(sdir) if f.endswith(".txt"))
-    ok = True
-    for name in names:
-        with open(os.path.join(sdir, name)) as f:
-            rows, footer = parse_table(f.read())
-        good = (len(rows) >= 3 and footer.get("out_of_bounds") == 0
-                and all(r["wrong"] == 0 and r["busbw"] is not None and r["time_us"] > 0
-                        for r in rows)
-                and all(b["size"] > a["size"] for a, b in zip(rows, rows[1:])))
-        print(f"{name}: {len(rows)} rows, footer {footer}: {'ok' if good else 'FAILED'}")
-        ok &= good
-    if len(names) < 2:
-        print("expected samples of hetccl-perf and mpi_coll")
-        ok = False
-    return 0 if ok else 1
-
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -672,6 +447,11 @@ def main():
     r.add_argument("--memcpy", required=True)
     r.add_argument("--mem-minbytes", default="8")
     r.add_argument("--mem-secs", type=float, default=0.2)
+    r.add_argument("--mem-limit", required=True, help="the mem_limit program")
+    r.add_argument("--mem-limit-secs", type=float, default=0.5, help="seconds per kernel")
+    r.add_argument("--coalesce-rounds", type=int, default=5,
+                   help="rounds of the coalescing benchmark (0: skip)")
+    r.add_argument("--coalesce-iters", type=int, default=50)
     r.add_argument("--shm-btl", default="vader")
     r.add_argument("--ompi-version", default="Open MPI")
     r.add_argument("--ns-a", default="")
@@ -696,7 +476,10 @@ def main():
     if a.cmd == "run":
         a.mem_minbytes = a.minbytes
         return cmd_run(a)
-    return {"report": cmd_report, "parse": cmd_parse, "selftest": cmd_selftest}[a.cmd](a)
+    if a.cmd == "selftest":
+        import selftest
+        return selftest.run()
+    return {"report": cmd_report, "parse": cmd_parse}[a.cmd](a)
 
 
 if __name__ == "__main__":
