@@ -405,6 +405,13 @@ impl TcpRecvComm {
         Ok(())
     }
 
+    /// Whether the unexpected queue can take one more message of any size
+    /// a sender may send inline; reading stops while it cannot.
+    fn room_for_unexpected(st: &State) -> bool {
+        st.unexpected.len() < MAX_UNEXPECTED
+            && st.unexpected_bytes + MAX_INLINE <= MAX_UNEXPECTED_BYTES
+    }
+
     fn progress(&self, st: &mut State) -> Result<()> {
         if let Some(e) = &st.failed {
             return Err(e.clone());
@@ -444,6 +451,14 @@ impl TcpRecvComm {
         // caller has acted on it (see ctrl.rs).
         st.ctrl.release()?;
         for _ in 0..256 {
+            if !Self::room_for_unexpected(st) {
+                // Back-pressure: leave the rest in the kernel's queue until
+                // a posted receive takes a waiting message. A sender that
+                // runs ahead (back-to-back broadcasts from the root, eager
+                // messages) then blocks in its own socket instead of
+                // overrunning this queue.
+                break;
+            }
             let mut payload = std::mem::take(&mut st.scratch);
             let ev = st.ctrl.next_event(MAX_INLINE, &mut payload);
             let r = ev.and_then(|ev| self.on_event(st, ev, &payload));
