@@ -1,15 +1,16 @@
 //! The engine's TCP links over `nccl-net-plugin`'s transport (the same code that
 //! serves NVIDIA's NCCL as `ncclNetPlugin_v*`): several data sockets per
-//! connection for large messages, payloads up to `NCCL_SOCKET_INLINE` inline
-//! with their header, nonce-checked accepts, and a bounded timeout.
+//! connection for large messages, messages up to 64 KiB inline with their
+//! header (eager), nonce-checked accepts, and a bounded timeout.
 //!
 //! One send comm and one receive comm join each ordered pair of ranks; the
 //! three link channels are told apart by tag (the transport matches a
 //! message with the oldest receive of its tag). Messages are whole: a send
 //! posts the step's entire range, and a receive posts a staging buffer of the
-//! step's length, which it hands to the executor once filled. Packs of
-//! coalesced messages (`transport::coalesce`) of up to 32 KiB go out
-//! eagerly, inline, without waiting for the receiver's CTS.
+//! step's length, which it hands to the executor once filled. Messages of up
+//! to [`EAGER_MAX`] bytes (collective steps and packs of coalesced
+//! point-to-point messages, `transport::coalesce`) go out eagerly, inline,
+//! without waiting for the receiver's CTS.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -188,9 +189,16 @@ impl NetSend {
     }
 }
 
+/// Collective messages up to this size go eagerly, inline with their header
+/// (the transport's largest inline payload, OpenMPI's TCP eager limit too):
+/// one write and no CTS round trip, for a copy on the receiver. Larger ones
+/// wait for the receiver's CTS and go on the data sockets. A receiver holds a
+/// sender that runs ahead back through TCP flow control (`tcp/recv.rs`).
+const EAGER_MAX: usize = nccl_net_plugin::tcp::MAX_EAGER;
+
 impl SendLink for NetSend {
     fn try_send(&self, src: &[u8]) -> Result<usize> {
-        self.send(src, false)
+        self.send(src, src.len() <= EAGER_MAX)
     }
     fn try_send_eager(&self, src: &[u8]) -> Result<usize> {
         self.send(src, true)
