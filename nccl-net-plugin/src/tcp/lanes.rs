@@ -14,7 +14,7 @@
 //! CTS frames), so each lane's byte stream lines up.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -377,7 +377,7 @@ fn poll_inline(sh: &Shared) -> Result<()> {
         while let Some(t) = q.front_mut() {
             let r = match sh.dir {
                 // SAFETY: submit's contract keeps the buffer valid.
-                Dir::Send => sock.write(unsafe {
+                Dir::Send => crate::sock::send_nosignal(sock, unsafe {
                     std::slice::from_raw_parts((t.ptr + t.off) as *const u8, t.len - t.off)
                 }),
                 // SAFETY: as above.
@@ -460,7 +460,7 @@ fn run_task(sh: &Shared, task: &Task) -> Result<()> {
         }
         let r = match sh.dir {
             // SAFETY: submit's contract keeps the buffer valid.
-            Dir::Send => sock.write(unsafe {
+            Dir::Send => crate::sock::send_nosignal(sock, unsafe {
                 std::slice::from_raw_parts((task.ptr + off) as *const u8, task.len - off)
             }),
             // SAFETY: as above.
