@@ -87,10 +87,7 @@ fn in_place_matches_out_of_place_over_tcp() {
             );
             let what = format!("{coll} {bytes} B ({algo})");
             assert_eq!(wire(&inp), wire(&out), "{what}: wire messages differ");
-            let (t_out, t_in) = (
-                makespan(&out, &TCP).unwrap(),
-                makespan(&inp, &TCP).unwrap(),
-            );
+            let (t_out, t_in) = (makespan(&out, &TCP).unwrap(), makespan(&inp, &TCP).unwrap());
             println!("{what}: out of place {t_out:.1} us, in place {t_in:.1} us");
             // In place, direct all-reduce stages its input in scratch (one
             // local copy; a plan whose receives overwrote an input still
@@ -139,8 +136,7 @@ fn in_place_tcp_plans_compute_the_same_results() {
                             match coll {
                                 Collective::AllGather => {
                                     let blk = n * 4;
-                                    b.recv[r * blk..(r + 1) * blk]
-                                        .copy_from_slice(&fill(blk, r));
+                                    b.recv[r * blk..(r + 1) * blk].copy_from_slice(&fill(blk, r));
                                 }
                                 Collective::ReduceScatter => b.send = x[..p.send_bytes].to_vec(),
                                 _ => b.recv = x[..p.recv_bytes].to_vec(),

@@ -622,7 +622,10 @@ fn eager_flood_is_held_back_not_refused() {
                 assert_eq!(sz[0], want.len(), "message {i}");
                 break;
             }
-            assert!(t1.elapsed() < Duration::from_secs(20), "message {i} never came");
+            assert!(
+                t1.elapsed() < Duration::from_secs(20),
+                "message {i} never came"
+            );
         }
         assert!(got == *want, "message {i} differs");
     }
