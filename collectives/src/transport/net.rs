@@ -204,7 +204,12 @@ impl SendLink for NetSend {
         self.send(src, true)
     }
     fn wait_source(&self) -> WaitSource {
-        WaitSource::Poll
+        WaitSource::Fds
+    }
+    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        // Nothing in flight: the transport refused the send for now (too
+        // many requests), which no socket event announces.
+        self.inflight.lock().is_some() && self.comm.poll_fds(out)
     }
     fn close(&self) {
         // The peer sees the sockets close when the connection is dropped.
@@ -274,7 +279,10 @@ impl RecvLink for NetRecv {
         Ok((sizes.first().copied().unwrap_or(0), true))
     }
     fn wait_source(&self) -> WaitSource {
-        WaitSource::Poll
+        WaitSource::Fds
+    }
+    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        self.st.lock().req.is_some() && self.comm.poll_fds(out)
     }
     fn close(&self) {
         // The peer sees the sockets close when the connection is dropped.
@@ -488,6 +496,64 @@ mod tests {
             assert!(Instant::now() < deadline, "the exchange hung");
         }
         (got.expect("set"), sent.expect("set"))
+    }
+
+    /// Whenever a transfer can move, one of the sockets that the blocked
+    /// ends name in `wait_fds` is ready: a rank waiting in `poll(2)` on them
+    /// never sleeps through its peer's bytes, a CTS, or room to write.
+    #[test]
+    fn waits_on_the_named_sockets_never_miss_progress() {
+        for len in [8, 60 << 10, 4 << 20] {
+            let (mut a, mut b) = loopback_pair(1).unwrap();
+            let (a, b) = (a.remove(0), b.remove(0));
+            assert_eq!(a.tx.wait_source(), WaitSource::Fds);
+            let msg: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut dst = vec![0u8; len];
+            let (mut sent, mut got) = (false, false);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut waits = 0;
+            loop {
+                if !got {
+                    got = b.rx.try_recv_into(&mut dst).unwrap() == len;
+                }
+                if !sent {
+                    sent = a.tx.try_send(&msg).unwrap() == len;
+                }
+                if sent && got {
+                    break;
+                }
+                let mut fds = Vec::new();
+                assert!(
+                    sent || a.tx.wait_fds(&mut fds),
+                    "{len} B: send names no sockets"
+                );
+                assert!(
+                    got || b.rx.wait_fds(&mut fds),
+                    "{len} B: receive names no sockets"
+                );
+                let ts = libc::timespec {
+                    tv_sec: 5,
+                    tv_nsec: 0,
+                };
+                // SAFETY: a valid pollfd array and timeout.
+                let n = unsafe {
+                    libc::ppoll(
+                        fds.as_mut_ptr(),
+                        fds.len() as libc::nfds_t,
+                        &ts,
+                        std::ptr::null(),
+                    )
+                };
+                assert!(
+                    n > 0,
+                    "{len} B: no named socket became ready ({sent} {got})"
+                );
+                waits += 1;
+                assert!(Instant::now() < deadline, "{len} B: the exchange hung");
+            }
+            assert!(dst == msg, "{len} B arrived wrong");
+            assert!(waits > 0 || len <= 64 << 10, "{len} B never waited");
+        }
     }
 
     #[test]

@@ -228,6 +228,27 @@ impl Lanes {
         self.core.shared.inline
     }
 
+    /// The sockets of the lanes that have work queued, with `events`, for a
+    /// caller that waits in `poll(2)` until its progress can move them.
+    /// `false` with helper threads: they move the lanes, not the caller.
+    pub(crate) fn poll_fds(&self, events: i16, out: &mut Vec<libc::pollfd>) -> bool {
+        let sh = &self.core.shared;
+        if !sh.inline {
+            return sh.queues.iter().all(|(q, _)| q.lock().is_empty())
+                && sh.active.load(Ordering::Acquire) == 0;
+        }
+        for (sock, (q, _)) in sh.socks.iter().zip(&sh.queues) {
+            if !q.lock().is_empty() {
+                out.push(libc::pollfd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(sock),
+                    events,
+                    revents: 0,
+                });
+            }
+        }
+        true
+    }
+
     /// Number of lanes.
     pub(crate) fn len(&self) -> usize {
         self.core.shared.socks.len()

@@ -531,6 +531,19 @@ impl TcpRecvComm {
         Ok(true)
     }
 
+    /// Appends the sockets whose readiness would let this comm's progress
+    /// move (the control socket, the data sockets with tasks queued), for a
+    /// caller that waits in `poll(2)` instead of napping. `false` when
+    /// waiting on them is not enough (helper threads are moving data
+    /// sockets).
+    pub fn poll_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        let st = self.st.lock();
+        out.push(st.ctrl.pollfd(true));
+        self.lanes
+            .as_ref()
+            .is_none_or(|l| l.poll_fds(libc::POLLIN, out))
+    }
+
     /// Ends the comm because rank `by` of the engine's communicator revoked
     /// it: a CLOSE frame tells the peer why (best effort, never blocking),
     /// and every later call fails. Idempotent.
