@@ -1,7 +1,7 @@
 //! Small socket helpers over `std::net` and `libc`: non-blocking connect,
 //! readiness checks, and I/O calls that report "would block" as `None`.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd};
 
@@ -92,10 +92,55 @@ fn to_sockaddr(addr: &SocketAddr) -> (i32, libc::sockaddr_storage, libc::socklen
     }
 }
 
+/// `send(2)` of `buf` with `MSG_NOSIGNAL`: a peer that is gone makes the
+/// call fail with `EPIPE` instead of raising `SIGPIPE`, which would kill a
+/// host process (a C program, Python) that keeps SIGPIPE's default action.
+pub fn send_nosignal(s: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
+    // SAFETY: `buf` is valid for `buf.len()` bytes; the fd is open.
+    let n = unsafe {
+        libc::send(
+            s.as_raw_fd(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// `sendmsg(2)` of `a` then `b` with `MSG_NOSIGNAL` (see [`send_nosignal`]).
+fn send2_nosignal(s: &TcpStream, a: &[u8], b: &[u8]) -> std::io::Result<usize> {
+    let mut iov = [
+        libc::iovec {
+            iov_base: a.as_ptr() as *mut libc::c_void,
+            iov_len: a.len(),
+        },
+        libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        },
+    ];
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len() as _;
+    // SAFETY: `msg` points at two iovecs over live slices; the fd is open.
+    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 /// Non-blocking write: `Ok(None)` if the socket buffer is full.
 pub fn try_write(s: &mut TcpStream, buf: &[u8]) -> Result<Option<usize>> {
     loop {
-        match s.write(buf) {
+        match send_nosignal(s, buf) {
             Ok(n) => return Ok(Some(n)),
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -107,9 +152,8 @@ pub fn try_write(s: &mut TcpStream, buf: &[u8]) -> Result<Option<usize>> {
 /// Non-blocking gathering write of `a` then `b` (one `writev`): `Ok(None)`
 /// if the socket buffer is full, else how many bytes were taken.
 pub fn try_write2(s: &mut TcpStream, a: &[u8], b: &[u8]) -> Result<Option<usize>> {
-    let bufs = [std::io::IoSlice::new(a), std::io::IoSlice::new(b)];
     loop {
-        match s.write_vectored(&bufs) {
+        match send2_nosignal(s, a, b) {
             Ok(n) => return Ok(Some(n)),
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,

@@ -19,6 +19,11 @@ pub trait Clock: Sync {
     fn spin(&self, _until: Instant) {
         std::hint::spin_loop();
     }
+    /// Waits until one of `fds` is ready for its events, or `until`. The
+    /// default naps as for a polled link.
+    fn wait_fds(&self, _fds: &mut [libc::pollfd], until: Instant) {
+        self.nap(std::time::Duration::from_micros(20), until);
+    }
 }
 
 /// The real clock.
@@ -31,6 +36,24 @@ impl Clock for SystemClock {
     }
     fn nap(&self, nap: Duration, until: Instant) {
         std::thread::sleep(nap.min(until.saturating_duration_since(Instant::now())));
+    }
+    fn wait_fds(&self, fds: &mut [libc::pollfd], until: Instant) {
+        let d = until.saturating_duration_since(Instant::now());
+        let ts = libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+        };
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds and `ts` a
+        // valid timeout; no signal mask is passed. Errors (EINTR) just end
+        // the wait early: the caller polls its links again.
+        unsafe {
+            libc::ppoll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
+        };
     }
 }
 

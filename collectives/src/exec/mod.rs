@@ -451,6 +451,30 @@ impl<'a> Batch<'a> {
     }
 }
 
+impl Batch<'_> {
+    /// Appends the sockets of the links at the head of a queue whose step
+    /// is ready (see [`crate::transport::SendLink::wait_fds`]); `false` if
+    /// one of them cannot name its sockets now.
+    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        for &((peer, lc, is_send), ref q) in &self.queues {
+            if let Some(&g) = q.front() {
+                if self.deps_left[g as usize] == 0 && !self.done[g as usize] {
+                    let c = &self.links.peers[peer].as_ref().expect("checked")[lc];
+                    let ok = if is_send {
+                        c.tx.wait_fds(out)
+                    } else {
+                        c.rx.wait_fds(out)
+                    };
+                    if !ok {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
 impl Links {
     /// Marks every link dead (abort): this rank's waits end and peers see
     /// the links closed.
@@ -725,10 +749,16 @@ fn hang_report(batches: &[Batch<'_>], idle: Duration, after: Duration) {
     crate::telemetry::status::log_view();
 }
 
+/// The longest wait in `poll(2)` on the blocked links' sockets: a readiness
+/// the links did not announce costs at most this.
+const FD_WAIT_MAX: Duration = Duration::from_millis(1);
+
 /// Sleeps until a link may have moved, or `until`: on the doorbell when
-/// every blocked link rings one (shm), else briefly through the clock
-/// (links that must be polled, like TCP driven from this thread). Each
-/// sleep is bounded by 10 ms, so aborts are noticed within ~10 ms.
+/// every blocked link rings one (shm); in `poll(2)` on their sockets when
+/// every blocked link names them (TCP driven from this thread), waking as
+/// soon as the peer's bytes arrive, for at most [`FD_WAIT_MAX`]; else
+/// briefly through the clock. Each sleep is bounded by 10 ms, so aborts
+/// are noticed within ~10 ms.
 fn wait(
     batches: &mut [Batch<'_>],
     sources: &[WaitSource],
@@ -739,8 +769,20 @@ fn wait(
         .saturating_duration_since(clock.now())
         .min(Duration::from_millis(10));
     let bell = batches.iter().find_map(|b| b.links.bell);
-    let Some(bell) = bell.filter(|_| !sources.contains(&WaitSource::Poll)) else {
-        clock.nap(Duration::from_micros(20), until);
+    let polled = sources.iter().any(|s| *s != WaitSource::Bell);
+    let Some(bell) = bell.filter(|_| !polled) else {
+        let mut fds = Vec::new();
+        let on_fds = !sources.is_empty()
+            && sources.iter().all(|s| *s == WaitSource::Fds)
+            && batches
+                .iter()
+                .filter(|b| !b.finished())
+                .all(|b| b.wait_fds(&mut fds));
+        if on_fds {
+            clock.wait_fds(&mut fds, until.min(clock.now() + FD_WAIT_MAX));
+        } else {
+            clock.nap(Duration::from_micros(20), until);
+        }
         return Ok(());
     };
     // Announce the sleep, then poll once more: a peer that publishes after

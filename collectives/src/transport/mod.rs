@@ -35,6 +35,10 @@ pub enum WaitSource {
     /// Nothing to sleep on: the link must be polled (its sockets are driven
     /// by its `try_*` calls).
     Poll,
+    /// As `Poll`, but the link names the sockets whose readiness would let
+    /// its `try_*` calls move (`wait_fds`), so its owner can wait in
+    /// `poll(2)` and wake as soon as the peer's bytes arrive.
+    Fds,
 }
 
 /// The sending half of a connection: an ordered message stream to one peer.
@@ -52,6 +56,11 @@ pub trait SendLink: Send + Sync + std::fmt::Debug {
     }
     /// What to wait on when `try_send` takes nothing.
     fn wait_source(&self) -> WaitSource;
+    /// For [`WaitSource::Fds`]: appends the sockets to wait on; `false`
+    /// when waiting on sockets is not enough now (the owner then naps).
+    fn wait_fds(&self, _out: &mut Vec<libc::pollfd>) -> bool {
+        false
+    }
     /// Marks the link dead (abort); the peer's calls then fail.
     fn close(&self);
     /// Marks the link dead because rank `by` revoked the communicator; the
@@ -104,6 +113,11 @@ pub trait RecvLink: Send + Sync + std::fmt::Debug {
     }
     /// What to wait on when nothing is ready.
     fn wait_source(&self) -> WaitSource;
+    /// For [`WaitSource::Fds`]: appends the sockets to wait on; `false`
+    /// when waiting on sockets is not enough now (the owner then naps).
+    fn wait_fds(&self, _out: &mut Vec<libc::pollfd>) -> bool {
+        false
+    }
     /// Marks the link dead (abort).
     fn close(&self);
     /// As [`SendLink::revoke`], for the receiving half.

@@ -1,15 +1,16 @@
 //! The engine's TCP links over `nccl-net-plugin`'s transport (the same code that
 //! serves NVIDIA's NCCL as `ncclNetPlugin_v*`): several data sockets per
-//! connection for large messages, payloads up to `NCCL_SOCKET_INLINE` inline
-//! with their header, nonce-checked accepts, and a bounded timeout.
+//! connection for large messages, messages up to 64 KiB inline with their
+//! header (eager), nonce-checked accepts, and a bounded timeout.
 //!
 //! One send comm and one receive comm join each ordered pair of ranks; the
 //! three link channels are told apart by tag (the transport matches a
 //! message with the oldest receive of its tag). Messages are whole: a send
 //! posts the step's entire range, and a receive posts a staging buffer of the
-//! step's length, which it hands to the executor once filled. Packs of
-//! coalesced messages (`transport::coalesce`) of up to 32 KiB go out
-//! eagerly, inline, without waiting for the receiver's CTS.
+//! step's length, which it hands to the executor once filled. Messages of up
+//! to [`EAGER_MAX`] bytes (collective steps and packs of coalesced
+//! point-to-point messages, `transport::coalesce`) go out eagerly, inline,
+//! without waiting for the receiver's CTS.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -188,15 +189,27 @@ impl NetSend {
     }
 }
 
+/// Collective messages up to this size go eagerly, inline with their header
+/// (the transport's largest inline payload, OpenMPI's TCP eager limit too):
+/// one write and no CTS round trip, for a copy on the receiver. Larger ones
+/// wait for the receiver's CTS and go on the data sockets. A receiver holds a
+/// sender that runs ahead back through TCP flow control (`tcp/recv.rs`).
+const EAGER_MAX: usize = nccl_net_plugin::tcp::MAX_EAGER;
+
 impl SendLink for NetSend {
     fn try_send(&self, src: &[u8]) -> Result<usize> {
-        self.send(src, false)
+        self.send(src, src.len() <= EAGER_MAX)
     }
     fn try_send_eager(&self, src: &[u8]) -> Result<usize> {
         self.send(src, true)
     }
     fn wait_source(&self) -> WaitSource {
-        WaitSource::Poll
+        WaitSource::Fds
+    }
+    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        // Nothing in flight: the transport refused the send for now (too
+        // many requests), which no socket event announces.
+        self.inflight.lock().is_some() && self.comm.poll_fds(out)
     }
     fn close(&self) {
         // The peer sees the sockets close when the connection is dropped.
@@ -266,7 +279,10 @@ impl RecvLink for NetRecv {
         Ok((sizes.first().copied().unwrap_or(0), true))
     }
     fn wait_source(&self) -> WaitSource {
-        WaitSource::Poll
+        WaitSource::Fds
+    }
+    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        self.st.lock().req.is_some() && self.comm.poll_fds(out)
     }
     fn close(&self) {
         // The peer sees the sockets close when the connection is dropped.
@@ -480,6 +496,64 @@ mod tests {
             assert!(Instant::now() < deadline, "the exchange hung");
         }
         (got.expect("set"), sent.expect("set"))
+    }
+
+    /// Whenever a transfer can move, one of the sockets that the blocked
+    /// ends name in `wait_fds` is ready: a rank waiting in `poll(2)` on them
+    /// never sleeps through its peer's bytes, a CTS, or room to write.
+    #[test]
+    fn waits_on_the_named_sockets_never_miss_progress() {
+        for len in [8, 60 << 10, 4 << 20] {
+            let (mut a, mut b) = loopback_pair(1).unwrap();
+            let (a, b) = (a.remove(0), b.remove(0));
+            assert_eq!(a.tx.wait_source(), WaitSource::Fds);
+            let msg: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut dst = vec![0u8; len];
+            let (mut sent, mut got) = (false, false);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut waits = 0;
+            loop {
+                if !got {
+                    got = b.rx.try_recv_into(&mut dst).unwrap() == len;
+                }
+                if !sent {
+                    sent = a.tx.try_send(&msg).unwrap() == len;
+                }
+                if sent && got {
+                    break;
+                }
+                let mut fds = Vec::new();
+                assert!(
+                    sent || a.tx.wait_fds(&mut fds),
+                    "{len} B: send names no sockets"
+                );
+                assert!(
+                    got || b.rx.wait_fds(&mut fds),
+                    "{len} B: receive names no sockets"
+                );
+                let ts = libc::timespec {
+                    tv_sec: 5,
+                    tv_nsec: 0,
+                };
+                // SAFETY: a valid pollfd array and timeout.
+                let n = unsafe {
+                    libc::ppoll(
+                        fds.as_mut_ptr(),
+                        fds.len() as libc::nfds_t,
+                        &ts,
+                        std::ptr::null(),
+                    )
+                };
+                assert!(
+                    n > 0,
+                    "{len} B: no named socket became ready ({sent} {got})"
+                );
+                waits += 1;
+                assert!(Instant::now() < deadline, "{len} B: the exchange hung");
+            }
+            assert!(dst == msg, "{len} B arrived wrong");
+            assert!(waits > 0 || len <= 64 << 10, "{len} B never waited");
+        }
     }
 
     #[test]

@@ -409,6 +409,23 @@ impl Ctrl {
         }
     }
 
+    /// The socket in `poll(2)` terms: readable when `read` (a frame or
+    /// payload the caller waits for), writable while output is queued.
+    pub(crate) fn pollfd(&self, read: bool) -> libc::pollfd {
+        let mut events = 0;
+        if read {
+            events |= libc::POLLIN;
+        }
+        if !self.out.is_empty() {
+            events |= libc::POLLOUT;
+        }
+        libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&self.sock),
+            events,
+            revents: 0,
+        }
+    }
+
     /// The socket (for a graceful close).
     pub(crate) fn sock(&self) -> &TcpStream {
         &self.sock

@@ -14,7 +14,7 @@
 //! CTS frames), so each lane's byte stream lines up.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -228,6 +228,27 @@ impl Lanes {
         self.core.shared.inline
     }
 
+    /// The sockets of the lanes that have work queued, with `events`, for a
+    /// caller that waits in `poll(2)` until its progress can move them.
+    /// `false` with helper threads: they move the lanes, not the caller.
+    pub(crate) fn poll_fds(&self, events: i16, out: &mut Vec<libc::pollfd>) -> bool {
+        let sh = &self.core.shared;
+        if !sh.inline {
+            return sh.queues.iter().all(|(q, _)| q.lock().is_empty())
+                && sh.active.load(Ordering::Acquire) == 0;
+        }
+        for (sock, (q, _)) in sh.socks.iter().zip(&sh.queues) {
+            if !q.lock().is_empty() {
+                out.push(libc::pollfd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(sock),
+                    events,
+                    revents: 0,
+                });
+            }
+        }
+        true
+    }
+
     /// Number of lanes.
     pub(crate) fn len(&self) -> usize {
         self.core.shared.socks.len()
@@ -377,7 +398,7 @@ fn poll_inline(sh: &Shared) -> Result<()> {
         while let Some(t) = q.front_mut() {
             let r = match sh.dir {
                 // SAFETY: submit's contract keeps the buffer valid.
-                Dir::Send => sock.write(unsafe {
+                Dir::Send => crate::sock::send_nosignal(sock, unsafe {
                     std::slice::from_raw_parts((t.ptr + t.off) as *const u8, t.len - t.off)
                 }),
                 // SAFETY: as above.
@@ -460,7 +481,7 @@ fn run_task(sh: &Shared, task: &Task) -> Result<()> {
         }
         let r = match sh.dir {
             // SAFETY: submit's contract keeps the buffer valid.
-            Dir::Send => sock.write(unsafe {
+            Dir::Send => crate::sock::send_nosignal(sock, unsafe {
                 std::slice::from_raw_parts((task.ptr + off) as *const u8, task.len - off)
             }),
             // SAFETY: as above.

@@ -405,6 +405,13 @@ impl TcpRecvComm {
         Ok(())
     }
 
+    /// Whether the unexpected queue can take one more message of any size
+    /// a sender may send inline; reading stops while it cannot.
+    fn room_for_unexpected(st: &State) -> bool {
+        st.unexpected.len() < MAX_UNEXPECTED
+            && st.unexpected_bytes + MAX_INLINE <= MAX_UNEXPECTED_BYTES
+    }
+
     fn progress(&self, st: &mut State) -> Result<()> {
         if let Some(e) = &st.failed {
             return Err(e.clone());
@@ -444,6 +451,14 @@ impl TcpRecvComm {
         // caller has acted on it (see ctrl.rs).
         st.ctrl.release()?;
         for _ in 0..256 {
+            if !Self::room_for_unexpected(st) {
+                // Back-pressure: leave the rest in the kernel's queue until
+                // a posted receive takes a waiting message. A sender that
+                // runs ahead (back-to-back broadcasts from the root, eager
+                // messages) then blocks in its own socket instead of
+                // overrunning this queue.
+                break;
+            }
             let mut payload = std::mem::take(&mut st.scratch);
             let ev = st.ctrl.next_event(MAX_INLINE, &mut payload);
             let r = ev.and_then(|ev| self.on_event(st, ev, &payload));
@@ -514,6 +529,19 @@ impl TcpRecvComm {
             }
         }
         Ok(true)
+    }
+
+    /// Appends the sockets whose readiness would let this comm's progress
+    /// move (the control socket, the data sockets with tasks queued), for a
+    /// caller that waits in `poll(2)` instead of napping. `false` when
+    /// waiting on them is not enough (helper threads are moving data
+    /// sockets).
+    pub fn poll_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        let st = self.st.lock();
+        out.push(st.ctrl.pollfd(true));
+        self.lanes
+            .as_ref()
+            .is_none_or(|l| l.poll_fds(libc::POLLIN, out))
     }
 
     /// Ends the comm because rank `by` of the engine's communicator revoked

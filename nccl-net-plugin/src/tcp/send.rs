@@ -379,6 +379,20 @@ impl TcpSendComm {
         Ok(())
     }
 
+    /// Appends the sockets whose readiness would let this comm's progress
+    /// move (the control socket for a CTS or queued output, the data
+    /// sockets with tasks queued), for a caller that waits in `poll(2)`
+    /// instead of napping. `false` when waiting on them is not enough
+    /// (helper threads are moving data sockets).
+    pub fn poll_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        let st = self.st.lock();
+        // Reading also shows a peer that closed the connection.
+        out.push(st.ctrl.pollfd(true));
+        self.lanes
+            .as_ref()
+            .is_none_or(|l| l.poll_fds(libc::POLLOUT, out))
+    }
+
     /// Ends the comm because rank `by` of the engine's communicator revoked
     /// it: a CLOSE frame tells the peer why (best effort, never blocking),
     /// and every later call fails. Idempotent.

@@ -559,3 +559,75 @@ fn eager_sends_complete_before_the_receive_is_posted() {
     r.close();
     net.shutdown();
 }
+
+/// A sender that runs far ahead of its receiver with eager messages (more
+/// messages and more inline bytes than the unexpected queue holds) is held
+/// back by TCP flow control instead of failing the receiver: every message
+/// arrives, in order, once the receives are posted.
+#[test]
+fn eager_flood_is_held_back_not_refused() {
+    let net = lo_net(0, 0);
+    let (s, r) = pair(&net);
+    let n = 1200;
+    let size = |i: usize| if i % 2 == 0 { 8 } else { 60 << 10 };
+    let msgs: Vec<Vec<u8>> = (0..n).map(|i| pattern(size(i), i as u8)).collect();
+    let mut sent = 0;
+    let mut inflight: std::collections::VecDeque<SendRequest> = Default::default();
+    let mut drive_sender = |sent: &mut usize| {
+        while *sent < n {
+            let m = &msgs[*sent];
+            // SAFETY: `msgs` outlives the comms.
+            match unsafe { s.isend_eager(m.as_ptr(), m.len(), 0) }.unwrap() {
+                Some(q) => inflight.push_back(q),
+                None => break,
+            }
+            *sent += 1;
+        }
+        inflight.retain(|&q| s.test(q).unwrap().is_none());
+    };
+    // A receive of another tag keeps the receiver reading.
+    let mut other = [0u8; 8];
+    // SAFETY: `other` outlives the comms.
+    let idle = unsafe {
+        r.irecv(
+            &[RecvBuf {
+                ptr: other.as_mut_ptr(),
+                cap: other.len(),
+                tag: 99,
+            }],
+            false,
+        )
+    }
+    .unwrap()
+    .unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(300) {
+        drive_sender(&mut sent);
+        assert!(r.test(idle).unwrap().is_none());
+    }
+    assert!(sent < n, "the receiver should have held the sender back");
+    for (i, want) in msgs.iter().enumerate() {
+        let mut got = vec![0u8; want.len()];
+        let bufs = [RecvBuf {
+            ptr: got.as_mut_ptr(),
+            cap: got.len(),
+            tag: 0,
+        }];
+        // SAFETY: `got` outlives the request (waited for below).
+        let q = unsafe { r.irecv(&bufs, false) }.unwrap().unwrap();
+        let t1 = Instant::now();
+        loop {
+            drive_sender(&mut sent);
+            if let Some(sz) = r.test(q).unwrap() {
+                assert_eq!(sz[0], want.len(), "message {i}");
+                break;
+            }
+            assert!(
+                t1.elapsed() < Duration::from_secs(20),
+                "message {i} never came"
+            );
+        }
+        assert!(got == *want, "message {i} differs");
+    }
+    assert!(r.test(idle).unwrap().is_none());
+}
