@@ -1,0 +1,224 @@
+//! Small broadcasts through a per-root ring: the root posts and returns,
+//! receivers copy out and report how far they have read.
+//!
+//! Broadcasts are numbered by their own counter (`Node::bc_seq`, the same
+//! on every rank of a well-formed program), apart from the full-exchange
+//! operations of [`super::fastbox`]. Broadcast `b` of root `r`:
+//!
+//! 1. Every rank records `b` and its call's shape in its entry `b mod K` of
+//!    the broadcast calls and raises its broadcast mark to `b`.
+//! 2. The root checks the entries peers recorded for `b`, waits until every
+//!    rank finished broadcast `b - K` (the ring is full only when the
+//!    slowest receiver is `K` broadcasts behind), posts the data with the
+//!    shape into ring slot `b mod K`, marks `b` finished, and returns.
+//! 3. A receiver waits for the root's slot to hold `b`, checks the root's
+//!    shape against its own, copies the data out, checks the entries of the
+//!    other peers, and marks `b` finished.
+//!
+//! Safety argument:
+//! - Ring slots: the root rewrites slot `b mod K` only after every rank's
+//!   finished mark reached `b - K`; ranks run broadcasts in order and
+//!   publish a finished mark (`Release`) after their last read of a slot,
+//!   and the root reads those marks with `Acquire` before it writes. So no
+//!   slot is written while read. A receiver reads only after seeing `b` in
+//!   the slot's sequence word (`Acquire`, stored with `Release` after the
+//!   data), and never more than the byte count posted with it.
+//! - Full-exchange slots: broadcasts never touch them nor their counter,
+//!   so the two-slot argument of [`super::board`] holds unchanged between
+//!   any two full-exchange operations. A broadcast followed by an
+//!   AllReduce is ordered by program order on each rank: every rank
+//!   finishes (root: posts) the broadcast before it posts the AllReduce,
+//!   and the two use disjoint memory.
+//! - Progress: consider the earliest operation some rank has not finished.
+//!   Every rank has posted everything before it; if it is a broadcast, its
+//!   root can wait only for broadcast `b - K`, finished already. So one of
+//!   the waits always ends, and the others end at the stall limit, on
+//!   abort, or when a peer closes its links (as every failing call does).
+//! - Mismatches: a receiver compares the root's posted shape with its own
+//!   before reading, so a different count, datatype or kind fails with
+//!   `ncclInvalidUsage` instead of reading past what was posted. A root
+//!   disagreement is seen through the call entries: a receiver that finds,
+//!   while it waits, a rank that recorded another shape for `b` fails; each
+//!   rank checks the others' entries after recording its own (`SeqCst` on
+//!   both sides), so of two ranks that disagree, at least one sees it while
+//!   both entries hold `b`. A root has nobody to wait for, so a mismatch no rank saw in
+//!   time goes unreported on it; its peers fail, close their links, and
+//!   the root's next waiting call fails.
+//! - Other paths: a peer that ran a full-exchange or single-copy operation
+//!   in place of broadcast `b` is seen the way [`super::fastbox`] sees a
+//!   peer on single copy: its post (or stage) is past what this rank ran,
+//!   checked before and after the slot itself. Those paths see a peer in
+//!   the ring through its broadcast mark ([`Node::peer_in_bcast`]).
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
+use super::board::RING_SLOTS;
+use super::shape::{self, Shape};
+use super::wait::Op;
+use super::Node;
+use crate::error::{Error, Result};
+use crate::exec::watch::Watch;
+use crate::launch::Call;
+
+/// Why a receiver stopped waiting before the root posted.
+#[derive(Clone, Copy)]
+enum Seen {
+    /// A rank (the root or another) recorded another call for this
+    /// broadcast.
+    OtherCall(usize, [u64; 2]),
+    /// The root ran another kind of operation in place of it.
+    OtherPath,
+}
+
+/// Runs one small broadcast (`fastbox::fits` returned true).
+pub fn run(node: &Node, a: &Call, trace: u64, watch: &Watch) -> Result<()> {
+    let me = node.me;
+    let root = a.root;
+    let bytes = a.count * a.dtype.size();
+    let shape = Shape::of(a).encode();
+    // Only the thread holding the communicator's exec lock counts.
+    let b = node.bc_seq.load(Ordering::Relaxed) + 1;
+    node.bc_seq.store(b, Ordering::Relaxed);
+    let mine = &node.boards[me];
+    mine.record_call(b, shape);
+    mine.bcast_mark().store(b, Ordering::Release);
+    let what = || {
+        format!(
+            "Broadcast seq {trace} trace {:016x}-{trace} ({bytes} B, broadcast ring)",
+            node.comm_hash
+        )
+    };
+    let wop = Op {
+        label: &what,
+        watch,
+        seq: trace,
+    };
+    if root == me {
+        post_as_root(node, a, b, shape, &wop)?;
+        if !std::ptr::eq(
+            a.send.get().cast::<u8>(),
+            a.recv.get().cast::<u8>().cast_const(),
+        ) {
+            // SAFETY: validated: `send` and `recv` hold `bytes` bytes each;
+            // NCCL's in-place broadcast passes equal pointers (handled above),
+            // other overlaps are the caller's error as in NCCL.
+            unsafe {
+                std::ptr::copy(a.send.get().cast::<u8>(), a.recv.get().cast::<u8>(), bytes);
+            }
+        }
+        return Ok(());
+    }
+    receive(node, a, b, shape, &wop)
+}
+
+/// The root's side of broadcast `b`.
+fn post_as_root(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) -> Result<()> {
+    let (n, me) = (node.nranks(), node.me);
+    if let Some((k, theirs)) = node.other_call(b, shape) {
+        return Err(shape::disagree("broadcast ring", k, theirs, me, shape));
+    }
+    if b > RING_SLOTS as u64 {
+        let need = b - RING_SLOTS as u64;
+        node.wait(wop, || {
+            (0..n).find(|&k| k != me && node.boards[k].bcast_done().load(Ordering::Acquire) < need)
+        })?;
+    }
+    let bytes = a.count * a.dtype.size();
+    // SAFETY: validated: `send` holds `send_bytes` >= `bytes` bytes.
+    let input = unsafe { std::slice::from_raw_parts(a.send.get().cast::<u8>(), bytes) };
+    // SAFETY: this rank owns its board; every rank finished broadcast
+    // b - K (waited above), the last one that used this slot.
+    unsafe { node.boards[me].ring_post(b, shape, input) };
+    node.boards[me].bcast_done().store(b, Ordering::Release);
+    node.wake_peers();
+    Ok(())
+}
+
+/// A receiver's side of broadcast `b`.
+fn receive(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) -> Result<()> {
+    let me = node.me;
+    let root = a.root;
+    let rb = &node.boards[root];
+    let bytes = a.count * a.dtype.size();
+    let seen = Cell::new(None);
+    node.wait(wop, || {
+        if rb.ring_posted(b) {
+            return None;
+        }
+        if let Some((k, theirs)) = node.other_call(b, shape) {
+            seen.set(Some(Seen::OtherCall(k, theirs)));
+            return None;
+        }
+        // Checked in this order: a root posts `b` before it can run a
+        // later operation.
+        if (node.peer_in_fast_slots(root) || node.peer_in_copy(root)) && !rb.ring_posted(b) {
+            seen.set(Some(Seen::OtherPath));
+            return None;
+        }
+        Some(root)
+    })?;
+    match seen.get() {
+        Some(Seen::OtherCall(k, theirs)) => {
+            return Err(shape::disagree("broadcast ring", k, theirs, me, shape))
+        }
+        Some(Seen::OtherPath) => {
+            let (path, theirs) = if node.peer_in_fast_slots(root) {
+                let s = node.fast_seq.load(Ordering::Relaxed) + 1;
+                ("broadcast ring against board slots", rb.posted_shape(s).0)
+            } else {
+                (
+                    "broadcast ring against single copy",
+                    Shape::load(&rb.extents().shape),
+                )
+            };
+            return Err(shape::disagree(path, root, theirs, me, shape));
+        }
+        None => {}
+    }
+    let (theirs, posted) = rb.ring_shape(b);
+    if theirs != shape {
+        return Err(shape::disagree("broadcast ring", root, theirs, me, shape));
+    }
+    if let Some((k, theirs)) = node.other_call(b, shape) {
+        return Err(shape::disagree("broadcast ring", k, theirs, me, shape));
+    }
+    // SAFETY: the root posted `b` and cannot rewrite the slot before this
+    // rank marks `b` finished (below); at most what was posted is read.
+    let Some(data) = (unsafe { rb.ring_data(b, bytes) }) else {
+        return Err(Error::Internal(format!(
+            "broadcast ring: rank {root} posted {posted} B, fewer than the {bytes} B read"
+        )));
+    };
+    // SAFETY: validated: `recv` holds `recv_bytes` >= `bytes` writable
+    // bytes, distinct from the ring.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), a.recv.get().cast::<u8>(), bytes) };
+    node.boards[me].bcast_done().store(b, Ordering::Release);
+    node.wake_peers();
+    Ok(())
+}
+
+impl Node {
+    /// A peer that recorded another call than `shape` for broadcast `b`
+    /// (while its entry still holds `b`), and that call.
+    fn other_call(&self, b: u64, shape: [u64; 2]) -> Option<(usize, [u64; 2])> {
+        (0..self.nranks())
+            .filter(|&k| k != self.me)
+            .find_map(|k| Some((k, self.boards[k].call(b)?)).filter(|&(_, w)| w != shape))
+    }
+
+    /// Whether local rank `k` has entered a broadcast this rank has not
+    /// started (its mark is past this rank's broadcasts). A rank in another
+    /// small or single-copy operation that sees this of a peer that has not
+    /// posted that operation (checked after this) knows the peer ran a
+    /// broadcast in its place.
+    pub(super) fn peer_in_bcast(&self, k: usize) -> bool {
+        self.boards[k].bcast_mark().load(Ordering::Acquire) > self.bc_seq.load(Ordering::Relaxed)
+    }
+
+    /// The shape local rank `k` recorded for the broadcast this rank has
+    /// not started, if it did.
+    pub(super) fn next_bcast_call(&self, k: usize) -> Option<[u64; 2]> {
+        self.boards[k].call(self.bc_seq.load(Ordering::Relaxed) + 1)
+    }
+}
