@@ -5,15 +5,20 @@
 //! on every rank of a well-formed program), apart from the full-exchange
 //! operations of [`super::fastbox`]. Broadcast `b` of root `r`:
 //!
-//! 1. Every rank records `b` and its call's shape in its entry `b mod K` of
-//!    the broadcast calls and raises its broadcast mark to `b`.
-//! 2. The root checks the entries peers recorded for `b`, waits until every
-//!    rank finished broadcast `b - K` (the ring is full only when the
-//!    slowest receiver is `K` broadcasts behind), posts the data with the
-//!    shape into ring slot `b mod K`, marks `b` finished, and returns.
+//! 1. Every rank publishes its call's shape and raises its broadcast mark
+//!    to `b` (its broadcast line).
+//! 2. The root also records `b` and the shape in its call entry `b mod K`
+//!    (`SeqCst`) and checks the entries its peers recorded for `b`; it
+//!    waits until every rank finished broadcast `b - K` (the ring is full
+//!    only when the slowest receiver is `K` broadcasts behind), posts the
+//!    data with the shape into ring slot `b mod K`, marks `b` finished,
+//!    and returns.
 //! 3. A receiver waits for the root's slot to hold `b`, checks the root's
-//!    shape against its own, copies the data out, checks the entries of the
-//!    other peers, and marks `b` finished.
+//!    shape against its own, copies the data out, and marks `b` finished.
+//!
+//! Nothing here waits in the common case but a receiver for its data: the
+//! root reads the receivers' finished marks only when the ring may be
+//! full, and a receiver reads the root's call entry only while it waits.
 //!
 //! Safety argument:
 //! - Ring slots: the root rewrites slot `b mod K` only after every rank's
@@ -36,14 +41,15 @@
 //!   abort, or when a peer closes its links (as every failing call does).
 //! - Mismatches: a receiver compares the root's posted shape with its own
 //!   before reading, so a different count, datatype or kind fails with
-//!   `ncclInvalidUsage` instead of reading past what was posted. A root
-//!   disagreement is seen through the call entries: a receiver that finds,
-//!   while it waits, a rank that recorded another shape for `b` fails; each
-//!   rank checks the others' entries after recording its own (`SeqCst` on
-//!   both sides), so of two ranks that disagree, at least one sees it while
-//!   both entries hold `b`. A root has nobody to wait for, so a mismatch no rank saw in
-//!   time goes unreported on it; its peers fail, close their links, and
-//!   the root's next waiting call fails.
+//!   `ncclInvalidUsage` instead of reading past what was posted. While it
+//!   waits, a receiver that finds the root's mark at `b` looks at the
+//!   root's call entry: another shape, or none (the root takes itself for
+//!   a receiver), fails the call. Two ranks that both take themselves for
+//!   the root each record their entry (`SeqCst`) before reading the
+//!   other's, so at least one of them sees the other and fails. A root
+//!   has nobody to wait for, so a mismatch it did not see goes unreported
+//!   on it; its peers fail and close their links, and the root's next
+//!   waiting call fails.
 //! - Other paths: a peer that ran a full-exchange or single-copy operation
 //!   in place of broadcast `b` is seen the way [`super::fastbox`] sees a
 //!   peer on single copy: its post (or stage) is past what this rank ran,
@@ -64,8 +70,8 @@ use crate::launch::Call;
 /// Why a receiver stopped waiting before the root posted.
 #[derive(Clone, Copy)]
 enum Seen {
-    /// A rank (the root or another) recorded another call for this
-    /// broadcast.
+    /// The root recorded another call for this broadcast, or took itself
+    /// for a receiver (its call then).
     OtherCall(usize, [u64; 2]),
     /// The root ran another kind of operation in place of it.
     OtherPath,
@@ -81,7 +87,12 @@ pub fn run(node: &Node, a: &Call, trace: u64, watch: &Watch) -> Result<()> {
     let b = node.bc_seq.load(Ordering::Relaxed) + 1;
     node.bc_seq.store(b, Ordering::Relaxed);
     let mine = &node.boards[me];
-    mine.record_call(b, shape);
+    for (w, v) in mine.bcast_shape().iter().zip(shape) {
+        w.store(v, Ordering::Relaxed);
+    }
+    if root == me {
+        mine.record_call(b, shape);
+    }
     mine.bcast_mark().store(b, Ordering::Release);
     let what = || {
         format!(
@@ -118,11 +129,12 @@ fn post_as_root(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) ->
     if let Some((k, theirs)) = node.other_call(b, shape) {
         return Err(shape::disagree("broadcast ring", k, theirs, me, shape));
     }
-    if b > RING_SLOTS as u64 {
-        let need = b - RING_SLOTS as u64;
-        node.wait(wop, || {
-            (0..n).find(|&k| k != me && node.boards[k].bcast_done().load(Ordering::Acquire) < need)
-        })?;
+    let need = b.saturating_sub(RING_SLOTS as u64);
+    if need > node.bc_room.load(Ordering::Relaxed) {
+        let done = |k: usize| node.boards[k].bcast_done().load(Ordering::Acquire);
+        node.wait(wop, || (0..n).find(|&k| k != me && done(k) < need))?;
+        let room = (0..n).filter(|&k| k != me).map(done).min().unwrap_or(b);
+        node.bc_room.store(room, Ordering::Relaxed);
     }
     let bytes = a.count * a.dtype.size();
     // SAFETY: validated: `send` holds `send_bytes` >= `bytes` bytes.
@@ -146,9 +158,20 @@ fn receive(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) -> Resu
         if rb.ring_posted(b) {
             return None;
         }
-        if let Some((k, theirs)) = node.other_call(b, shape) {
-            seen.set(Some(Seen::OtherCall(k, theirs)));
-            return None;
+        if rb.bcast_mark().load(Ordering::Acquire) >= b && !rb.ring_posted(b) {
+            // The root is in `b` (or past it without posting: not its
+            // root): its call entry says which.
+            let theirs = rb.call(b);
+            if theirs != Some(shape) {
+                let w = theirs.unwrap_or_else(|| Shape::load(rb.bcast_shape()));
+                seen.set(Some(Seen::OtherCall(root, w)));
+                return None;
+            }
+            // The root waits for room, or failed on another root it saw.
+            if let Some((k, w)) = node.other_call(b, shape) {
+                seen.set(Some(Seen::OtherCall(k, w)));
+                return None;
+            }
         }
         // Checked in this order: a root posts `b` before it can run a
         // later operation.
@@ -179,9 +202,6 @@ fn receive(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) -> Resu
     let (theirs, posted) = rb.ring_shape(b);
     if theirs != shape {
         return Err(shape::disagree("broadcast ring", root, theirs, me, shape));
-    }
-    if let Some((k, theirs)) = node.other_call(b, shape) {
-        return Err(shape::disagree("broadcast ring", k, theirs, me, shape));
     }
     // SAFETY: the root posted `b` and cannot rewrite the slot before this
     // rank marks `b` finished (below); at most what was posted is read.
@@ -216,9 +236,10 @@ impl Node {
         self.boards[k].bcast_mark().load(Ordering::Acquire) > self.bc_seq.load(Ordering::Relaxed)
     }
 
-    /// The shape local rank `k` recorded for the broadcast this rank has
-    /// not started, if it did.
+    /// The shape of the broadcast local rank `k` entered in place of
+    /// this rank's next operation, if it did.
     pub(super) fn next_bcast_call(&self, k: usize) -> Option<[u64; 2]> {
-        self.boards[k].call(self.bc_seq.load(Ordering::Relaxed) + 1)
+        self.peer_in_bcast(k)
+            .then(|| Shape::load(self.boards[k].bcast_shape()))
     }
 }

@@ -10,8 +10,10 @@
 //! offset 320    small-message slot, parity 0: header (32 B) + data
 //! offset 320+S  small-message slot, parity 1
 //! offset 320+2S device-collective slots (16 × 256 B, see `crate::gpu::peer`)
-//! then          broadcast line (64 B): last broadcast entered and finished
-//! then          broadcast calls (8 × 32 B): each broadcast's shape
+//! then          broadcast line (64 B): last broadcast entered, finished,
+//!               and its shape
+//! then          broadcast calls (8 × 32 B): the shape of each broadcast
+//!               this rank was root of
 //! then          broadcast ring (8 slots of S), this rank's broadcasts as root
 //! ```
 //!
@@ -295,6 +297,13 @@ impl Board {
         unsafe { &*(self.base.add(BCAST + 8) as *const AtomicU64) }
     }
 
+    /// The shape of the last broadcast this rank entered (owner-written,
+    /// before [`Board::bcast_mark`]).
+    pub fn bcast_shape(&self) -> &[AtomicU64; 2] {
+        // SAFETY: as for `bcast_mark`, the third and fourth words.
+        unsafe { &*(self.base.add(BCAST + 16) as *const [AtomicU64; 2]) }
+    }
+
     /// The entry of broadcast `b` among the broadcast calls: sequence word
     /// and two shape words.
     fn call_entry(&self, b: u64) -> &[AtomicU64; 3] {
@@ -305,8 +314,8 @@ impl Board {
         }
     }
 
-    /// Records that this rank entered broadcast `b` with shape `shape`
-    /// (owner only). The final store is `SeqCst`: of two ranks that record
+    /// Records that this rank is the root of broadcast `b`, with shape
+    /// `shape` (owner only). The final store is `SeqCst`: of two ranks that record
     /// and then read each other's entry with [`Board::call`], at least one
     /// sees the other's.
     pub fn record_call(&self, b: u64, shape: [u64; 2]) {

@@ -75,6 +75,10 @@ pub struct Node {
     /// Small broadcasts run so far (the broadcast ring's sequence; starts
     /// at 1).
     bc_seq: AtomicU64,
+    /// The lowest broadcast every peer had finished when this rank last
+    /// looked (a root reads the peers' marks again only when its ring may
+    /// be full).
+    bc_room: AtomicU64,
     /// Single-copy operations run so far.
     copy_seq: AtomicU64,
     /// Per local rank: its home work items of all single-copy operations
@@ -171,6 +175,7 @@ impl Node {
             stall_timeout: patience.stall_timeout,
             fast_seq: AtomicU64::new(0),
             bc_seq: AtomicU64::new(0),
+            bc_room: AtomicU64::new(0),
             copy_min,
             copy_seq: AtomicU64::new(0),
             claim_base: (0..n).map(|_| AtomicU64::new(0)).collect(),
