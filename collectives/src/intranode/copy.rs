@@ -425,9 +425,10 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     } else {
         // More ranks than processing units, and a worker was on this
         // rank's CPU: leave the CPU to it, and take part only if no item
-        // finishes for HELP_AFTER (a worker kept off its CPU).
+        // finishes for HELP_AFTER (a worker kept off its CPU). It yields
+        // from the start: spinning would take the CPU from that worker.
         let mut last = (done(), Instant::now());
-        node.wait(&wop, || {
+        node.wait_spinning(&wop, Duration::ZERO, || {
             let d = done();
             if d >= target {
                 return None;
@@ -446,7 +447,8 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     }
     node.set_stage(c, 1);
     let behind = (c << 8) | 1;
-    node.wait(&wop, || {
+    let spin = if worker { node.spin } else { Duration::ZERO };
+    node.wait_spinning(&wop, spin, || {
         if done() >= target {
             return None;
         }
