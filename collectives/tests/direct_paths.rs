@@ -398,6 +398,7 @@ fn bcast_byte(op: usize, i: usize) -> u8 {
 /// byte of every output is checked, on 2, 3 and 4 ranks.
 #[test]
 fn back_to_back_broadcasts_interleave_with_allreduces() {
+    use hetccl_collectives::intranode::board::RING_SLOTS;
     const OPS: usize = 400;
     // Bytes: 1 up to the slot size (16 KiB).
     const SIZES: [usize; 7] = [1, 8, 13, 256, 1000, 4099, 16 << 10];
@@ -411,7 +412,7 @@ fn back_to_back_broadcasts_interleave_with_allreduces() {
                 let allreduce = if op < OPS / 2 {
                     op % 5 == 4
                 } else {
-                    op % 40 == 39
+                    op % 100 == 99
                 };
                 if allreduce {
                     // An allreduce of 3 int32 between the broadcasts.
@@ -438,11 +439,12 @@ fn back_to_back_broadcasts_interleave_with_allreduces() {
                     continue;
                 }
                 // Roots change every op in the first half; the second half
-                // runs 12 broadcasts from one root, then the next.
+                // runs more broadcasts from one root than its ring holds,
+                // then the next root.
                 let root = if op < OPS / 2 {
                     (op * 7 / 3) % n
                 } else {
-                    (op / 12) % n
+                    (op / (RING_SLOTS + 8)) % n
                 };
                 let len = SIZES[(op * 5) % SIZES.len()];
                 let in_place = op % 3 == 0;
@@ -451,8 +453,10 @@ fn back_to_back_broadcasts_interleave_with_allreduces() {
                 }
                 buf.fill(0xa5);
                 if r != root && op % 7 == r {
-                    // A receiver falls behind now and then.
-                    std::thread::sleep(std::time::Duration::from_micros(300));
+                    // A receiver falls behind now and then, in the second
+                    // half by more than the root's ring holds.
+                    let us = if op < OPS / 2 { 300 } else { 5000 };
+                    std::thread::sleep(std::time::Duration::from_micros(us));
                 }
                 let sp = if r == root && in_place {
                     buf[..len].copy_from_slice(&src[..len]);
@@ -495,7 +499,7 @@ fn back_to_back_broadcasts_interleave_with_allreduces() {
             .as_ref()
             .expect("direct paths");
         let ring = node.ring_ops();
-        let allreduces = OPS / 2 / 5 + OPS / 2 / 40;
+        let allreduces = OPS / 2 / 5 + OPS / 2 / 100;
         assert_eq!(
             ring,
             (OPS - allreduces) as u64,

@@ -12,9 +12,9 @@
 //! offset 320+2S device-collective slots (16 × 256 B, see `crate::gpu::peer`)
 //! then          broadcast line (64 B): last broadcast entered, finished,
 //!               and its shape
-//! then          broadcast calls (8 × 32 B): the shape of each broadcast
+//! then          broadcast calls (32 × 32 B): the shape of each broadcast
 //!               this rank was root of
-//! then          broadcast ring (8 slots of S), this rank's broadcasts as root
+//! then          broadcast ring (32 slots of S), this rank's broadcasts as root
 //! ```
 //!
 //! The broadcast words follow their own protocol (see `intranode::bcast`).
@@ -51,7 +51,7 @@ pub const GPU_SLOTS: usize = 16;
 /// Where the first device-collective slot starts.
 const GPU0: usize = SLOT0 + 2 * SLOT_STRIDE;
 /// Slots of the broadcast ring (a ring indexed by broadcast number).
-pub const RING_SLOTS: usize = 8;
+pub const RING_SLOTS: usize = 32;
 /// Where the broadcast line starts.
 const BCAST: usize = GPU0 + GPU_SLOTS * std::mem::size_of::<GpuSlot>();
 /// Where the broadcast calls start (one 32-byte entry per ring slot).
