@@ -511,7 +511,7 @@ fn assert_seen_by_some(case: &str, seen: &[Seen], names: &[&str]) {
     for (r, s) in seen.iter().enumerate() {
         assert!(
             s.rc == 0 || s.rc == INVALID_USAGE,
-            "{case}: rank {r} returned {} ({})",
+            "{case}: rank {r} returned {} ({}); all ranks: {seen:#?}",
             s.rc,
             s.msg
         );

@@ -158,41 +158,50 @@ fn receive(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) -> Resu
     let root = a.root;
     let rb = &node.boards[root];
     let bytes = a.count * a.dtype.size();
-    let seen = Cell::new(None);
-    let calls = Cell::new(0u32);
-    node.wait(wop, || {
-        if rb.ring_posted(b) {
-            return None;
-        }
-        // The first spins read only the slot: the lines checked below are
-        // ones the root writes in every broadcast.
-        calls.set(calls.get().saturating_add(1));
-        if calls.get() <= QUIET_SPINS {
-            return Some(root);
-        }
+    // A mismatch this rank can see while the root has not posted `b`.
+    let mismatch = || {
         if rb.bcast_mark().load(Ordering::Acquire) >= b && !rb.ring_posted(b) {
             // The root is in `b` (or past it without posting: not its
             // root): its call entry says which.
             let theirs = rb.call(b);
             if theirs != Some(shape) {
                 let w = theirs.unwrap_or_else(|| Shape::load(rb.bcast_shape()));
-                seen.set(Some(Seen::OtherCall(root, w)));
-                return None;
+                return Some(Seen::OtherCall(root, w));
             }
             // The root waits for room, or failed on another root it saw.
             if let Some((k, w)) = node.other_call(b, shape) {
-                seen.set(Some(Seen::OtherCall(k, w)));
-                return None;
+                return Some(Seen::OtherCall(k, w));
             }
         }
         // Checked in this order: a root posts `b` before it can run a
         // later operation.
-        if (node.peer_in_fast_slots(root) || node.peer_in_copy(root)) && !rb.ring_posted(b) {
-            seen.set(Some(Seen::OtherPath));
+        ((node.peer_in_fast_slots(root) || node.peer_in_copy(root)) && !rb.ring_posted(b))
+            .then_some(Seen::OtherPath)
+    };
+    let seen = Cell::new(None);
+    let calls = Cell::new(0u32);
+    let waited = node.wait(wop, || {
+        if rb.ring_posted(b) {
             return None;
         }
-        Some(root)
-    })?;
+        // The first spins read only the slot: the lines `mismatch` reads
+        // are ones the root writes in every broadcast.
+        calls.set(calls.get().saturating_add(1));
+        if calls.get() <= QUIET_SPINS {
+            return Some(root);
+        }
+        seen.set(mismatch());
+        seen.get().is_none().then_some(root)
+    });
+    if let Err(e) = waited {
+        // A rank that saw the mismatch first fails and closes its links,
+        // which can end this wait before this rank looked: name the
+        // mismatch if there is one.
+        match mismatch() {
+            Some(x) => seen.set(Some(x)),
+            None => return Err(e),
+        }
+    }
     match seen.get() {
         Some(Seen::OtherCall(k, theirs)) => {
             return Err(shape::disagree("broadcast ring", k, theirs, me, shape))
