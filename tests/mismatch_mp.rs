@@ -8,7 +8,9 @@
 //! On every direct path (board slots, single copy with
 //! `process_vm_readv`/`writev`, single copy through mapped `ncclMemAlloc`
 //! buffers) both ranks must return `ncclInvalidUsage` naming the
-//! disagreement. On the executor's links (TCP, pipelined rings over shared
+//! disagreement, except that when both ranks are roots of a small
+//! broadcast (which posts and returns), one of them may succeed; its next
+//! call fails. On the executor's links (TCP, pipelined rings over shared
 //! memory) both ranks must return `ncclInvalidUsage` naming both calls,
 //! from the collective fingerprints (`HETCCL_CHECK=1`). No canary next to any buffer changes
 //! and no guard page is hit; on the direct paths the buffers themselves
@@ -39,6 +41,9 @@ enum Route {
     Rings,
 }
 
+/// The case where both ranks are roots of a small broadcast.
+const BOARD_ROOTS: &str = "board slots root";
+
 fn job(label: &str, what: &str, count: usize, alloc: &str, route: Route) -> Job {
     let mut j = Job::new(label, 2, "mismatch")
         .env("COLL_CHECK_MM_WHAT", what)
@@ -53,6 +58,9 @@ fn job(label: &str, what: &str, count: usize, alloc: &str, route: Route) -> Job 
         Route::Rings => j = j.env("NCCL_ALGO", "Ring").env("HETCCL_CHECK", "1"),
         Route::Direct => {}
     }
+    if label == BOARD_ROOTS {
+        j = j.env("COLL_CHECK_MM_ROOT_MAY_PASS", "1");
+    }
     j
 }
 
@@ -66,6 +74,16 @@ fn problems(label: &str, path: Route, outs: &[ranks::RankOutput]) -> Vec<String>
         let (rc, msg) = (get("rc"), get("last_error"));
         let detected = rc == INVALID_USAGE;
         usage += usize::from(detected);
+        if rc == "0" && label == BOARD_ROOTS {
+            // A root that posted and returned: its next call must fail.
+            let later = get("later_rc");
+            if later != REMOTE_ERROR && later != INVALID_USAGE {
+                p.push(format!(
+                    "{label}: rank {r} succeeded, and a later AllReduce returned {later:?}"
+                ));
+            }
+            continue;
+        }
         match path {
             Route::Direct if !detected => p.push(format!(
                 "{label}: rank {r}: rc {rc} ({msg}), want {INVALID_USAGE} (ncclInvalidUsage)"

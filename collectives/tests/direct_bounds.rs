@@ -351,7 +351,7 @@ fn assert_rejected(case: &str, seen: &[Seen], names: &[&str]) {
 #[test]
 fn board_slots_reject_mismatched_calls() {
     use Kind::*;
-    let cases: [(&str, [Call; 2], &[&str]); 5] = [
+    let cases: [(&str, [Call; 2], &[&str]); 6] = [
         (
             "count",
             [call(AllReduce, 100, FLOAT32), call(AllReduce, 200, FLOAT32)],
@@ -374,15 +374,20 @@ fn board_slots_reject_mismatched_calls() {
             &["sum", "max"],
         ),
         (
-            "root",
+            "root (each rank names the other)",
             [
-                call(Broadcast, 100, FLOAT32),
                 Call {
                     root: 1,
                     ..call(Broadcast, 100, FLOAT32)
                 },
+                call(Broadcast, 100, FLOAT32),
             ],
             &["root 0", "root 1"],
+        ),
+        (
+            "kind, a broadcast against the exchange",
+            [call(AllReduce, 100, FLOAT32), call(Broadcast, 100, FLOAT32)],
+            &["AllReduce", "Broadcast"],
         ),
         (
             "kind",
@@ -474,5 +479,96 @@ fn ranks_on_different_direct_paths_reject_the_call() {
             &seen,
             &["100000 float32", "100 float32"],
         );
+    }
+    // A small broadcast's receiver against a root on single copy.
+    let (small, large) = (
+        call(Broadcast, 100, FLOAT32),
+        call(Broadcast, 100_000, FLOAT32),
+    );
+    for (case, first) in [
+        ("first large call", None),
+        ("after a large call", Some(large)),
+    ] {
+        let seen = run_after(&[large, small], first);
+        assert_rejected(
+            &format!("broadcast ring against single copy, {case}"),
+            &seen,
+            &["100000 float32", "100 float32"],
+        );
+    }
+}
+
+/// Asserts what a mismatched broadcast must do where a root may have posted
+/// and returned before anyone could see the mismatch: at least one rank
+/// fails with `ncclInvalidUsage` naming `names`, no rank that failed wrote
+/// its output, nobody read or wrote past a buffer, and a later call fails
+/// on every rank.
+fn assert_seen_by_some(case: &str, seen: &[Seen], names: &[&str]) {
+    assert!(
+        seen.iter().any(|s| s.rc == INVALID_USAGE),
+        "{case}: no rank rejected the call: {seen:#?}"
+    );
+    for (r, s) in seen.iter().enumerate() {
+        assert!(
+            s.rc == 0 || s.rc == INVALID_USAGE,
+            "{case}: rank {r} returned {} ({}); all ranks: {seen:#?}",
+            s.rc,
+            s.msg
+        );
+        if s.rc == INVALID_USAGE {
+            for w in names {
+                assert!(s.msg.contains(w), "{case}: rank {r}: no {w:?} in {}", s.msg);
+            }
+            assert!(s.out_untouched, "{case}: rank {r}'s output was written");
+        }
+        assert!(s.in_untouched, "{case}: rank {r}'s input was changed");
+        assert!(
+            s.slack_intact,
+            "{case}: rank {r}: bytes before a buffer written"
+        );
+        // A root that returned finds its peers failed (closed links), or
+        // still in the mismatched call (another usage error).
+        assert!(
+            s.later_rc == 6 || (s.rc == 0 && s.later_rc == INVALID_USAGE),
+            "{case}: rank {r}: a later AllReduce on the failed comm returned {}",
+            s.later_rc
+        );
+    }
+}
+
+#[test]
+fn the_broadcast_ring_rejects_what_its_ranks_see() {
+    use Kind::*;
+    let bc = |count, root| Call {
+        root,
+        ..call(Broadcast, count, FLOAT32)
+    };
+    let cases: [(&str, Vec<Call>, &[&str]); 4] = [
+        (
+            "two roots",
+            vec![bc(100, 0), bc(100, 1)],
+            &["root 0", "root 1"],
+        ),
+        (
+            "count, the receiver sees it",
+            vec![bc(100, 0), bc(200, 0)],
+            &["100 float32", "200 float32"],
+        ),
+        (
+            "3 ranks, two roots",
+            vec![bc(100, 0), bc(100, 0), bc(100, 2)],
+            &["root 0", "root 2"],
+        ),
+        (
+            // The root may be in its next call by the time the receiver
+            // looks: only the receiver's own call is sure to be named.
+            "a receiver on single copy",
+            vec![bc(100, 0), bc(100_000, 0)],
+            &["Broadcast of 100000 float32"],
+        ),
+    ];
+    for (case, calls, names) in cases {
+        let seen = run(&calls);
+        assert_seen_by_some(&format!("broadcast ring, {case}"), &seen, names);
     }
 }

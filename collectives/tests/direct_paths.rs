@@ -386,3 +386,129 @@ fn a_calls_alg_selection_is_honoured() {
         check(unsafe { ncclCommDestroy(c.0) });
     }
 }
+
+/// Byte `i` of broadcast `op`'s data (from its root).
+fn bcast_byte(op: usize, i: usize) -> u8 {
+    (op * 31 + i * 7 + 1) as u8
+}
+
+/// Many broadcasts back to back, with roots and sizes that change (runs of
+/// more than the ring's slots from one root among them, so the roots wait
+/// for full rings), in place and not, interleaved with allreduces: every
+/// byte of every output is checked, on 2, 3 and 4 ranks.
+#[test]
+fn back_to_back_broadcasts_interleave_with_allreduces() {
+    use hetccl_collectives::intranode::board::RING_SLOTS;
+    const OPS: usize = 400;
+    // Bytes: 1 up to the slot size (16 KiB).
+    const SIZES: [usize; 7] = [1, 8, 13, 256, 1000, 4099, 16 << 10];
+    for n in [2usize, 3, 4] {
+        let cs = comms(n);
+        let errs = on_all(&cs, |r, c| {
+            let mut bad = Vec::new();
+            let mut buf = vec![0u8; 16 << 10];
+            let mut src = vec![0u8; 16 << 10];
+            for op in 0..OPS {
+                let allreduce = if op < OPS / 2 {
+                    op % 5 == 4
+                } else {
+                    op % 100 == 99
+                };
+                if allreduce {
+                    // An allreduce of 3 int32 between the broadcasts.
+                    let x: Vec<i32> = (0..3).map(|i| val(r, i + op)).collect();
+                    let mut y = [0i32; 3];
+                    // SAFETY: buffers of 3 elements this test owns.
+                    check(unsafe {
+                        ncclAllReduce(
+                            x.as_ptr().cast(),
+                            y.as_mut_ptr().cast(),
+                            3,
+                            INT32,
+                            SUM,
+                            c.0,
+                            null_mut(),
+                        )
+                    });
+                    let want: Vec<i32> = (0..3)
+                        .map(|i| (0..n).map(|k| val(k, i + op)).sum())
+                        .collect();
+                    if y[..] != want[..] {
+                        bad.push(format!("op {op}: allreduce {y:?} != {want:?}"));
+                    }
+                    continue;
+                }
+                // Roots change every op in the first half; the second half
+                // runs more broadcasts from one root than its ring holds,
+                // then the next root.
+                let root = if op < OPS / 2 {
+                    (op * 7 / 3) % n
+                } else {
+                    (op / (RING_SLOTS + 8)) % n
+                };
+                let len = SIZES[(op * 5) % SIZES.len()];
+                let in_place = op % 3 == 0;
+                for (i, b) in src[..len].iter_mut().enumerate() {
+                    *b = bcast_byte(op, i);
+                }
+                buf.fill(0xa5);
+                if r != root && op % 7 == r {
+                    // A receiver falls behind now and then, in the second
+                    // half by more than the root's ring holds.
+                    let us = if op < OPS / 2 { 300 } else { 5000 };
+                    std::thread::sleep(std::time::Duration::from_micros(us));
+                }
+                let sp = if r == root && in_place {
+                    buf[..len].copy_from_slice(&src[..len]);
+                    buf.as_ptr()
+                } else if r == root {
+                    src.as_ptr()
+                } else {
+                    // Receivers' send buffers are not read.
+                    buf.as_ptr()
+                };
+                // SAFETY: buffers of at least `len` bytes this test owns.
+                check(unsafe {
+                    ncclBroadcast(
+                        sp.cast(),
+                        buf.as_mut_ptr().cast(),
+                        len,
+                        0, // int8
+                        root as i32,
+                        c.0,
+                        null_mut(),
+                    )
+                });
+                if let Some(i) = (0..len).find(|&i| buf[i] != bcast_byte(op, i)) {
+                    bad.push(format!("op {op} root {root} len {len}: byte {i} wrong"));
+                }
+                if buf[len..].iter().any(|&b| b != 0xa5) {
+                    bad.push(format!("op {op} root {root} len {len}: wrote past the end"));
+                }
+            }
+            bad
+        });
+        for (r, e) in errs.iter().enumerate() {
+            assert!(e.is_empty(), "n={n} rank {r}: {e:?}");
+        }
+        let comm = hetccl_collectives::comm::handle::lookup(cs[0].0).unwrap();
+        let node = comm
+            .engine()
+            .unwrap()
+            .intranode
+            .as_ref()
+            .expect("direct paths");
+        let ring = node.ring_ops();
+        let allreduces = OPS / 2 / 5 + OPS / 2 / 100;
+        assert_eq!(
+            ring,
+            (OPS - allreduces) as u64,
+            "n={n}: broadcasts on the ring"
+        );
+        drop(comm);
+        for c in cs {
+            // SAFETY: a communicator from `comms`, destroyed once.
+            check(unsafe { ncclCommDestroy(c.0) });
+        }
+    }
+}

@@ -10,7 +10,14 @@
 //! offset 320    small-message slot, parity 0: header (32 B) + data
 //! offset 320+S  small-message slot, parity 1
 //! offset 320+2S device-collective slots (16 × 256 B, see `crate::gpu::peer`)
+//! then          broadcast line (64 B): last broadcast entered, finished,
+//!               and its shape
+//! then          broadcast calls (32 × 32 B): the shape of each broadcast
+//!               this rank was root of
+//! then          broadcast ring (32 slots of S), this rank's broadcasts as root
 //! ```
+//!
+//! The broadcast words follow their own protocol (see `intranode::bcast`).
 //!
 //! Every word is written by the board's owner only and read by the other
 //! local ranks, except the work line's claim counter, which every rank
@@ -43,7 +50,15 @@ const SLOT0: usize = DONE + 64;
 pub const GPU_SLOTS: usize = 16;
 /// Where the first device-collective slot starts.
 const GPU0: usize = SLOT0 + 2 * SLOT_STRIDE;
-const _: () = assert!(GPU0 + GPU_SLOTS * std::mem::size_of::<GpuSlot>() <= BOARD);
+/// Slots of the broadcast ring (a ring indexed by broadcast number).
+pub const RING_SLOTS: usize = 32;
+/// Where the broadcast line starts.
+const BCAST: usize = GPU0 + GPU_SLOTS * std::mem::size_of::<GpuSlot>();
+/// Where the broadcast calls start (one 32-byte entry per ring slot).
+const CALLS: usize = BCAST + 64;
+/// Where the first broadcast ring slot starts.
+const RING0: usize = CALLS + RING_SLOTS * 32;
+const _: () = assert!(RING0 + RING_SLOTS * SLOT_STRIDE <= BOARD && RING0 % 64 == 0);
 const _: () = assert!(std::mem::size_of::<GpuSlot>() == 256);
 const _: () = assert!(std::mem::size_of::<Control>() == 128);
 const _: () = assert!(std::mem::size_of::<Extents>() == 64);
@@ -204,18 +219,18 @@ impl Board {
         unsafe { self.base.add(SLOT0 + (seq as usize & 1) * SLOT_STRIDE) }
     }
 
-    /// The sequence word of the slot operation `seq` uses.
-    pub fn slot_seq(&self, seq: u64) -> &AtomicU64 {
-        // SAFETY: the slot starts with an 8-byte aligned word.
-        unsafe { &*(self.slot(seq) as *const AtomicU64) }
+    fn ring_slot(&self, b: u64) -> *mut u8 {
+        // SAFETY: the ring's slots lie inside the board.
+        unsafe {
+            self.base
+                .add(RING0 + (b as usize % RING_SLOTS) * SLOT_STRIDE)
+        }
     }
 
-    /// The header words of the slot operation `seq` uses: shape (2 words)
-    /// and the bytes posted.
-    fn slot_header(&self, seq: u64) -> &[AtomicU64; 3] {
-        // SAFETY: three 8-byte aligned words after the sequence word, inside
-        // the slot; zero is a valid value.
-        unsafe { &*(self.slot(seq).add(8) as *const [AtomicU64; 3]) }
+    /// The sequence word of the slot operation `seq` uses.
+    pub fn slot_seq(&self, seq: u64) -> &AtomicU64 {
+        // SAFETY: a slot of this board.
+        unsafe { seq_at(self.slot(seq)) }
     }
 
     /// The data area of the slot operation `seq` uses.
@@ -238,17 +253,8 @@ impl Board {
     /// operation `seq - 1` (so nobody still reads operation `seq - 2`, which
     /// used the same slot). `data` must be at most [`FAST_BYTES`].
     pub unsafe fn post(&self, seq: u64, shape: [u64; 2], data: &[u8]) {
-        assert!(data.len() <= FAST_BYTES, "a slot holds {FAST_BYTES} B");
-        // SAFETY: per the contract, nobody reads this slot now; the length
-        // was checked above.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.slot_data(seq), data.len());
-        }
-        let h = self.slot_header(seq);
-        h[0].store(shape[0], Ordering::Relaxed);
-        h[1].store(shape[1], Ordering::Relaxed);
-        h[2].store(data.len() as u64, Ordering::Relaxed);
-        self.slot_seq(seq).store(seq, Ordering::Release);
+        // SAFETY: per the contract.
+        unsafe { post_at(self.slot(seq), seq, shape, data) }
     }
 
     /// Whether this rank has posted small operation `seq`.
@@ -260,11 +266,8 @@ impl Board {
     /// operation `seq` (after [`Board::posted`] returned true for `seq`, and
     /// before this rank posts `seq + 1`).
     pub fn posted_shape(&self, seq: u64) -> ([u64; 2], usize) {
-        let h = self.slot_header(seq);
-        (
-            [h[0].load(Ordering::Relaxed), h[1].load(Ordering::Relaxed)],
-            usize::try_from(h[2].load(Ordering::Relaxed)).unwrap_or(usize::MAX),
-        )
+        // SAFETY: a slot of this board.
+        unsafe { header_at(self.slot(seq)) }
     }
 
     /// The first `len` data bytes of small operation `seq` (after
@@ -275,15 +278,165 @@ impl Board {
     /// The owner must have posted `seq` and the caller must not have posted
     /// `seq + 1` yet.
     pub unsafe fn data(&self, seq: u64, len: usize) -> Option<&[u8]> {
-        let (_, posted) = self.posted_shape(seq);
-        if len > posted.min(FAST_BYTES) {
+        // SAFETY: per the contract.
+        unsafe { data_at(self.slot(seq), len) }
+    }
+
+    /// The highest broadcast number this rank has entered (as root or
+    /// receiver; owner-written).
+    pub fn bcast_mark(&self) -> &AtomicU64 {
+        // SAFETY: the broadcast line lies inside the board, 64-byte aligned;
+        // zero is a valid value.
+        unsafe { &*(self.base.add(BCAST) as *const AtomicU64) }
+    }
+
+    /// The highest broadcast number this rank has finished with: read its
+    /// data (receiver) or posted it (root). Owner-written.
+    pub fn bcast_done(&self) -> &AtomicU64 {
+        // SAFETY: as for `bcast_mark`, the next word.
+        unsafe { &*(self.base.add(BCAST + 8) as *const AtomicU64) }
+    }
+
+    /// The shape of the last broadcast this rank entered (owner-written,
+    /// before [`Board::bcast_mark`]).
+    pub fn bcast_shape(&self) -> &[AtomicU64; 2] {
+        // SAFETY: as for `bcast_mark`, the third and fourth words.
+        unsafe { &*(self.base.add(BCAST + 16) as *const [AtomicU64; 2]) }
+    }
+
+    /// The entry of broadcast `b` among the broadcast calls: sequence word
+    /// and two shape words.
+    fn call_entry(&self, b: u64) -> &[AtomicU64; 3] {
+        // SAFETY: the entries lie inside the board, 32 bytes apart, 8-byte
+        // aligned; zero is a valid value.
+        unsafe {
+            &*(self.base.add(CALLS + (b as usize % RING_SLOTS) * 32) as *const [AtomicU64; 3])
+        }
+    }
+
+    /// Records that this rank is the root of broadcast `b`, with shape
+    /// `shape` (owner only). The final store is `SeqCst`: of two ranks that record
+    /// and then read each other's entry with [`Board::call`], at least one
+    /// sees the other's.
+    pub fn record_call(&self, b: u64, shape: [u64; 2]) {
+        let e = self.call_entry(b);
+        // A reader that loads the sequence word before and after the shape
+        // and finds `b` both times read the shape of `b`.
+        e[0].store(0, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        e[1].store(shape[0], Ordering::Relaxed);
+        e[2].store(shape[1], Ordering::Relaxed);
+        e[0].store(b, Ordering::SeqCst);
+    }
+
+    /// The shape this rank recorded for broadcast `b`, if its entry still
+    /// holds `b` (entries are reused every [`RING_SLOTS`] broadcasts).
+    pub fn call(&self, b: u64) -> Option<[u64; 2]> {
+        let e = self.call_entry(b);
+        if e[0].load(Ordering::SeqCst) != b {
             return None;
         }
-        // SAFETY: per the contract, the owner does not rewrite the slot
-        // before this rank posts `seq + 1`; `len` is within what it posted,
-        // inside the slot.
-        Some(unsafe { std::slice::from_raw_parts(self.slot_data(seq), len) })
+        let w = [e[1].load(Ordering::Relaxed), e[2].load(Ordering::Relaxed)];
+        std::sync::atomic::fence(Ordering::Acquire);
+        (e[0].load(Ordering::Relaxed) == b).then_some(w)
     }
+
+    /// Publishes `data` as broadcast `b` of shape `shape` in this rank's
+    /// ring (this rank is its root).
+    ///
+    /// # Safety
+    /// Only the board's owner may post, and only once every rank has
+    /// finished broadcast `b - RING_SLOTS` ([`Board::bcast_done`]), which
+    /// used the same slot. `data` must be at most [`FAST_BYTES`].
+    pub unsafe fn ring_post(&self, b: u64, shape: [u64; 2], data: &[u8]) {
+        // SAFETY: per the contract.
+        unsafe { post_at(self.ring_slot(b), b, shape, data) }
+    }
+
+    /// Whether this rank has posted broadcast `b` in its ring.
+    pub fn ring_posted(&self, b: u64) -> bool {
+        // SAFETY: a ring slot of this board.
+        unsafe { seq_at(self.ring_slot(b)) }.load(Ordering::Acquire) == b
+    }
+
+    /// The shape words and byte count posted with broadcast `b` (after
+    /// [`Board::ring_posted`] returned true for `b`, and before the reader
+    /// finishes `b`).
+    pub fn ring_shape(&self, b: u64) -> ([u64; 2], usize) {
+        // SAFETY: a ring slot of this board.
+        unsafe { header_at(self.ring_slot(b)) }
+    }
+
+    /// The first `len` data bytes of broadcast `b`, or `None` when the root
+    /// posted fewer.
+    ///
+    /// # Safety
+    /// The owner must have posted `b`, and the caller must not have
+    /// published that it finished `b` yet.
+    pub unsafe fn ring_data(&self, b: u64, len: usize) -> Option<&[u8]> {
+        // SAFETY: per the contract.
+        unsafe { data_at(self.ring_slot(b), len) }
+    }
+}
+
+/// The sequence word of the slot at `slot`.
+///
+/// # Safety
+/// `slot` must be a slot of a live board.
+unsafe fn seq_at<'a>(slot: *mut u8) -> &'a AtomicU64 {
+    // SAFETY: a slot starts with an 8-byte aligned word.
+    unsafe { &*(slot as *const AtomicU64) }
+}
+
+/// The shape words and byte count in the header of the slot at `slot`.
+///
+/// # Safety
+/// `slot` must be a slot of a live board.
+unsafe fn header_at(slot: *mut u8) -> ([u64; 2], usize) {
+    // SAFETY: three 8-byte aligned words after the sequence word, inside
+    // the slot; zero is a valid value.
+    let h = unsafe { &*(slot.add(8) as *const [AtomicU64; 3]) };
+    (
+        [h[0].load(Ordering::Relaxed), h[1].load(Ordering::Relaxed)],
+        usize::try_from(h[2].load(Ordering::Relaxed)).unwrap_or(usize::MAX),
+    )
+}
+
+/// Writes `data`, `shape` and its length into the slot at `slot`, then
+/// publishes `seq` with `Release`.
+///
+/// # Safety
+/// `slot` must be a slot of a live board that nobody reads now, and
+/// `data` at most [`FAST_BYTES`] (checked).
+unsafe fn post_at(slot: *mut u8, seq: u64, shape: [u64; 2], data: &[u8]) {
+    assert!(data.len() <= FAST_BYTES, "a slot holds {FAST_BYTES} B");
+    // SAFETY: per the contract, nobody reads this slot now; the length was
+    // checked above; the header's words follow the sequence word.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), slot.add(SLOT_HEADER), data.len());
+        let h = &*(slot.add(8) as *const [AtomicU64; 3]);
+        h[0].store(shape[0], Ordering::Relaxed);
+        h[1].store(shape[1], Ordering::Relaxed);
+        h[2].store(data.len() as u64, Ordering::Relaxed);
+        seq_at(slot).store(seq, Ordering::Release);
+    }
+}
+
+/// The first `len` data bytes of the slot at `slot`, `None` when its owner
+/// posted fewer.
+///
+/// # Safety
+/// `slot` must be a posted slot of a live board that its owner does not
+/// rewrite while the returned slice lives.
+unsafe fn data_at<'a>(slot: *mut u8, len: usize) -> Option<&'a [u8]> {
+    // SAFETY: per the contract.
+    let (_, posted) = unsafe { header_at(slot) };
+    if len > posted.min(FAST_BYTES) {
+        return None;
+    }
+    // SAFETY: per the contract; `len` is within what was posted, inside the
+    // slot.
+    Some(unsafe { std::slice::from_raw_parts(slot.add(SLOT_HEADER), len) })
 }
 
 #[cfg(test)]
@@ -331,6 +484,56 @@ mod tests {
         assert_eq!(b.control().cpu.load(Ordering::Relaxed), 0);
         assert_eq!(b.claim().load(Ordering::Relaxed), 0);
         assert!(b.slot_seq(1).load(Ordering::Relaxed) == 1 && !b.posted(4));
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(mem, layout) };
+    }
+
+    #[test]
+    fn the_broadcast_ring_cycles_through_its_slots() {
+        let layout = std::alloc::Layout::from_size_align(BOARD, 64).unwrap();
+        // SAFETY: a non-zero size.
+        let mem = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!mem.is_null());
+        // SAFETY: a zeroed, 64-byte aligned buffer standing in for the arena.
+        let b = unsafe { Board::at(mem) };
+        let k = RING_SLOTS as u64;
+        for i in 1..=k {
+            assert!(!b.ring_posted(i));
+            assert_eq!(b.call(i), None, "nothing recorded yet");
+            b.record_call(i, [i, 100 + i]);
+            // SAFETY: single-threaded test.
+            unsafe { b.ring_post(i, [i, 100 + i], &[i as u8; 5]) };
+        }
+        for i in 1..=k {
+            assert!(b.ring_posted(i));
+            assert_eq!(b.call(i), Some([i, 100 + i]));
+            assert_eq!(b.ring_shape(i), ([i, 100 + i], 5));
+            // SAFETY: posted above.
+            assert_eq!(unsafe { b.ring_data(i, 5) }, Some(&[i as u8; 5][..]));
+            // SAFETY: posted above.
+            assert_eq!(unsafe { b.ring_data(i, 6) }, None, "more than was posted");
+        }
+        // Broadcast k + 1 reuses the first slot and the first call entry.
+        b.record_call(k + 1, [7, 7]);
+        // SAFETY: single-threaded test.
+        unsafe { b.ring_post(k + 1, [7, 7], &[9; FAST_BYTES]) };
+        assert!(!b.ring_posted(1) && b.ring_posted(k + 1) && b.ring_posted(2));
+        assert_eq!(b.call(1), None, "entry 1 now holds broadcast k + 1");
+        assert_eq!(b.call(k + 1), Some([7, 7]));
+        // The ring lies apart from the exchange slots and the device slots.
+        // SAFETY: single-threaded test.
+        unsafe { b.post(1, [1, 1], b"x") };
+        b.gpu_slot(15).stage.store(3, Ordering::Relaxed);
+        b.bcast_mark().store(4, Ordering::Relaxed);
+        b.bcast_done().store(3, Ordering::Relaxed);
+        assert_eq!(b.ring_shape(k + 1), ([7, 7], FAST_BYTES));
+        // SAFETY: posted above.
+        assert!(unsafe { b.ring_data(k + 1, FAST_BYTES) }
+            .unwrap()
+            .iter()
+            .all(|&x| x == 9));
+        assert_eq!(b.call(2), Some([2, 102]));
+        assert_eq!(b.bcast_mark().load(Ordering::Relaxed), 4);
         // SAFETY: allocated above with this layout.
         unsafe { std::alloc::dealloc(mem, layout) };
     }

@@ -142,18 +142,36 @@ impl Node {
         cma(pid, addr, Io::Read(&mut word)).is_ok() && u64::from_ne_bytes(word) == PROBE_VALUE
     }
 
-    /// Whether local rank `k` has posted a board-slot operation this rank
-    /// has not. A rank in single-copy operation `c` that sees this of a
+    /// Whether local rank `k` has posted a board-slot operation (or
+    /// entered a broadcast) this rank has not. A rank in single-copy operation `c` that sees this of a
     /// peer that has not posted `c` (checked after this) knows the peer
     /// took the board slots for the same operation: a peer posts a later
     /// small operation only after finishing `c`.
     pub(super) fn peer_in_fast(&self, k: usize) -> bool {
+        self.peer_in_fast_slots(k) || self.peer_in_bcast(k)
+    }
+
+    /// Whether local rank `k` has posted a full-exchange board-slot
+    /// operation this rank has not.
+    pub(super) fn peer_in_fast_slots(&self, k: usize) -> bool {
         self.boards[k].posted(self.fast_seq.load(Ordering::Relaxed) + 1)
     }
 
     /// The error of a call that local rank `k` runs through the board
-    /// slots while this rank (call `shape`) runs it through single copy.
+    /// slots (or the broadcast ring) while this rank (call `shape`) runs it
+    /// through single copy.
     fn in_board_slots(&self, k: usize, shape: [u64; 2]) -> Error {
+        if !self.peer_in_fast_slots(k) {
+            if let Some(theirs) = self.next_bcast_call(k) {
+                return shape::disagree(
+                    "single copy against broadcast ring",
+                    k,
+                    theirs,
+                    self.me,
+                    shape,
+                );
+            }
+        }
         let s = self.fast_seq.load(Ordering::Relaxed) + 1;
         let (theirs, _) = self.boards[k].posted_shape(s);
         shape::disagree("single copy against board slots", k, theirs, self.me, shape)
@@ -407,9 +425,10 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     } else {
         // More ranks than processing units, and a worker was on this
         // rank's CPU: leave the CPU to it, and take part only if no item
-        // finishes for HELP_AFTER (a worker kept off its CPU).
+        // finishes for HELP_AFTER (a worker kept off its CPU). It yields
+        // from the start: spinning would take the CPU from that worker.
         let mut last = (done(), Instant::now());
-        node.wait(&wop, || {
+        node.wait_spinning(&wop, Duration::ZERO, || {
             let d = done();
             if d >= target {
                 return None;
@@ -428,7 +447,8 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     }
     node.set_stage(c, 1);
     let behind = (c << 8) | 1;
-    node.wait(&wop, || {
+    let spin = if worker { node.spin } else { Duration::ZERO };
+    node.wait_spinning(&wop, spin, || {
         if done() >= target {
             return None;
         }

@@ -1,9 +1,10 @@
 //! Small collectives through the board slots: post, wait for every rank's
-//! post, compute the output from the slots.
+//! post, compute the output from the slots. Broadcasts take their own ring
+//! instead (see [`super::bcast`]).
 //!
-//! Every rank posts and waits in every operation, even a broadcast's
-//! receivers and a reduce's non-roots: that full exchange is what makes the
-//! two alternating slots safe (see [`super::board`]). Every rank folds the
+//! Every rank posts and waits in every operation, even a reduce's
+//! non-roots: that full exchange is what makes the two alternating slots
+//! safe (see [`super::board`]). Every rank folds the
 //! inputs in rank order, so all ranks compute bit-identical results.
 //!
 //! Each post carries the call's shape and the bytes posted. Once every rank
@@ -11,8 +12,8 @@
 //! mismatched call fails with `ncclInvalidUsage` on every rank, and no slot
 //! is read beyond what its owner posted. A peer that took the single-copy
 //! path for the same operation (a larger call) never posts; the wait sees
-//! it in a single-copy operation this rank has not started and fails the
-//! same way (see [`Node::peer_in_copy`]).
+//! it in a single-copy operation (or a broadcast) this rank has not
+//! started and fails the same way (see [`Node::peer_in_copy`]).
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
@@ -141,8 +142,8 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
                 continue;
             }
             // Checked in this order: a peer posts `s` before it can enter
-            // a later single-copy operation.
-            if node.peer_in_copy(k) && !node.boards[k].posted(s) {
+            // a later single-copy operation or broadcast.
+            if (node.peer_in_copy(k) || node.peer_in_bcast(k)) && !node.boards[k].posted(s) {
                 other_path.set(Some(k));
                 return None;
             }
@@ -151,6 +152,15 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
         None
     })?;
     if let Some(k) = other_path.get() {
+        if let Some(theirs) = node.next_bcast_call(k) {
+            return Err(shape::disagree(
+                "board slots against broadcast ring",
+                k,
+                theirs,
+                me,
+                shape,
+            ));
+        }
         let theirs = Shape::load(&node.boards[k].extents().shape);
         return Err(shape::disagree(
             "board slots against single copy",

@@ -6,6 +6,9 @@
 //!   board slot in the node arena, publishes a sequence number, waits for
 //!   everybody's, and computes its output from the slots. One cache line
 //!   per rank for an 8-byte allreduce, and no plan, batch or link.
+//! - [`bcast`]: small broadcasts. The root posts into a ring of slots on
+//!   its board and returns; receivers copy out and report how far they
+//!   have read, and the root waits only when its ring is full.
 //! - [`copy`]: large operations with one kernel copy
 //!   (`process_vm_readv`, "CMA"), or none for buffers a rank can map: ranks
 //!   publish their buffer addresses on their board's control line, and the
@@ -21,6 +24,7 @@
 //! `ncclInvalidUsage` on every rank, also when the ranks' sizes sent them
 //! to different direct paths.
 
+pub mod bcast;
 pub mod board;
 pub mod copy;
 mod elect;
@@ -65,8 +69,16 @@ pub struct Node {
     spin: Duration,
     hang_report: Option<Duration>,
     stall_timeout: Duration,
-    /// Small operations run so far (the slot sequence; starts at 1).
+    /// Full-exchange small operations run so far (the slot sequence;
+    /// starts at 1).
     fast_seq: AtomicU64,
+    /// Small broadcasts run so far (the broadcast ring's sequence; starts
+    /// at 1).
+    bc_seq: AtomicU64,
+    /// The lowest broadcast every peer had finished when this rank last
+    /// looked (a root reads the peers' marks again only when its ring may
+    /// be full).
+    bc_room: AtomicU64,
     /// Single-copy operations run so far.
     copy_seq: AtomicU64,
     /// Per local rank: its home work items of all single-copy operations
@@ -162,6 +174,8 @@ impl Node {
             hang_report: patience.hang_report,
             stall_timeout: patience.stall_timeout,
             fast_seq: AtomicU64::new(0),
+            bc_seq: AtomicU64::new(0),
+            bc_room: AtomicU64::new(0),
             copy_min,
             copy_seq: AtomicU64::new(0),
             claim_base: (0..n).map(|_| AtomicU64::new(0)).collect(),
@@ -175,9 +189,15 @@ impl Node {
         }
     }
 
-    /// Operations this rank ran through the board slots.
+    /// Operations this rank ran through the board slots (the broadcast
+    /// ring included).
     pub fn fast_ops(&self) -> u64 {
-        self.fast_seq.load(Ordering::Relaxed)
+        self.fast_seq.load(Ordering::Relaxed) + self.bc_seq.load(Ordering::Relaxed)
+    }
+
+    /// Broadcasts this rank ran through the broadcast ring.
+    pub fn ring_ops(&self) -> u64 {
+        self.bc_seq.load(Ordering::Relaxed)
     }
 
     /// Operations this rank ran through the single-copy path.
@@ -332,6 +352,7 @@ pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> 
     };
     watch.begin_op(seq, a.kind);
     let r = match path {
+        Path::Fast if a.kind == Collective::Broadcast => bcast::run(node, a, seq, watch),
         Path::Fast => fastbox::run(node, a, op, seq, watch),
         Path::Copy => copy::run(node, a, op, seq, watch),
     };

@@ -44,9 +44,17 @@ impl Node {
     /// Waits until `missing` returns `None`. `missing` names the first local
     /// rank the caller still waits for; `op` describes the operation for
     /// hang reports and errors.
-    pub(crate) fn wait(
+    pub(crate) fn wait(&self, op: &Op<'_>, missing: impl FnMut() -> Option<usize>) -> Result<()> {
+        self.wait_spinning(op, self.spin, missing)
+    }
+
+    /// [`Node::wait`], spinning for `spin` before it yields (zero: yield
+    /// at once, for a rank that would only take CPU time from the rank it
+    /// waits for).
+    pub(crate) fn wait_spinning(
         &self,
         op: &Op<'_>,
+        spin: Duration,
         mut missing: impl FnMut() -> Option<usize>,
     ) -> Result<()> {
         let what = op.label;
@@ -85,7 +93,7 @@ impl Node {
             match phase {
                 Phase::Spin => {
                     std::hint::spin_loop();
-                    if iter % 128 != 0 && !self.spin.is_zero() {
+                    if iter % 128 != 0 && !spin.is_zero() {
                         continue;
                     }
                 }
@@ -101,9 +109,9 @@ impl Node {
             let now = Instant::now();
             let idle = now.duration_since(*last.get_or_insert(now));
             let next_liveness = next_liveness.get_or_insert(now + LIVENESS_EVERY);
-            phase = if idle < self.spin {
+            phase = if idle < spin {
                 Phase::Spin
-            } else if idle < self.spin + YIELD_FOR {
+            } else if idle < spin + YIELD_FOR {
                 Phase::Yield
             } else {
                 Phase::Sleep
