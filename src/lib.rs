@@ -8,3 +8,9 @@
 pub use hetccl_abi as abi;
 pub use hetccl_collectives as collectives;
 pub use nccl_net_plugin as net;
+
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+pub mod unmap_hook;

@@ -21,6 +21,7 @@ pub mod proto;
 pub mod qp;
 pub mod recv;
 pub mod send;
+pub mod unmap;
 mod wr;
 
 use std::collections::HashMap;
