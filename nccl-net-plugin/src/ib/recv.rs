@@ -89,7 +89,7 @@ pub struct IbRecvComm {
     slots: RegBuf,
     /// The credit counters written to the sender (inline, from here).
     opts: IbOptions,
-    remote: ConnInfo,
+    pub(crate) remote: ConnInfo,
     sock: Mutex<Option<TcpStream>>,
     peer: String,
     st: Mutex<St>,

@@ -21,10 +21,11 @@ use parking_lot::Mutex;
 use super::ffi;
 use super::mr::Mr;
 use super::proto::{
-    self, Cts, Hdr, Kind, CTRL_BYTES, CTRL_CREDITS_OFF, CTRL_CTS_OFF, CTS_BYTES, CTS_REJECT,
-    HDR_BYTES, NCTS,
+    self, Hdr, Kind, CTRL_BYTES, CTRL_CREDITS_OFF, CTRL_CTS_OFF, CTS_BYTES, CTS_REJECT, HDR_BYTES,
+    NCTS,
 };
 use super::qp::{Endpoint, IbOptions, RegBuf};
+use super::send_check;
 use super::wr;
 use crate::error::{NetError, Result};
 use crate::tcp::SendRequest;
@@ -342,15 +343,9 @@ impl IbSendComm {
             // SAFETY: inside the control area, 8-aligned; the peer's NIC
             // writes it, so it is read volatile (twice, for a stable value).
             let (a, b) = unsafe { (p.read_volatile(), p.read_volatile()) };
-            if a != b || a <= st.returned[q] {
+            let Some(a) = send_check::credits(q, a, b, st.returned[q], st.used[q])? else {
                 continue;
-            }
-            if a > st.used[q] {
-                return Err(NetError::proto(format!(
-                    "peer returned {a} credits on QP {q}, only {} were used",
-                    st.used[q]
-                )));
-            }
+            };
             st.returned[q] = a;
             moved = true;
         }
@@ -369,29 +364,22 @@ impl IbSendComm {
                 (self.ctrl.buf.addr() + CTRL_CTS_OFF + slot * CTS_BYTES) as *const [u8; CTS_BYTES];
             // SAFETY: inside the control area; written by the peer's NIC.
             let raw = unsafe { p.read_volatile() };
-            let Some(c) = Cts::decode(&raw, st.next_cts)? else {
+            let eager_max = self.opts.eager_max;
+            let Some(c) = send_check::cts(&raw, st.next_cts, eager_max, self.opts.chunk, |m| {
+                st.reqs.get(&m).map(|q| send_check::MsgState {
+                    size: q.size as u64,
+                    posted: q.posted,
+                    finished: q.done || q.error.is_some(),
+                    covered: q.covered,
+                    registered: q.mr.is_some(),
+                })
+            })?
+            else {
                 return Ok(moved);
             };
-            let Some(q) = st.reqs.get(&c.msg) else {
-                return Err(NetError::proto(format!(
-                    "CTS for unknown message {}",
-                    c.msg
-                )));
-            };
-            if !q.posted || q.size <= self.opts.eager_max || q.done || q.error.is_some() {
-                return Err(NetError::proto(format!(
-                    "CTS for message {} in the wrong state",
-                    c.msg
-                )));
-            }
+            let q = &st.reqs[&c.msg];
             let size = q.size as u64;
             let reject = c.flags & CTS_REJECT != 0;
-            if !reject && (c.offset != q.covered || c.len == 0 || c.len > size - c.offset) {
-                return Err(NetError::proto(format!(
-                    "CTS for bytes {}+{} of message {} ({size} bytes, {} covered)",
-                    c.offset, c.len, c.msg, q.covered
-                )));
-            }
             // A piece from memory the caller did not register needs a bounce chunk.
             let mut bounce = None;
             let (src, lkey) = if reject {
@@ -399,9 +387,6 @@ impl IbSendComm {
             } else if let Some(m) = &q.mr {
                 (q.ptr + c.offset as usize, m.lkey)
             } else {
-                if c.len as usize > self.opts.chunk {
-                    return Err(NetError::proto(format!("CTS piece of {} bytes", c.len)));
-                }
                 let Some(b) = self.take_bounce(st)? else {
                     return Ok(moved);
                 };

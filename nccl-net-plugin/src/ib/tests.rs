@@ -412,3 +412,110 @@ fn forged_headers_and_immediates_fail_the_receiver() {
         drop(src);
     }
 }
+
+/// A receiver that RDMA-writes forged CTS entries or credit counters into
+/// the sender's control area fails the sender (a check, a stall, or the
+/// write with a bad rkey failing), and never gets its bytes written out of
+/// the message.
+#[test]
+fn forged_cts_and_credits_fail_the_sender() {
+    use proto::{Cts, CTRL_CREDITS_OFF, CTRL_CTS_OFF};
+    const SIZE: u64 = 64 << 10;
+    let good = Cts {
+        seq: 0,
+        msg: 0,
+        offset: 0,
+        len: SIZE,
+        addr: 0,
+        rkey: 0,
+        flags: 0,
+    };
+    let cts = |c: Cts| (c.encode().to_vec(), CTRL_CTS_OFF);
+    let mut torn = good.encode();
+    torn[20] ^= 1;
+    let cases: Vec<((Vec<u8>, usize), &str)> = vec![
+        (
+            cts(Cts {
+                len: SIZE + 1,
+                ..good
+            }),
+            "CTS for bytes 0+65537",
+        ),
+        (
+            cts(Cts {
+                offset: 4096,
+                len: 4096,
+                ..good
+            }),
+            "CTS for bytes 4096+4096",
+        ),
+        (cts(Cts { len: 0, ..good }), "CTS for bytes 0+0"),
+        (cts(Cts { flags: 4, ..good }), "CTS flags"),
+        (cts(Cts { msg: 9, ..good }), "unknown message 9"),
+        (
+            (1000u64.to_le_bytes().to_vec(), CTRL_CREDITS_OFF),
+            "returned 1000 credits",
+        ),
+        // Not taken: the sender waits for a real entry and times out.
+        (cts(Cts { seq: 1, ..good }), "made no progress"),
+        ((torn.to_vec(), CTRL_CTS_OFF), "made no progress"),
+        // Taken (it is well-formed); the write with its rkey fails.
+        (
+            cts(Cts {
+                addr: 0x1000,
+                rkey: 0xdead_beef,
+                ..good
+            }),
+            "completion error",
+        ),
+    ];
+    for ((bytes, off), want) in cases {
+        let opts = IbOptions {
+            timeout: Duration::from_secs(2),
+            ..IbOptions::default()
+        };
+        let Some((s, r)) = pair(opts) else {
+            return;
+        };
+        let src = pattern(SIZE as usize, 3);
+        // SAFETY: `src` outlives the request (tested until it fails).
+        let q = unsafe { s.isend(src.as_ptr(), src.len(), 0, None) }
+            .unwrap()
+            .unwrap();
+        let sge = ffi::ibv_sge {
+            addr: bytes.as_ptr() as u64,
+            length: bytes.len() as u32,
+            lkey: 0,
+        };
+        // SAFETY: inline: copied at post time; the target is the sender's
+        // control area, with the rkey the sender gave.
+        unsafe {
+            r.ep.post_send(
+                0,
+                u64::MAX,
+                ffi::IBV_WR_RDMA_WRITE,
+                Some(sge),
+                true,
+                (r.remote.ctrl_addr + off as u64, r.remote.ctrl_rkey),
+                0,
+            )
+        }
+        .unwrap();
+        let t0 = Instant::now();
+        let err = loop {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{want}: not detected"
+            );
+            match s.test(q) {
+                Ok(None) => {}
+                Ok(Some(n)) => panic!("{want}: the send completed ({n} bytes)"),
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(err.contains(want), "want `{want}`, got: {err}");
+        // The comm stays failed.
+        // SAFETY: as above.
+        assert!(unsafe { s.isend(src.as_ptr(), 1, 0, None) }.is_err());
+    }
+}
