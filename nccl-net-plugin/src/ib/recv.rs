@@ -81,6 +81,7 @@ struct St {
     failed: Option<NetError>,
     peer_gone: Option<NetError>,
     last_move: Instant,
+    last_check: Instant,
 }
 
 /// The receiving end of a verbs connection (`irecv`/`test`).
@@ -162,6 +163,7 @@ impl IbRecvComm {
                 failed: None,
                 peer_gone: None,
                 last_move: Instant::now(),
+                last_check: Instant::now(),
             }),
             opts,
         }
@@ -296,9 +298,10 @@ impl IbRecvComm {
         if moved || !pending {
             st.last_move = Instant::now();
         }
-        if moved {
+        if moved || st.last_check.elapsed() < wr::IDLE_CHECK {
             return Ok(());
         }
+        st.last_check = Instant::now();
         if let Some(e) = self.ep.async_failure() {
             return Err(e);
         }
@@ -370,6 +373,11 @@ impl IbRecvComm {
                 wc.opcode
             )));
         }
+        if len == 0 {
+            // The sender's flush of its unsignaled SENDs: nothing to do
+            // beyond reposting the slot.
+            return Ok(());
+        }
         let sb = self.opts.slot_bytes();
         if len > sb {
             return Err(NetError::proto(format!(
@@ -414,6 +422,20 @@ impl IbRecvComm {
         });
         match target {
             Some((r, i)) => {
+                let buf = st.reqs[&r].bufs[i].0;
+                if h.kind == Kind::Eager && payload.len() <= buf.cap {
+                    // Straight into the posted buffer.
+                    if !payload.is_empty() {
+                        // SAFETY: the buffer holds `cap` bytes (irecv's
+                        // contract); the slot holds the payload.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(payload.as_ptr(), buf.ptr, payload.len())
+                        };
+                    }
+                    st.reqs.get_mut(&r).expect("posted").st[i] = BufSt::Done(payload.len());
+                    st.msgs.remove(&seq);
+                    return Ok(());
+                }
                 if h.kind == Kind::Eager {
                     st.msgs.get_mut(&seq).expect("inserted").data = Some(payload.to_vec());
                 }
@@ -645,11 +667,12 @@ impl IbRecvComm {
         Ok(None)
     }
 
-    /// Writes the credit counters to the sender when enough came back.
+    /// Writes the credit counters to the sender when half its credits on a
+    /// QP came back (or, with `force`, any).
     fn return_credits(&self, st: &mut St, force: bool) -> Result<bool> {
         let n = self.ep.qps.len();
         let due =
-            (0..n).any(|q| st.returned[q] - st.reported[q] >= (self.opts.slots as u64 / 4).max(1));
+            (0..n).any(|q| st.returned[q] - st.reported[q] >= (self.opts.slots as u64 / 2).max(1));
         if !(due || force && st.returned[..n] != st.reported[..n])
             || st.sq_out + 1 > self.ep.sq_depth
         {

@@ -81,9 +81,22 @@ struct St {
     free_slots: Vec<usize>,
     free_bounce: Vec<usize>,
     bounce: Vec<RegBuf>,
+    /// Unsignaled work requests posted on QP 0 since its last signaled one.
+    unsig: u64,
+    /// For each signaled request in flight on each QP, in order: how many
+    /// requests its completion retires (itself and the unsignaled ones
+    /// before it).
+    retire: [VecDeque<u64>; proto::MAX_QPS],
     failed: Option<NetError>,
     last_move: Instant,
+    last_check: Instant,
 }
+
+/// Largest inline SEND (header and payload) this side builds.
+const INLINE_MAX: usize = 256;
+
+/// At most this many unsignaled sends in a row on QP 0.
+const SIGNAL_EVERY: u64 = 16;
 
 /// The sending end of a verbs connection (`isend`/`test`).
 pub struct IbSendComm {
@@ -148,8 +161,11 @@ impl IbSendComm {
                 free_slots: (0..n).rev().collect(),
                 free_bounce: Vec::new(),
                 bounce: Vec::new(),
+                unsig: 0,
+                retire: Default::default(),
                 failed: None,
                 last_move: Instant::now(),
+                last_check: Instant::now(),
             }),
             opts,
         }
@@ -274,6 +290,10 @@ impl IbSendComm {
             st.last_move = Instant::now();
             return Ok(());
         }
+        if st.last_check.elapsed() < wr::IDLE_CHECK {
+            return Ok(());
+        }
+        st.last_check = Instant::now();
         if let Some(e) = self.ep.async_failure() {
             return Err(e);
         }
@@ -297,13 +317,14 @@ impl IbSendComm {
             for wc in &wcs[..n] {
                 moved = true;
                 let (kind, q, idx) = wr::split(wc.wr_id);
-                st.sq_out[q] = st.sq_out[q].saturating_sub(1);
                 if wc.status != ffi::IBV_WC_SUCCESS {
                     return Err(self.ep.wc_error(wc, &self.peer));
                 }
+                let n = st.retire[q].pop_front().unwrap_or(1);
+                st.sq_out[q] = st.sq_out[q].saturating_sub(n as usize);
                 match kind {
                     wr::EAGER => st.free_slots.push(idx as usize),
-                    wr::RTS => {}
+                    wr::RTS | wr::INLINE => {}
                     wr::PART => self.part_done(st, idx)?,
                     _ => return Err(NetError::Internal(format!("send completion kind {kind}"))),
                 }
@@ -470,7 +491,31 @@ impl IbSendComm {
                 seq,
             }
             .encode();
-            if eager {
+            let inline = eager && HDR_BYTES + q.size <= self.ep.max_inline.min(INLINE_MAX);
+            if inline {
+                let mut b = [0u8; INLINE_MAX];
+                b[..HDR_BYTES].copy_from_slice(&hdr);
+                if q.size > 0 {
+                    // SAFETY: the caller's buffer is readable (isend's
+                    // contract); it fits (checked above).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            q.ptr as *const u8,
+                            b[HDR_BYTES..].as_mut_ptr(),
+                            q.size,
+                        )
+                    };
+                }
+                let sge = ffi::ibv_sge {
+                    addr: b.as_ptr() as u64,
+                    length: (HDR_BYTES + q.size) as u32,
+                    lkey: 0,
+                };
+                // SAFETY: inline: copied at post time.
+                unsafe {
+                    self.post_unsignaled(st, wr::id(wr::INLINE, 0, seq), ffi::IBV_WR_SEND, sge)?
+                };
+            } else if eager {
                 let Some(slot) = st.free_slots.pop() else {
                     break;
                 };
@@ -504,27 +549,19 @@ impl IbSendComm {
                         0,
                     )?
                 };
+                Self::signaled(st, 0);
             } else {
+                let sge = ffi::ibv_sge {
+                    addr: hdr.as_ptr() as u64,
+                    length: HDR_BYTES as u32,
+                    lkey: 0,
+                };
                 // SAFETY: inline: the header is copied at post time.
                 unsafe {
-                    let sge = ffi::ibv_sge {
-                        addr: hdr.as_ptr() as u64,
-                        length: HDR_BYTES as u32,
-                        lkey: 0,
-                    };
-                    self.ep.post_send(
-                        0,
-                        wr::id(wr::RTS, 0, seq),
-                        ffi::IBV_WR_SEND,
-                        Some(sge),
-                        true,
-                        (0, 0),
-                        0,
-                    )?
+                    self.post_unsignaled(st, wr::id(wr::RTS, 0, seq), ffi::IBV_WR_SEND, sge)?
                 };
             }
             st.used[0] += 1;
-            st.sq_out[0] += 1;
             let q = st.reqs.get_mut(&seq).expect("present");
             q.posted = true;
             if eager {
@@ -534,6 +571,71 @@ impl IbSendComm {
             moved = true;
         }
         Ok(moved)
+    }
+
+    /// Counts a signaled request just posted on QP `q`.
+    fn signaled(st: &mut St, q: usize) {
+        st.sq_out[q] += 1;
+        let n = if q == 0 {
+            std::mem::take(&mut st.unsig)
+        } else {
+            0
+        };
+        st.retire[q].push_back(n + 1);
+    }
+
+    /// Posts an inline SEND on QP 0 that holds no resource, signaled only
+    /// every [`SIGNAL_EVERY`] requests.
+    ///
+    /// # Safety
+    /// `sge` is inline data, valid until this returns.
+    unsafe fn post_unsignaled(
+        &self,
+        st: &mut St,
+        wr_id: u64,
+        opcode: u32,
+        sge: ffi::ibv_sge,
+    ) -> Result<()> {
+        let signal = st.unsig + 1 >= SIGNAL_EVERY;
+        // SAFETY: inline: copied at post time.
+        unsafe {
+            self.ep
+                .post_send_opt(0, wr_id, opcode, Some(sge), true, (0, 0), 0, signal)?
+        };
+        if signal {
+            Self::signaled(st, 0);
+        } else {
+            st.sq_out[0] += 1;
+            st.unsig += 1;
+        }
+        Ok(())
+    }
+
+    /// When only unsignaled requests are in flight on QP 0, posts an empty
+    /// signaled SEND (the receiver takes it as a no-op) so that their
+    /// completion is seen; false when it needs a credit it does not have.
+    fn flush_unsignaled(&self, st: &mut St) -> Result<bool> {
+        if st.unsig == 0 || !st.retire[0].is_empty() {
+            return Ok(true);
+        }
+        if !self.credit(st, 0) {
+            return Ok(false);
+        }
+        // SAFETY: no memory: an empty SEND.
+        unsafe {
+            self.ep.post_send(
+                0,
+                wr::id(wr::INLINE, 0, 0),
+                ffi::IBV_WR_SEND,
+                None,
+                false,
+                (0, 0),
+                0,
+            )?
+        };
+        st.used[0] += 1;
+        Self::signaled(st, 0);
+        Ok(true)
     }
 
     fn post_parts(&self, st: &mut St) -> Result<bool> {
@@ -562,7 +664,7 @@ impl IbSendComm {
             };
             let _ = p.msg;
             st.used[p.qp] += 1;
-            st.sq_out[p.qp] += 1;
+            Self::signaled(st, p.qp);
             st.parts.pop_front();
             moved = true;
         }
@@ -575,6 +677,11 @@ impl IbSendComm {
         loop {
             let mut st = self.st.lock();
             let _ = self.drive(&mut st);
+            if st.failed.is_none() {
+                if let Err(e) = self.flush_unsignaled(&mut st) {
+                    self.fail(&mut st, e);
+                }
+            }
             let busy =
                 st.sq_out.iter().any(|&n| n > 0) || !st.queue.is_empty() || !st.parts.is_empty();
             if st.failed.is_some() || !busy || Instant::now() >= deadline {

@@ -19,6 +19,14 @@ pub const RTS: u8 = 3;
 pub const PART: u8 = 4;
 /// A CTS or credit write of the receiver (index unused).
 pub const CTRL: u8 = 5;
+/// A send that holds nothing: an inline eager SEND or the empty SEND that
+/// flushes unsignaled ones (index = message, or unused).
+pub const INLINE: u8 = 6;
+
+/// How often a comm that made no progress makes its system calls (the
+/// async-event fd and the setup socket); between them an idle poll only
+/// reads the CQ and memory.
+pub const IDLE_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Packs a kind, a QP index and an index.
 pub fn id(kind: u8, qp: usize, idx: u64) -> u64 {
