@@ -21,7 +21,7 @@ pub mod proto;
 pub mod qp;
 pub mod recv;
 pub mod send;
-mod send_check;
+pub mod send_check;
 pub mod unmap;
 mod wr;
 

@@ -50,6 +50,8 @@ struct Msg {
     asked: u64,
     landed: u64,
     reject: bool,
+    /// The sender's buffer is registered (a piece may be the whole message).
+    whole: bool,
 }
 
 struct Out {
@@ -409,6 +411,7 @@ impl IbRecvComm {
                 asked: 0,
                 landed: 0,
                 reject: false,
+                whole: h.whole,
             },
         );
         // The first open buffer with this tag in the oldest receive that has one.
@@ -518,7 +521,13 @@ impl IbRecvComm {
                 let left = m.size - m.asked;
                 match mr {
                     Some(mr) => {
-                        let len = left.min(1 << 30);
+                        // One piece, unless the sender goes through bounce chunks.
+                        let max = if m.whole {
+                            1 << 30
+                        } else {
+                            self.opts.chunk as u64
+                        };
+                        let len = left.min(max);
                         (
                             Cts {
                                 seq: st.next_cts,

@@ -489,6 +489,7 @@ impl IbSendComm {
                 tag: q.tag,
                 size: q.size as u64,
                 seq,
+                whole: q.mr.is_some(),
             }
             .encode();
             let inline = eager && HDR_BYTES + q.size <= self.ep.max_inline.min(INLINE_MAX);

@@ -136,44 +136,53 @@ fn several_qps_split_and_bounce_chunks() {
 }
 
 #[test]
-fn registered_buffers_take_one_piece_each() {
+fn registered_buffers_on_one_or_both_sides() {
     let Some(p) = port() else { return };
-    let Some((s, r)) = pair(IbOptions::default()) else {
-        return;
-    };
-    let n = 3 << 20;
-    let src = pattern(n, 9);
-    let mut dst = vec![0u8; n];
-    // SAFETY: our own live buffers.
-    let (ms, md) = unsafe {
-        let mut c = p.dev.regs.lock();
-        (
-            c.get(p.dev.pd, src.as_ptr() as usize, n, false).unwrap(),
-            c.get(p.dev.pd, dst.as_mut_ptr() as usize, n, false)
-                .unwrap(),
-        )
-    };
-    let rb = RecvBuf {
-        ptr: dst.as_mut_ptr(),
-        cap: n,
-        tag: 1,
-    };
-    // SAFETY: the buffers outlive the requests.
-    let rq = unsafe { r.irecv(&[rb], &[Some(md)]) }.unwrap().unwrap();
-    // SAFETY: as above.
-    let sq = unsafe { s.isend(src.as_ptr(), n, 1, Some(ms)) }
-        .unwrap()
-        .unwrap();
-    let t0 = Instant::now();
-    let (mut a, mut b) = (false, false);
-    while !(a && b) {
-        assert!(t0.elapsed() < Duration::from_secs(60));
-        a = a || s.test(sq).unwrap().is_some();
-        b = b || r.test(rq).unwrap().is_some();
+    // Both registered: one piece; one side only: pieces of a bounce chunk
+    // (the RTS says whether the source is registered).
+    for (reg_src, reg_dst) in [(true, true), (false, true), (true, false)] {
+        let Some((s, r)) = pair(IbOptions::default()) else {
+            return;
+        };
+        let n = (3 << 20) + 5;
+        let src = pattern(n, 9);
+        let mut dst = vec![0u8; n];
+        // SAFETY: our own live buffers.
+        let (ms, md) = unsafe {
+            let mut c = p.dev.regs.lock();
+            (
+                c.get(p.dev.pd, src.as_ptr() as usize, n, false).unwrap(),
+                c.get(p.dev.pd, dst.as_mut_ptr() as usize, n, false)
+                    .unwrap(),
+            )
+        };
+        let rb = RecvBuf {
+            ptr: dst.as_mut_ptr(),
+            cap: n,
+            tag: 1,
+        };
+        // SAFETY: the buffers outlive the requests.
+        let rq = unsafe { r.irecv(&[rb], &[reg_dst.then_some(md)]) }
+            .unwrap()
+            .unwrap();
+        // SAFETY: as above.
+        let sq = unsafe { s.isend(src.as_ptr(), n, 1, reg_src.then_some(ms)) }
+            .unwrap()
+            .unwrap();
+        let t0 = Instant::now();
+        let (mut a, mut b) = (false, false);
+        while !(a && b) {
+            assert!(t0.elapsed() < Duration::from_secs(60));
+            a = a || s.test(sq).unwrap().is_some();
+            b = b || r.test(rq).unwrap().is_some();
+        }
+        assert!(
+            dst == src,
+            "registered source {reg_src}, destination {reg_dst}"
+        );
+        p.dev.regs.lock().invalidate(src.as_ptr() as usize, n);
+        p.dev.regs.lock().invalidate(dst.as_ptr() as usize, n);
     }
-    assert!(dst == src);
-    p.dev.regs.lock().invalidate(src.as_ptr() as usize, n);
-    p.dev.regs.lock().invalidate(dst.as_ptr() as usize, n);
 }
 
 #[test]
@@ -333,6 +342,7 @@ fn forged_headers_and_immediates_fail_the_receiver() {
             tag: 0,
             size,
             seq,
+            whole: false,
         }
         .encode()
         .to_vec();
