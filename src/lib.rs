@@ -1,6 +1,7 @@
 //! `libhetccl.so`: the one shared library that NCCL users load.
 //!
-//! This crate holds no logic. It links the engine (`hetccl-collectives`, which
+//! This crate holds no logic beyond the `munmap`/`mremap` hooks
+//! ([`unmap_hook`]). It links the engine (`hetccl-collectives`, which
 //! defines every exported `nccl*`/`pnccl*` function) and the network plugin
 //! (`nccl-net-plugin`, which defines the `ncclNetPlugin_v6..v12` tables), so that the
 //! cdylib exports both. See `docs/architecture.md`.
