@@ -123,6 +123,29 @@ mod tests {
     }
 
     #[test]
+    fn the_entry_format_is_pinned() {
+        // As fuzz/seeds/make_seeds.py writes it (seed `ib_sender/good`).
+        let c = Cts {
+            seq: 0,
+            msg: 0,
+            offset: 0,
+            len: 1 << 20,
+            addr: 0x10000,
+            rkey: 7,
+            flags: 0,
+        };
+        let check = 0x598f_df02_f0c8_fe03u64.to_le_bytes();
+        let mut want = [0u8; CTS_BYTES];
+        want[0] = 1;
+        want[26] = 0x10;
+        want[34] = 1;
+        want[40] = 7;
+        want[48..56].copy_from_slice(&check);
+        want[56] = 1;
+        assert_eq!(c.encode(), want);
+    }
+
+    #[test]
     fn a_good_piece_is_taken() {
         let c = entry(7, CHUNK as u64, CHUNK as u64);
         assert_eq!(
