@@ -83,7 +83,7 @@ struct St {
     failed: Option<NetError>,
     peer_gone: Option<NetError>,
     last_move: Instant,
-    last_check: Instant,
+    idle_polls: u32,
 }
 
 /// The receiving end of a verbs connection (`irecv`/`test`).
@@ -165,7 +165,7 @@ impl IbRecvComm {
                 failed: None,
                 peer_gone: None,
                 last_move: Instant::now(),
-                last_check: Instant::now(),
+                idle_polls: 0,
             }),
             opts,
         }
@@ -300,10 +300,13 @@ impl IbRecvComm {
         if moved || !pending {
             st.last_move = Instant::now();
         }
-        if moved || st.last_check.elapsed() < wr::IDLE_CHECK {
+        if moved {
             return Ok(());
         }
-        st.last_check = Instant::now();
+        st.idle_polls = st.idle_polls.wrapping_add(1);
+        if st.idle_polls % wr::IDLE_CHECK_EVERY != 0 {
+            return Ok(());
+        }
         if let Some(e) = self.ep.async_failure() {
             return Err(e);
         }
