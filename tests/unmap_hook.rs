@@ -1,4 +1,7 @@
-#![cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+#![cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 //! The `munmap`/`mremap` hooks of `libhetccl.so` (`src/unmap_hook.rs`):
 //! in this binary, which links the library, a `munmap` reaches the hook and
 //! the verbs unmap ring sees it; and `tests/c/unmap_hook.c`, run with
