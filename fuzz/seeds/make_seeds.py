@@ -267,3 +267,38 @@ put("pack", "payload_overflow", b"\x03" + pack([b"ab"], payload=0xFFFFFFFF))
 put("pack", "part_over_limit", b"\x0d" + pack([bytes(200)]))
 put("pack", "bad_magic", b"\x03" + pack([b"x"], magic=b"NCCL"))
 put("pack", "truncated", (b"\x03" + pack([b"abc", b"de"]))[:20])
+
+
+# The verbs sender's control area (nccl-net-plugin/src/ib/{proto,send_check}.rs):
+# a 64-byte CTS entry (seq+1, msg, offset, len, addr, rkey|flags, check
+# word, seq+1), then the entry wanted, the message's size and covered
+# bytes, a flags byte (1 posted, 2 finished, 4 registered, 8 unknown
+# message), and a credit counter, credits returned and used.
+M64 = (1 << 64) - 1
+
+
+def cts_check(seq, msg, off, ln, addr, rkey, flags):
+    h = 0xCBF29CE484222325
+    for w in [seq + 1, msg, off, ln, addr, rkey | flags << 32]:
+        h = ((h ^ w) * 0x100000001B3) & M64
+        h ^= h >> 29
+    return h
+
+
+def cts(seq, msg=0, off=0, ln=1 << 20, addr=0x10000, rkey=7, flags=0, check=None):
+    c = cts_check(seq, msg, off, ln, addr, rkey, flags) if check is None else check
+    return struct.pack("<QQQQQIIQQ", seq + 1, msg, off, ln, addr, rkey, flags, c, seq + 1)
+
+
+def sender(entry, want=0, size=3 << 20, covered=0, f=1, credit=(5, 3, 8)):
+    return entry + struct.pack("<QQQB", want, size, covered, f) + struct.pack("<QQQ", *credit)
+
+
+put("ib_sender", "good", sender(cts(0)))
+put("ib_sender", "good_registered", sender(cts(4, off=1 << 20, ln=2 << 20), want=4, covered=1 << 20, f=5))
+put("ib_sender", "reject", sender(cts(0, flags=1, off=M64, ln=M64)))
+put("ib_sender", "past_end", sender(cts(0, ln=(3 << 20) + 1), f=5))
+put("ib_sender", "bad_check", sender(cts(0, check=1)))
+put("ib_sender", "bad_flags", sender(cts(0, flags=2)))
+put("ib_sender", "unknown_msg", sender(cts(0), f=9))
+put("ib_sender", "credits_over", sender(cts(0), credit=(9, 3, 8)))

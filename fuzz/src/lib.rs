@@ -19,7 +19,8 @@
 //! and frame header (`nccl_net_plugin::wire`), the tuner plugin's
 //! tuning table (`nccl_net_plugin::tuner::table`), the engine's tuning
 //! table and rank-0 messages (`hetccl_collectives::tune::{table, agree}`),
-//! and the packs of coalesced point-to-point messages (`transport::pack`).
+//! the packs of coalesced point-to-point messages (`transport::pack`),
+//! and the verbs sender's checks on its control area (`ib::send_check`).
 
 use std::io::Write;
 use std::mem::offset_of;
@@ -37,7 +38,7 @@ use hetccl_collectives::bootstrap::{self, auth, frame, root};
 use nccl_net_plugin::wire;
 
 /// The names of all targets, as `fuzz_targets/` and `seeds/` name them.
-pub const TARGETS: [&str; 15] = [
+pub const TARGETS: [&str; 16] = [
     "unique_id",
     "card",
     "card_table",
@@ -53,6 +54,7 @@ pub const TARGETS: [&str; 15] = [
     "engine_tuning_table",
     "tune_messages",
     "pack",
+    "ib_sender",
 ];
 
 /// Runs target `name` on `data`; false for an unknown name.
@@ -73,6 +75,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "engine_tuning_table" => engine_tuning_table(data),
         "tune_messages" => tune_messages(data),
         "pack" => pack(data),
+        "ib_sender" => ib_sender(data),
         _ => return false,
     }
     true
@@ -343,6 +346,50 @@ pub fn net_frame(data: &[u8]) {
     let b: [u8; wire::FRAME_BYTES] = fixed(data);
     if let Ok(f) = wire::decode_frame(&b) {
         assert_eq!(wire::encode_frame(&f), b, "{f:?}");
+    }
+}
+
+/// The verbs sender's checks on its control area
+/// (`nccl_net_plugin::ib::send_check`): bytes 0..64 are a CTS slot as a
+/// receiver wrote it; then, little-endian u64s: the entry wanted, the
+/// message's size and bytes covered, a flags byte (posted, finished,
+/// registered), and a credit counter, the credits returned and used. A
+/// taken piece starts where the last ended and lies inside the message
+/// (inside a bounce chunk when unregistered); taken credits never exceed
+/// those used.
+pub fn ib_sender(data: &[u8]) {
+    use nccl_net_plugin::ib::proto::{CTS_BYTES, CTS_REJECT};
+    use nccl_net_plugin::ib::send_check::{credits, cts, MsgState};
+    const CHUNK: usize = 1 << 20;
+    const EAGER: usize = 8192;
+    let b: [u8; CTS_BYTES + 57] = fixed(data);
+    let u = |i: usize| {
+        let o = CTS_BYTES + 8 * i + usize::from(i >= 3);
+        u64::from_le_bytes(b[o..o + 8].try_into().expect("8"))
+    };
+    let raw: [u8; CTS_BYTES] = b[..CTS_BYTES].try_into().expect("64");
+    let (want, size) = (u(0), u(1) % (1 << 41));
+    let covered = u(2) % (size + 1);
+    let f = b[CTS_BYTES + 24];
+    let st = MsgState {
+        size,
+        posted: f & 1 != 0,
+        finished: f & 2 != 0,
+        covered,
+        registered: f & 4 != 0,
+    };
+    if let Ok(Some(c)) = cts(&raw, want, EAGER, CHUNK, |_| (f & 8 == 0).then_some(st)) {
+        assert_eq!(c.seq, want);
+        assert!(st.posted && !st.finished && size > EAGER as u64, "{c:?} {st:?}");
+        if c.flags & CTS_REJECT == 0 {
+            assert!(c.offset == covered && c.len > 0, "{c:?} {st:?}");
+            assert!(c.offset.checked_add(c.len).is_some_and(|e| e <= size), "{c:?}");
+            assert!(st.registered || c.len <= CHUNK as u64, "{c:?}");
+        }
+    }
+    let (a, returned, used) = (u(3), u(4), u(5));
+    if let Ok(Some(n)) = credits(0, a, a, returned, used) {
+        assert!(n > returned && n <= used);
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use nccl_net_plugin::ib::pci::{self, PciDevice, Place};
+use nccl_net_plugin::ib::qp::RegBuf;
 use nccl_net_plugin::ib::{DiscoverOpts, IbNet, IbOptions, IbPort, IbRecvComm, IbSendComm};
 use nccl_net_plugin::tcp::{RecvBuf, RecvRequest, SendRequest};
 use nccl_net_plugin::NetError;
@@ -100,7 +101,58 @@ struct VRecv {
 #[derive(Default)]
 struct RState {
     req: Option<(RecvRequest, usize, usize)>,
-    stage: Vec<u8>,
+    stage: Stage,
+}
+
+/// Where a receive that the caller consumes from (a reduction's input)
+/// lands: registered memory when the device allows, so that the peer's
+/// writes go straight into it rather than through a bounce chunk and a
+/// copy.
+#[derive(Default)]
+enum Stage {
+    #[default]
+    None,
+    Registered(RegBuf),
+    Plain(Vec<u8>),
+}
+
+impl Stage {
+    fn len(&self) -> usize {
+        match self {
+            Stage::None => 0,
+            Stage::Registered(r) => r.buf.len(),
+            Stage::Plain(v) => v.len(),
+        }
+    }
+
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            Stage::None => std::ptr::NonNull::dangling().as_ptr(),
+            Stage::Registered(r) => r.buf.ptr(),
+            Stage::Plain(v) => v.as_mut_ptr(),
+        }
+    }
+
+    fn mr(&self) -> Option<Arc<nccl_net_plugin::ib::mr::Mr>> {
+        match self {
+            Stage::Registered(r) => Some(r.mr.clone()),
+            _ => None,
+        }
+    }
+
+    /// At least `len` bytes (only called with no receive in flight).
+    fn grow(&mut self, port: &IbPort, len: usize) {
+        if self.len() >= len {
+            return;
+        }
+        *self = match RegBuf::new(port, len, true) {
+            Ok(r) => Stage::Registered(r),
+            Err(e) => {
+                tracing::debug!(target: "hetccl::NET", "verbs: unregistered staging: {e}");
+                Stage::Plain(vec![0; len])
+            }
+        };
+    }
 }
 
 impl std::fmt::Debug for VSend {
@@ -161,7 +213,13 @@ impl SendLink for VSend {
 }
 
 impl VRecv {
-    fn post(&self, st: &mut RState, ptr: *mut u8, len: usize) -> Result<Option<RecvRequest>> {
+    fn post(
+        &self,
+        st: &mut RState,
+        ptr: *mut u8,
+        len: usize,
+        mr: Option<Arc<nccl_net_plugin::ib::mr::Mr>>,
+    ) -> Result<Option<RecvRequest>> {
         if let Some((req, want, at)) = st.req {
             if at != ptr as usize || want != len {
                 return Err(Error::Internal(format!(
@@ -175,7 +233,8 @@ impl VRecv {
             cap: len,
             tag: self.tag,
         };
-        let mr = nccl_net_plugin::ib::find_registered(self.comm.port(), ptr as usize, len);
+        let mr = mr
+            .or_else(|| nccl_net_plugin::ib::find_registered(self.comm.port(), ptr as usize, len));
         // SAFETY: the staging buffer is not resized while a receive is in
         // flight; a caller's range stays valid until the operation ends.
         Ok(
@@ -221,17 +280,20 @@ impl RecvLink for VRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        if st.req.is_none() && st.stage.len() < max {
-            st.stage.resize(max, 0);
+        if st.req.is_none() {
+            st.stage.grow(self.comm.port(), max);
         }
-        let stage = st.stage.as_mut_ptr();
-        let Some(req) = self.post(st, stage, max)? else {
+        let stage = st.stage.ptr();
+        let mr = st.stage.mr();
+        let Some(req) = self.post(st, stage, max, mr)? else {
             return Ok(0);
         };
         let Some(n) = self.done(st, req, max, elem)? else {
             return Ok(0);
         };
-        f(&st.stage[..n]);
+        // SAFETY: the receive of `n` <= max <= stage length bytes into the
+        // stage completed; nothing else writes it until the next post.
+        f(unsafe { std::slice::from_raw_parts(st.stage.ptr(), n) });
         Ok(n)
     }
     fn try_recv_into(&self, dst: &mut [u8]) -> Result<usize> {
@@ -243,7 +305,7 @@ impl RecvLink for VRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
+        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len(), None)? else {
             return Ok(0);
         };
         Ok(self.done(st, req, dst.len(), 1)?.unwrap_or(0))
@@ -256,7 +318,7 @@ impl RecvLink for VRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
+        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len(), None)? else {
             return Ok((0, false));
         };
         let Some(sizes) = self.comm.test(req).map_err(verbs_err)? else {

@@ -22,6 +22,8 @@ pub mod proto;
 pub mod qp;
 pub mod recv;
 pub mod send;
+pub mod send_check;
+pub mod unmap;
 mod wr;
 
 use std::collections::HashMap;

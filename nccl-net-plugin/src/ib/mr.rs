@@ -6,13 +6,20 @@
 //! [`CACHE_ENTRIES`] entries: when full, the least recently used entry
 //! that no comm or handle holds is dropped (its MR is deregistered once
 //! the last holder lets go). [`RegCache::invalidate`] drops every entry
-//! that overlaps a range, for memory being freed or unmapped.
+//! that overlaps a range, for memory being freed; ranges the process
+//! unmapped ([`super::unmap`]) are dropped the same way at the next lookup.
+//! A dropped entry that a comm or handle still holds stays registered for
+//! that holder but is never handed out again.
+//!
+//! The cache is generic over what a registration is ([`Registration`]),
+//! so that its logic is tested without a device.
 
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::sync::Arc;
 
 use super::ffi::{self, ibv_mr, ibv_pd};
+use super::unmap::{self, Since};
 use crate::error::{NetError, Result};
 
 /// Most entries per protection domain.
@@ -102,6 +109,18 @@ impl Mr {
     }
 }
 
+/// A registered range, as the cache sees it.
+pub trait Registration {
+    /// Start and length of the registered range.
+    fn range(&self) -> (usize, usize);
+}
+
+impl Registration for Mr {
+    fn range(&self) -> (usize, usize) {
+        (self.addr, self.len)
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
         if let Ok(v) = ffi::verbs() {
@@ -122,30 +141,58 @@ pub fn access(relaxed: bool) -> c_int {
     }
 }
 
-struct Entry {
-    mr: Arc<Mr>,
+struct Entry<T> {
+    reg: Arc<T>,
     used: u64,
 }
 
+fn covers((a, l): (usize, usize), addr: usize, len: usize) -> bool {
+    addr >= a && addr.saturating_add(len) <= a + l
+}
+
 /// The cache (one per protection domain).
-pub struct RegCache {
-    by_start: BTreeMap<usize, Entry>,
+pub struct RegCache<T = Mr> {
+    by_start: BTreeMap<usize, Entry<T>>,
     max: usize,
     clock: u64,
+    unmapped: unmap::Reader,
     /// Registrations made (for tests and logs).
     pub registered: u64,
+    /// Entries dropped because their memory was unmapped.
+    pub dropped_unmapped: u64,
 }
 
 const PAGE: usize = 4096;
 
-impl RegCache {
+impl RegCache<Mr> {
+    /// The registration covering `addr..addr+len`, made if needed.
+    ///
+    /// # Safety
+    /// The range is mapped memory of this process.
+    pub unsafe fn get(
+        &mut self,
+        pd: *mut ibv_pd,
+        addr: usize,
+        len: usize,
+        relaxed: bool,
+    ) -> Result<Arc<Mr>> {
+        self.get_with(addr, len, |start, n| {
+            // SAFETY: forwarded contract (the page-rounded range is mapped too).
+            unsafe { Mr::register(pd, start, n, access(relaxed)) }
+        })
+    }
+}
+
+impl<T: Registration> RegCache<T> {
     /// An empty cache of at most `max` entries.
     pub fn new(max: usize) -> Self {
         Self {
             by_start: BTreeMap::new(),
             max: max.max(1),
             clock: 0,
+            unmapped: unmap::Reader::new(),
             registered: 0,
+            dropped_unmapped: 0,
         }
     }
 
@@ -159,23 +206,40 @@ impl RegCache {
         self.by_start.is_empty()
     }
 
-    /// The registration covering `addr..addr+len`, made if needed.
-    ///
-    /// # Safety
-    /// The range is mapped memory of this process.
-    pub unsafe fn get(
+    /// Drops the entries whose memory was unmapped since the last look
+    /// (all of them if the ring overflowed).
+    fn sync_unmapped(&mut self) {
+        if !self.unmapped.behind() {
+            return;
+        }
+        match self.unmapped.since() {
+            Since::Ranges(v) => {
+                for (start, end) in v {
+                    self.dropped_unmapped += self.drop_overlapping(start, end) as u64;
+                }
+            }
+            Since::Lost => {
+                self.dropped_unmapped += self.by_start.len() as u64;
+                self.by_start.clear();
+            }
+        }
+    }
+
+    /// The registration covering `addr..addr+len`; when none is cached,
+    /// `register(start, len)` registers the page-rounded range.
+    pub fn get_with(
         &mut self,
-        pd: *mut ibv_pd,
         addr: usize,
         len: usize,
-        relaxed: bool,
-    ) -> Result<Arc<Mr>> {
+        register: impl FnOnce(usize, usize) -> Result<T>,
+    ) -> Result<Arc<T>> {
+        self.sync_unmapped();
         self.clock += 1;
         let len = len.max(1);
         if let Some((_, e)) = self.by_start.range_mut(..=addr).next_back() {
-            if e.mr.covers(addr, len) {
+            if covers(e.reg.range(), addr, len) {
                 e.used = self.clock;
-                return Ok(e.mr.clone());
+                return Ok(e.reg.clone());
             }
         }
         let start = addr & !(PAGE - 1);
@@ -186,8 +250,7 @@ impl RegCache {
             & !(PAGE - 1);
         // Entries inside the new range are superseded by it.
         self.drop_overlapping(start, end);
-        // SAFETY: forwarded contract (the page-rounded range is mapped too).
-        let mr = Arc::new(unsafe { Mr::register(pd, start, end - start, access(relaxed))? });
+        let reg = Arc::new(register(start, end - start)?);
         self.registered += 1;
         while self.by_start.len() >= self.max {
             if !self.evict_one() {
@@ -197,11 +260,11 @@ impl RegCache {
         self.by_start.insert(
             start,
             Entry {
-                mr: mr.clone(),
+                reg: reg.clone(),
                 used: self.clock,
             },
         );
-        Ok(mr)
+        Ok(reg)
     }
 
     /// Adds a registration made outside the cache (a DMA-BUF one, whose
@@ -227,8 +290,11 @@ impl RegCache {
     fn drop_overlapping(&mut self, start: usize, end: usize) -> usize {
         let hit: Vec<usize> = self
             .by_start
-            .iter()
-            .filter(|(_, e)| e.mr.addr < end && e.mr.addr + e.mr.len > start)
+            .range(..end)
+            .filter(|(_, e)| {
+                let (a, l) = e.reg.range();
+                a < end && a + l > start
+            })
             .map(|(&k, _)| k)
             .collect();
         for k in &hit {
@@ -242,7 +308,7 @@ impl RegCache {
         let victim = self
             .by_start
             .iter()
-            .filter(|(_, e)| Arc::strong_count(&e.mr) == 1)
+            .filter(|(_, e)| Arc::strong_count(&e.reg) == 1)
             .min_by_key(|(_, e)| e.used)
             .map(|(&k, _)| k)
             .or_else(|| {
@@ -256,14 +322,146 @@ impl RegCache {
 
     /// The cached registration covering `addr..addr+len`, if any (never
     /// registers).
-    pub fn find(&self, addr: usize, len: usize) -> Option<Arc<Mr>> {
+    pub fn find(&mut self, addr: usize, len: usize) -> Option<Arc<T>> {
+        self.sync_unmapped();
         let (_, e) = self.by_start.range(..=addr).next_back()?;
-        e.mr.covers(addr, len.max(1)).then(|| e.mr.clone())
+        covers(e.reg.range(), addr, len.max(1)).then(|| e.reg.clone())
     }
 
     /// Drops every entry overlapping `addr..addr+len` (memory freed or
     /// unmapped); returns how many.
     pub fn invalidate(&mut self, addr: usize, len: usize) -> usize {
+        self.sync_unmapped();
         self.drop_overlapping(addr, addr.saturating_add(len.max(1)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A registration without a device.
+    struct Fake(usize, usize);
+    impl Registration for Fake {
+        fn range(&self) -> (usize, usize) {
+            (self.0, self.1)
+        }
+    }
+
+    fn reg(count: &Cell<u32>) -> impl FnOnce(usize, usize) -> Result<Fake> + '_ {
+        move |a, l| {
+            count.set(count.get() + 1);
+            Ok(Fake(a, l))
+        }
+    }
+
+    /// `pages` anonymous pages (munmap'd by the test).
+    fn map(pages: usize) -> usize {
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                pages * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p as usize
+    }
+
+    /// munmap and record, as the exported hook does.
+    fn unmap_range(addr: usize, len: usize) {
+        // SAFETY: a mapping of this test.
+        assert_eq!(unsafe { libc::munmap(addr as *mut _, len) }, 0);
+        unmap::record(addr, len);
+    }
+
+    #[test]
+    fn an_unmapped_range_leaves_the_cache() {
+        let _g = unmap::TEST_LOCK.lock();
+        let n = Cell::new(0);
+        let mut c: RegCache<Fake> = RegCache::new(16);
+        let a = map(4);
+        let b = map(2);
+        let ra = c.get_with(a + 100, 3 * PAGE, reg(&n)).unwrap();
+        assert_eq!(ra.range(), (a, 4 * PAGE), "page-rounded");
+        c.get_with(b, 2 * PAGE, reg(&n)).unwrap();
+        drop(ra);
+        assert!(c.find(a + PAGE, 10).is_some());
+        // Unmapping the middle of a's range drops a's entry, not b's.
+        unmap_range(a + PAGE, PAGE);
+        assert!(c.find(a, 10).is_none(), "stale entry still found");
+        assert!(c.find(b, 10).is_some());
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.dropped_unmapped, 1);
+        // A new registration of the (remapped) range registers again.
+        let before = n.get();
+        let a2 = map(1);
+        c.get_with(a2, PAGE, reg(&n)).unwrap();
+        assert_eq!(n.get(), before + 1);
+        unmap_range(a2, PAGE);
+        unmap_range(a, PAGE);
+        unmap_range(a + 2 * PAGE, 2 * PAGE);
+        unmap_range(b, 2 * PAGE);
+        assert!(c.find(b, 1).is_none());
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_held_entry_is_not_handed_out_after_unmap() {
+        let _g = unmap::TEST_LOCK.lock();
+        let n = Cell::new(0);
+        let mut c: RegCache<Fake> = RegCache::new(16);
+        let a = map(1);
+        let held = c.get_with(a, PAGE, reg(&n)).unwrap();
+        unmap_range(a, PAGE);
+        // The holder keeps its registration; the cache makes a new one.
+        let again = c.get_with(a, PAGE, reg(&n)).unwrap();
+        assert!(!Arc::ptr_eq(&held, &again));
+        assert_eq!(n.get(), 2);
+        assert_eq!(held.range(), (a, PAGE));
+    }
+
+    #[test]
+    fn a_lost_record_drops_everything() {
+        let _g = unmap::TEST_LOCK.lock();
+        let n = Cell::new(0);
+        let mut c: RegCache<Fake> = RegCache::new(16);
+        for i in 0..3 {
+            c.get_with(0x10_0000 + i * 2 * PAGE, PAGE, reg(&n)).unwrap();
+        }
+        // Ranges elsewhere, more than the ring holds.
+        for i in 0..unmap::SLOTS + 1 {
+            unmap::record(0x7f00_0000_0000 + i * PAGE, PAGE);
+        }
+        assert!(c.find(0x10_0000, 1).is_none());
+        assert!(c.is_empty());
+        assert_eq!(c.dropped_unmapped, 3);
+    }
+
+    #[test]
+    fn the_cache_is_bounded_and_shares_ranges() {
+        let n = Cell::new(0);
+        let mut c: RegCache<Fake> = RegCache::new(2);
+        let at = |i: usize| 0x20_0000 + i * 16 * PAGE;
+        let a = c.get_with(at(0), 16 * PAGE, reg(&n)).unwrap();
+        let a2 = c.get_with(at(0) + PAGE, 1000, reg(&n)).unwrap();
+        assert!(Arc::ptr_eq(&a, &a2), "a sub-range shares the entry");
+        c.get_with(at(1), 100, reg(&n)).unwrap();
+        // a is held: the unheld b goes first.
+        c.get_with(at(2), 100, reg(&n)).unwrap();
+        assert_eq!(c.len(), 2);
+        assert!(c.find(at(0), 1).is_some());
+        assert!(c.find(at(1), 1).is_none());
+        assert_eq!(n.get(), 3);
+        // A larger range supersedes the entries inside it.
+        c.get_with(at(0), 48 * PAGE, reg(&n)).unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.invalidate(at(2), 1), 1);
+        assert!(c.is_empty());
     }
 }

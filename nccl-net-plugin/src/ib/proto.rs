@@ -133,6 +133,9 @@ pub struct Hdr {
     pub size: u64,
     /// The message's sequence number (from 0, in order).
     pub seq: u64,
+    /// Rendezvous: the sender's buffer is registered, so a piece may be
+    /// the whole message (else pieces are at most a bounce chunk).
+    pub whole: bool,
 }
 
 /// Largest message a peer may announce (NCCL's `maxP2pBytes` is lower).
@@ -147,6 +150,7 @@ impl Hdr {
             Kind::Eager => 1,
             Kind::Rts => 2,
         };
+        b[5] = u8::from(self.whole);
         b[8..12].copy_from_slice(&self.tag.to_le_bytes());
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
         b[24..32].copy_from_slice(&self.seq.to_le_bytes());
@@ -160,7 +164,8 @@ impl Hdr {
             return Err(NetError::proto(format!("verbs SEND of {len} bytes")));
         }
         if u32::from_le_bytes(b[0..4].try_into().expect("4")) != HDR_MAGIC
-            || b[5..8] != [0; 3]
+            || b[5] & !1 != 0
+            || b[6..8] != [0; 2]
             || b[12..16] != [0; 4]
         {
             return Err(NetError::proto(
@@ -177,6 +182,7 @@ impl Hdr {
             tag: i32::from_le_bytes(b[8..12].try_into().expect("4")),
             size: u64::from_le_bytes(b[16..24].try_into().expect("8")),
             seq: u64::from_le_bytes(b[24..32].try_into().expect("8")),
+            whole: b[5] & 1 != 0,
         };
         if h.seq != want_seq {
             return Err(NetError::proto(format!(
@@ -368,6 +374,7 @@ mod tests {
             tag: -3,
             size: 10,
             seq: 4,
+            whole: false,
         };
         let b = h.encode();
         assert_eq!(Hdr::decode(&b, HDR_BYTES + 10, 4).unwrap(), h);
@@ -377,9 +384,16 @@ mod tests {
         let r = Hdr {
             kind: Kind::Rts,
             size: 1 << 20,
+            whole: true,
             ..h
         };
-        assert!(Hdr::decode(&r.encode(), HDR_BYTES, 4).is_ok());
+        assert_eq!(Hdr::decode(&r.encode(), HDR_BYTES, 4).unwrap(), r);
+        let mut f = r.encode();
+        f[5] = 2;
+        assert!(
+            Hdr::decode(&f, HDR_BYTES, 4).is_err(),
+            "unknown header flag"
+        );
         assert!(Hdr::decode(&r.encode(), HDR_BYTES + 1, 4).is_err());
         let big = Hdr {
             kind: Kind::Rts,

@@ -12,6 +12,10 @@ use super::proto::{ConnInfo, MAX_QPS};
 use crate::error::{NetError, Result};
 use crate::sock::random_u64;
 
+/// Inline bytes asked for per send work request: an eager header and
+/// 224 bytes of payload.
+const INLINE_WANT: u32 = 256;
+
 /// Tuning and NCCL's IB variables, read once per transport.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IbOptions {
@@ -173,6 +177,9 @@ pub struct Endpoint {
     pub psn: u32,
     /// Send queue depth per QP.
     pub sq_depth: usize,
+    /// Most bytes a send may carry inline (`IBV_SEND_INLINE`), as the
+    /// provider granted.
+    pub max_inline: usize,
 }
 
 // SAFETY: verbs objects are thread-safe; the comm locks its state.
@@ -206,9 +213,10 @@ impl Endpoint {
             qpns: Vec::new(),
             psn: (random_u64()? & 0xff_ffff) as u32,
             sq_depth,
+            max_inline: usize::MAX,
         };
         for _ in 0..nqps {
-            let mut init = ffi::ibv_qp_init_attr {
+            let init = |max_inline_data: u32| ffi::ibv_qp_init_attr {
                 qp_context: std::ptr::null_mut(),
                 send_cq: cq,
                 recv_cq: cq,
@@ -218,13 +226,24 @@ impl Endpoint {
                     max_recv_wr: rq_depth as u32,
                     max_send_sge: 1,
                     max_recv_sge: 1,
-                    max_inline_data: super::proto::CTS_BYTES as u32,
+                    max_inline_data,
                 },
                 qp_type: ffi::IBV_QPT_RC,
                 sq_sig_all: 0,
             };
-            // SAFETY: a live PD and a filled attribute.
-            let qp = unsafe { (v.create_qp)(port.dev.pd, &mut init) };
+            // Room inline for a small eager message; a provider that grants
+            // less gets asked for a CTS entry's worth (which all have).
+            let mut qp = std::ptr::null_mut();
+            for want in [INLINE_WANT, super::proto::CTS_BYTES as u32] {
+                let mut a = init(want);
+                // SAFETY: a live PD and a filled attribute.
+                qp = unsafe { (v.create_qp)(port.dev.pd, &mut a) };
+                if !qp.is_null() {
+                    // The provider writes back what it granted.
+                    ep.max_inline = ep.max_inline.min(a.cap.max_inline_data.max(want) as usize);
+                    break;
+                }
+            }
             if qp.is_null() {
                 return Err(NetError::System(format!(
                     "ibv_create_qp on {}: {}",
@@ -401,13 +420,37 @@ impl Endpoint {
         remote: (u64, u32),
         imm: u32,
     ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_send_opt(q, wr_id, opcode, sge, inline, remote, imm, true) }
+    }
+
+    /// Posts one send work request on QP `q`, signaled or not (an
+    /// unsignaled one completes silently when a later signaled one does,
+    /// or with an error completion if it fails).
+    ///
+    /// # Safety
+    /// As [`Endpoint::post_send`]; an unsignaled request's memory stays
+    /// valid until a later signaled request on the QP completes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn post_send_opt(
+        &self,
+        q: usize,
+        wr_id: u64,
+        opcode: u32,
+        sge: Option<ffi::ibv_sge>,
+        inline: bool,
+        remote: (u64, u32),
+        imm: u32,
+        signaled: bool,
+    ) -> Result<()> {
         let mut sge = sge.unwrap_or_default();
         let mut wr = ffi::ibv_send_wr {
             wr_id,
             sg_list: &mut sge,
             num_sge: i32::from(sge.length > 0),
             opcode,
-            send_flags: ffi::IBV_SEND_SIGNALED | if inline { ffi::IBV_SEND_INLINE } else { 0 },
+            send_flags: if signaled { ffi::IBV_SEND_SIGNALED } else { 0 }
+                | if inline { ffi::IBV_SEND_INLINE } else { 0 },
             imm_data: imm.to_be(),
             remote_addr: remote.0,
             rkey: remote.1,

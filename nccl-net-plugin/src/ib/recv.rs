@@ -50,6 +50,8 @@ struct Msg {
     asked: u64,
     landed: u64,
     reject: bool,
+    /// The sender's buffer is registered (a piece may be the whole message).
+    whole: bool,
 }
 
 struct Out {
@@ -81,6 +83,7 @@ struct St {
     failed: Option<NetError>,
     peer_gone: Option<NetError>,
     last_move: Instant,
+    idle_polls: u32,
 }
 
 /// The receiving end of a verbs connection (`irecv`/`test`).
@@ -89,7 +92,7 @@ pub struct IbRecvComm {
     slots: RegBuf,
     /// The credit counters written to the sender (inline, from here).
     opts: IbOptions,
-    remote: ConnInfo,
+    pub(crate) remote: ConnInfo,
     sock: Mutex<Option<TcpStream>>,
     peer: String,
     st: Mutex<St>,
@@ -162,6 +165,7 @@ impl IbRecvComm {
                 failed: None,
                 peer_gone: None,
                 last_move: Instant::now(),
+                idle_polls: 0,
             }),
             opts,
         }
@@ -299,6 +303,10 @@ impl IbRecvComm {
         if moved {
             return Ok(());
         }
+        st.idle_polls = st.idle_polls.wrapping_add(1);
+        if st.idle_polls % wr::IDLE_CHECK_EVERY != 0 {
+            return Ok(());
+        }
         if let Some(e) = self.ep.async_failure() {
             return Err(e);
         }
@@ -370,6 +378,11 @@ impl IbRecvComm {
                 wc.opcode
             )));
         }
+        if len == 0 {
+            // The sender's flush of its unsignaled SENDs: nothing to do
+            // beyond reposting the slot.
+            return Ok(());
+        }
         let sb = self.opts.slot_bytes();
         if len > sb {
             return Err(NetError::proto(format!(
@@ -401,6 +414,7 @@ impl IbRecvComm {
                 asked: 0,
                 landed: 0,
                 reject: false,
+                whole: h.whole,
             },
         );
         // The first open buffer with this tag in the oldest receive that has one.
@@ -414,6 +428,20 @@ impl IbRecvComm {
         });
         match target {
             Some((r, i)) => {
+                let buf = st.reqs[&r].bufs[i].0;
+                if h.kind == Kind::Eager && payload.len() <= buf.cap {
+                    // Straight into the posted buffer.
+                    if !payload.is_empty() {
+                        // SAFETY: the buffer holds `cap` bytes (irecv's
+                        // contract); the slot holds the payload.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(payload.as_ptr(), buf.ptr, payload.len())
+                        };
+                    }
+                    st.reqs.get_mut(&r).expect("posted").st[i] = BufSt::Done(payload.len());
+                    st.msgs.remove(&seq);
+                    return Ok(());
+                }
                 if h.kind == Kind::Eager {
                     st.msgs.get_mut(&seq).expect("inserted").data = Some(payload.to_vec());
                 }
@@ -496,7 +524,13 @@ impl IbRecvComm {
                 let left = m.size - m.asked;
                 match mr {
                     Some(mr) => {
-                        let len = left.min(1 << 30);
+                        // One piece, unless the sender goes through bounce chunks.
+                        let max = if m.whole {
+                            1 << 30
+                        } else {
+                            self.opts.chunk as u64
+                        };
+                        let len = left.min(max);
                         (
                             Cts {
                                 seq: st.next_cts,
@@ -645,11 +679,12 @@ impl IbRecvComm {
         Ok(None)
     }
 
-    /// Writes the credit counters to the sender when enough came back.
+    /// Writes the credit counters to the sender when half its credits on a
+    /// QP came back (or, with `force`, any).
     fn return_credits(&self, st: &mut St, force: bool) -> Result<bool> {
         let n = self.ep.qps.len();
         let due =
-            (0..n).any(|q| st.returned[q] - st.reported[q] >= (self.opts.slots as u64 / 4).max(1));
+            (0..n).any(|q| st.returned[q] - st.reported[q] >= (self.opts.slots as u64 / 2).max(1));
         if !(due || force && st.returned[..n] != st.reported[..n])
             || st.sq_out + 1 > self.ep.sq_depth
         {

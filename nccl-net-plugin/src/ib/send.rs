@@ -21,10 +21,11 @@ use parking_lot::Mutex;
 use super::ffi;
 use super::mr::Mr;
 use super::proto::{
-    self, Cts, Hdr, Kind, CTRL_BYTES, CTRL_CREDITS_OFF, CTRL_CTS_OFF, CTS_BYTES, CTS_REJECT,
-    HDR_BYTES, NCTS,
+    self, Hdr, Kind, CTRL_BYTES, CTRL_CREDITS_OFF, CTRL_CTS_OFF, CTS_BYTES, CTS_REJECT, HDR_BYTES,
+    NCTS,
 };
 use super::qp::{Endpoint, IbOptions, RegBuf};
+use super::send_check;
 use super::wr;
 use crate::error::{NetError, Result};
 use crate::tcp::SendRequest;
@@ -80,9 +81,22 @@ struct St {
     free_slots: Vec<usize>,
     free_bounce: Vec<usize>,
     bounce: Vec<RegBuf>,
+    /// Unsignaled work requests posted on QP 0 since its last signaled one.
+    unsig: u64,
+    /// For each signaled request in flight on each QP, in order: how many
+    /// requests its completion retires (itself and the unsignaled ones
+    /// before it).
+    retire: [VecDeque<u64>; proto::MAX_QPS],
     failed: Option<NetError>,
     last_move: Instant,
+    idle_polls: u32,
 }
+
+/// Largest inline SEND (header and payload) this side builds.
+const INLINE_MAX: usize = 256;
+
+/// At most this many unsignaled sends in a row on QP 0.
+const SIGNAL_EVERY: u64 = 16;
 
 /// The sending end of a verbs connection (`isend`/`test`).
 pub struct IbSendComm {
@@ -147,8 +161,11 @@ impl IbSendComm {
                 free_slots: (0..n).rev().collect(),
                 free_bounce: Vec::new(),
                 bounce: Vec::new(),
+                unsig: 0,
+                retire: Default::default(),
                 failed: None,
                 last_move: Instant::now(),
+                idle_polls: 0,
             }),
             opts,
         }
@@ -273,6 +290,10 @@ impl IbSendComm {
             st.last_move = Instant::now();
             return Ok(());
         }
+        st.idle_polls = st.idle_polls.wrapping_add(1);
+        if st.idle_polls % wr::IDLE_CHECK_EVERY != 0 {
+            return Ok(());
+        }
         if let Some(e) = self.ep.async_failure() {
             return Err(e);
         }
@@ -296,13 +317,14 @@ impl IbSendComm {
             for wc in &wcs[..n] {
                 moved = true;
                 let (kind, q, idx) = wr::split(wc.wr_id);
-                st.sq_out[q] = st.sq_out[q].saturating_sub(1);
                 if wc.status != ffi::IBV_WC_SUCCESS {
                     return Err(self.ep.wc_error(wc, &self.peer));
                 }
+                let n = st.retire[q].pop_front().unwrap_or(1);
+                st.sq_out[q] = st.sq_out[q].saturating_sub(n as usize);
                 match kind {
                     wr::EAGER => st.free_slots.push(idx as usize),
-                    wr::RTS => {}
+                    wr::RTS | wr::INLINE => {}
                     wr::PART => self.part_done(st, idx)?,
                     _ => return Err(NetError::Internal(format!("send completion kind {kind}"))),
                 }
@@ -342,15 +364,9 @@ impl IbSendComm {
             // SAFETY: inside the control area, 8-aligned; the peer's NIC
             // writes it, so it is read volatile (twice, for a stable value).
             let (a, b) = unsafe { (p.read_volatile(), p.read_volatile()) };
-            if a != b || a <= st.returned[q] {
+            let Some(a) = send_check::credits(q, a, b, st.returned[q], st.used[q])? else {
                 continue;
-            }
-            if a > st.used[q] {
-                return Err(NetError::proto(format!(
-                    "peer returned {a} credits on QP {q}, only {} were used",
-                    st.used[q]
-                )));
-            }
+            };
             st.returned[q] = a;
             moved = true;
         }
@@ -369,29 +385,22 @@ impl IbSendComm {
                 (self.ctrl.buf.addr() + CTRL_CTS_OFF + slot * CTS_BYTES) as *const [u8; CTS_BYTES];
             // SAFETY: inside the control area; written by the peer's NIC.
             let raw = unsafe { p.read_volatile() };
-            let Some(c) = Cts::decode(&raw, st.next_cts)? else {
+            let eager_max = self.opts.eager_max;
+            let Some(c) = send_check::cts(&raw, st.next_cts, eager_max, self.opts.chunk, |m| {
+                st.reqs.get(&m).map(|q| send_check::MsgState {
+                    size: q.size as u64,
+                    posted: q.posted,
+                    finished: q.done || q.error.is_some(),
+                    covered: q.covered,
+                    registered: q.mr.is_some(),
+                })
+            })?
+            else {
                 return Ok(moved);
             };
-            let Some(q) = st.reqs.get(&c.msg) else {
-                return Err(NetError::proto(format!(
-                    "CTS for unknown message {}",
-                    c.msg
-                )));
-            };
-            if !q.posted || q.size <= self.opts.eager_max || q.done || q.error.is_some() {
-                return Err(NetError::proto(format!(
-                    "CTS for message {} in the wrong state",
-                    c.msg
-                )));
-            }
+            let q = &st.reqs[&c.msg];
             let size = q.size as u64;
             let reject = c.flags & CTS_REJECT != 0;
-            if !reject && (c.offset != q.covered || c.len == 0 || c.len > size - c.offset) {
-                return Err(NetError::proto(format!(
-                    "CTS for bytes {}+{} of message {} ({size} bytes, {} covered)",
-                    c.offset, c.len, c.msg, q.covered
-                )));
-            }
             // A piece from memory the caller did not register needs a bounce chunk.
             let mut bounce = None;
             let (src, lkey) = if reject {
@@ -399,9 +408,6 @@ impl IbSendComm {
             } else if let Some(m) = &q.mr {
                 (q.ptr + c.offset as usize, m.lkey)
             } else {
-                if c.len as usize > self.opts.chunk {
-                    return Err(NetError::proto(format!("CTS piece of {} bytes", c.len)));
-                }
                 let Some(b) = self.take_bounce(st)? else {
                     return Ok(moved);
                 };
@@ -483,9 +489,34 @@ impl IbSendComm {
                 tag: q.tag,
                 size: q.size as u64,
                 seq,
+                whole: q.mr.is_some(),
             }
             .encode();
-            if eager {
+            let inline = eager && HDR_BYTES + q.size <= self.ep.max_inline.min(INLINE_MAX);
+            if inline {
+                let mut b = [0u8; INLINE_MAX];
+                b[..HDR_BYTES].copy_from_slice(&hdr);
+                if q.size > 0 {
+                    // SAFETY: the caller's buffer is readable (isend's
+                    // contract); it fits (checked above).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            q.ptr as *const u8,
+                            b[HDR_BYTES..].as_mut_ptr(),
+                            q.size,
+                        )
+                    };
+                }
+                let sge = ffi::ibv_sge {
+                    addr: b.as_ptr() as u64,
+                    length: (HDR_BYTES + q.size) as u32,
+                    lkey: 0,
+                };
+                // SAFETY: inline: copied at post time.
+                unsafe {
+                    self.post_unsignaled(st, wr::id(wr::INLINE, 0, seq), ffi::IBV_WR_SEND, sge)?
+                };
+            } else if eager {
                 let Some(slot) = st.free_slots.pop() else {
                     break;
                 };
@@ -519,27 +550,19 @@ impl IbSendComm {
                         0,
                     )?
                 };
+                Self::signaled(st, 0);
             } else {
+                let sge = ffi::ibv_sge {
+                    addr: hdr.as_ptr() as u64,
+                    length: HDR_BYTES as u32,
+                    lkey: 0,
+                };
                 // SAFETY: inline: the header is copied at post time.
                 unsafe {
-                    let sge = ffi::ibv_sge {
-                        addr: hdr.as_ptr() as u64,
-                        length: HDR_BYTES as u32,
-                        lkey: 0,
-                    };
-                    self.ep.post_send(
-                        0,
-                        wr::id(wr::RTS, 0, seq),
-                        ffi::IBV_WR_SEND,
-                        Some(sge),
-                        true,
-                        (0, 0),
-                        0,
-                    )?
+                    self.post_unsignaled(st, wr::id(wr::RTS, 0, seq), ffi::IBV_WR_SEND, sge)?
                 };
             }
             st.used[0] += 1;
-            st.sq_out[0] += 1;
             let q = st.reqs.get_mut(&seq).expect("present");
             q.posted = true;
             if eager {
@@ -549,6 +572,71 @@ impl IbSendComm {
             moved = true;
         }
         Ok(moved)
+    }
+
+    /// Counts a signaled request just posted on QP `q`.
+    fn signaled(st: &mut St, q: usize) {
+        st.sq_out[q] += 1;
+        let n = if q == 0 {
+            std::mem::take(&mut st.unsig)
+        } else {
+            0
+        };
+        st.retire[q].push_back(n + 1);
+    }
+
+    /// Posts an inline SEND on QP 0 that holds no resource, signaled only
+    /// every [`SIGNAL_EVERY`] requests.
+    ///
+    /// # Safety
+    /// `sge` is inline data, valid until this returns.
+    unsafe fn post_unsignaled(
+        &self,
+        st: &mut St,
+        wr_id: u64,
+        opcode: u32,
+        sge: ffi::ibv_sge,
+    ) -> Result<()> {
+        let signal = st.unsig + 1 >= SIGNAL_EVERY;
+        // SAFETY: inline: copied at post time.
+        unsafe {
+            self.ep
+                .post_send_opt(0, wr_id, opcode, Some(sge), true, (0, 0), 0, signal)?
+        };
+        if signal {
+            Self::signaled(st, 0);
+        } else {
+            st.sq_out[0] += 1;
+            st.unsig += 1;
+        }
+        Ok(())
+    }
+
+    /// When only unsignaled requests are in flight on QP 0, posts an empty
+    /// signaled SEND (the receiver takes it as a no-op) so that their
+    /// completion is seen; false when it needs a credit it does not have.
+    fn flush_unsignaled(&self, st: &mut St) -> Result<bool> {
+        if st.unsig == 0 || !st.retire[0].is_empty() {
+            return Ok(true);
+        }
+        if !self.credit(st, 0) {
+            return Ok(false);
+        }
+        // SAFETY: no memory: an empty SEND.
+        unsafe {
+            self.ep.post_send(
+                0,
+                wr::id(wr::INLINE, 0, 0),
+                ffi::IBV_WR_SEND,
+                None,
+                false,
+                (0, 0),
+                0,
+            )?
+        };
+        st.used[0] += 1;
+        Self::signaled(st, 0);
+        Ok(true)
     }
 
     fn post_parts(&self, st: &mut St) -> Result<bool> {
@@ -577,7 +665,7 @@ impl IbSendComm {
             };
             let _ = p.msg;
             st.used[p.qp] += 1;
-            st.sq_out[p.qp] += 1;
+            Self::signaled(st, p.qp);
             st.parts.pop_front();
             moved = true;
         }
@@ -590,6 +678,11 @@ impl IbSendComm {
         loop {
             let mut st = self.st.lock();
             let _ = self.drive(&mut st);
+            if st.failed.is_none() {
+                if let Err(e) = self.flush_unsignaled(&mut st) {
+                    self.fail(&mut st, e);
+                }
+            }
             let busy =
                 st.sq_out.iter().any(|&n| n > 0) || !st.queue.is_empty() || !st.parts.is_empty();
             if st.failed.is_some() || !busy || Instant::now() >= deadline {

@@ -136,44 +136,53 @@ fn several_qps_split_and_bounce_chunks() {
 }
 
 #[test]
-fn registered_buffers_take_one_piece_each() {
+fn registered_buffers_on_one_or_both_sides() {
     let Some(p) = port() else { return };
-    let Some((s, r)) = pair(IbOptions::default()) else {
-        return;
-    };
-    let n = 3 << 20;
-    let src = pattern(n, 9);
-    let mut dst = vec![0u8; n];
-    // SAFETY: our own live buffers.
-    let (ms, md) = unsafe {
-        let mut c = p.dev.regs.lock();
-        (
-            c.get(p.dev.pd, src.as_ptr() as usize, n, false).unwrap(),
-            c.get(p.dev.pd, dst.as_mut_ptr() as usize, n, false)
-                .unwrap(),
-        )
-    };
-    let rb = RecvBuf {
-        ptr: dst.as_mut_ptr(),
-        cap: n,
-        tag: 1,
-    };
-    // SAFETY: the buffers outlive the requests.
-    let rq = unsafe { r.irecv(&[rb], &[Some(md)]) }.unwrap().unwrap();
-    // SAFETY: as above.
-    let sq = unsafe { s.isend(src.as_ptr(), n, 1, Some(ms)) }
-        .unwrap()
-        .unwrap();
-    let t0 = Instant::now();
-    let (mut a, mut b) = (false, false);
-    while !(a && b) {
-        assert!(t0.elapsed() < Duration::from_secs(60));
-        a = a || s.test(sq).unwrap().is_some();
-        b = b || r.test(rq).unwrap().is_some();
+    // Both registered: one piece; one side only: pieces of a bounce chunk
+    // (the RTS says whether the source is registered).
+    for (reg_src, reg_dst) in [(true, true), (false, true), (true, false)] {
+        let Some((s, r)) = pair(IbOptions::default()) else {
+            return;
+        };
+        let n = (3 << 20) + 5;
+        let src = pattern(n, 9);
+        let mut dst = vec![0u8; n];
+        // SAFETY: our own live buffers.
+        let (ms, md) = unsafe {
+            let mut c = p.dev.regs.lock();
+            (
+                c.get(p.dev.pd, src.as_ptr() as usize, n, false).unwrap(),
+                c.get(p.dev.pd, dst.as_mut_ptr() as usize, n, false)
+                    .unwrap(),
+            )
+        };
+        let rb = RecvBuf {
+            ptr: dst.as_mut_ptr(),
+            cap: n,
+            tag: 1,
+        };
+        // SAFETY: the buffers outlive the requests.
+        let rq = unsafe { r.irecv(&[rb], &[reg_dst.then_some(md)]) }
+            .unwrap()
+            .unwrap();
+        // SAFETY: as above.
+        let sq = unsafe { s.isend(src.as_ptr(), n, 1, reg_src.then_some(ms)) }
+            .unwrap()
+            .unwrap();
+        let t0 = Instant::now();
+        let (mut a, mut b) = (false, false);
+        while !(a && b) {
+            assert!(t0.elapsed() < Duration::from_secs(60));
+            a = a || s.test(sq).unwrap().is_some();
+            b = b || r.test(rq).unwrap().is_some();
+        }
+        assert!(
+            dst == src,
+            "registered source {reg_src}, destination {reg_dst}"
+        );
+        p.dev.regs.lock().invalidate(src.as_ptr() as usize, n);
+        p.dev.regs.lock().invalidate(dst.as_ptr() as usize, n);
     }
-    assert!(dst == src);
-    p.dev.regs.lock().invalidate(src.as_ptr() as usize, n);
-    p.dev.regs.lock().invalidate(dst.as_ptr() as usize, n);
 }
 
 #[test]
@@ -333,6 +342,7 @@ fn forged_headers_and_immediates_fail_the_receiver() {
             tag: 0,
             size,
             seq,
+            whole: false,
         }
         .encode()
         .to_vec();
@@ -410,5 +420,165 @@ fn forged_headers_and_immediates_fail_the_receiver() {
         };
         assert!(err.contains(want), "want `{want}`, got: {err}");
         drop(src);
+    }
+}
+
+/// A receiver that RDMA-writes forged CTS entries or credit counters into
+/// the sender's control area fails the sender (a check, a stall, or the
+/// write with a bad rkey failing), and never gets its bytes written out of
+/// the message.
+#[test]
+fn forged_cts_and_credits_fail_the_sender() {
+    use proto::{Cts, CTRL_CREDITS_OFF, CTRL_CTS_OFF};
+    const SIZE: u64 = 64 << 10;
+    let good = Cts {
+        seq: 0,
+        msg: 0,
+        offset: 0,
+        len: SIZE,
+        addr: 0,
+        rkey: 0,
+        flags: 0,
+    };
+    let cts = |c: Cts| (c.encode().to_vec(), CTRL_CTS_OFF);
+    let mut torn = good.encode();
+    torn[20] ^= 1;
+    let cases: Vec<((Vec<u8>, usize), &str)> = vec![
+        (
+            cts(Cts {
+                len: SIZE + 1,
+                ..good
+            }),
+            "CTS for bytes 0+65537",
+        ),
+        (
+            cts(Cts {
+                offset: 4096,
+                len: 4096,
+                ..good
+            }),
+            "CTS for bytes 4096+4096",
+        ),
+        (cts(Cts { len: 0, ..good }), "CTS for bytes 0+0"),
+        (cts(Cts { flags: 4, ..good }), "CTS flags"),
+        (cts(Cts { msg: 9, ..good }), "unknown message 9"),
+        (
+            (1000u64.to_le_bytes().to_vec(), CTRL_CREDITS_OFF),
+            "returned 1000 credits",
+        ),
+        // Not taken: the sender waits for a real entry and times out.
+        (cts(Cts { seq: 1, ..good }), "made no progress"),
+        ((torn.to_vec(), CTRL_CTS_OFF), "made no progress"),
+        // Taken (it is well-formed); the write with its rkey fails.
+        (
+            cts(Cts {
+                addr: 0x1000,
+                rkey: 0xdead_beef,
+                ..good
+            }),
+            "completion error",
+        ),
+    ];
+    for ((bytes, off), want) in cases {
+        let opts = IbOptions {
+            timeout: Duration::from_secs(2),
+            ..IbOptions::default()
+        };
+        let Some((s, r)) = pair(opts) else {
+            return;
+        };
+        let src = pattern(SIZE as usize, 3);
+        // SAFETY: `src` outlives the request (tested until it fails).
+        let q = unsafe { s.isend(src.as_ptr(), src.len(), 0, None) }
+            .unwrap()
+            .unwrap();
+        let sge = ffi::ibv_sge {
+            addr: bytes.as_ptr() as u64,
+            length: bytes.len() as u32,
+            lkey: 0,
+        };
+        // SAFETY: inline: copied at post time; the target is the sender's
+        // control area, with the rkey the sender gave.
+        unsafe {
+            r.ep.post_send(
+                0,
+                u64::MAX,
+                ffi::IBV_WR_RDMA_WRITE,
+                Some(sge),
+                true,
+                (r.remote.ctrl_addr + off as u64, r.remote.ctrl_rkey),
+                0,
+            )
+        }
+        .unwrap();
+        let t0 = Instant::now();
+        let err = loop {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{want}: not detected"
+            );
+            match s.test(q) {
+                Ok(None) => {}
+                Ok(Some(n)) => panic!("{want}: the send completed ({n} bytes)"),
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(err.contains(want), "want `{want}`, got: {err}");
+        // The comm stays failed.
+        // SAFETY: as above.
+        assert!(unsafe { s.isend(src.as_ptr(), 1, 0, None) }.is_err());
+    }
+}
+
+/// Inline (unsignaled) and slot-copied (signaled) eager SENDs and
+/// rendezvous interleaved, more of them than credits: every completion
+/// retires the right number of requests, nothing is lost or reordered.
+#[test]
+fn inline_and_copied_sends_interleave() {
+    let opts = IbOptions {
+        slots: 8,
+        ..IbOptions::default()
+    };
+    let Some((s, r)) = pair(opts) else { return };
+    let sizes = [0, 10, 224, 225, 5000, 8192, 8193, 1, 200];
+    let msgs: Vec<Vec<u8>> = (0..90)
+        .map(|i| pattern(sizes[i % sizes.len()], i as u8))
+        .collect();
+    exchange(&s, &r, &msgs, (None, None));
+}
+
+/// A few small sends (all unsignaled), then close: the close flushes them
+/// so they are delivered before the QP goes.
+#[test]
+fn unsignaled_sends_before_close_are_delivered() {
+    let Some((s, r)) = pair(IbOptions::default()) else {
+        return;
+    };
+    let msgs: Vec<Vec<u8>> = (0..5).map(|i| pattern(10 + i, i as u8)).collect();
+    for m in &msgs {
+        // SAFETY: `msgs` outlives the requests (eager: done at post).
+        let q = unsafe { s.isend(m.as_ptr(), m.len(), 2, None) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.test(q).unwrap(), Some(m.len()));
+    }
+    s.close();
+    for m in &msgs {
+        let mut b = vec![0u8; 64];
+        let rb = RecvBuf {
+            ptr: b.as_mut_ptr(),
+            cap: b.len(),
+            tag: 2,
+        };
+        // SAFETY: `b` outlives the request (waited for below).
+        let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+        let t0 = Instant::now();
+        let n = loop {
+            assert!(t0.elapsed() < Duration::from_secs(30), "not delivered");
+            if let Some(sz) = r.test(q).unwrap() {
+                break sz[0];
+            }
+        };
+        assert_eq!(&b[..n], &m[..]);
     }
 }

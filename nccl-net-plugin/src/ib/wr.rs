@@ -19,6 +19,16 @@ pub const RTS: u8 = 3;
 pub const PART: u8 = 4;
 /// A CTS or credit write of the receiver (index unused).
 pub const CTRL: u8 = 5;
+/// A send that holds nothing: an inline eager SEND or the empty SEND that
+/// flushes unsignaled ones (index = message, or unused).
+pub const INLINE: u8 = 6;
+
+/// A comm that made no progress makes its system calls (the async-event
+/// fd and the setup socket) on one idle poll in this many; the others only
+/// read the CQ and memory. Not fewer: on Soft-RoCE the "NIC" is kernel work
+/// on the same CPUs, and those calls are where the kernel runs it (a
+/// process that polls only memory leaves it to the next timer tick).
+pub const IDLE_CHECK_EVERY: u32 = 4;
 
 /// Packs a kind, a QP index and an index.
 pub fn id(kind: u8, qp: usize, idx: u64) -> u64 {
