@@ -269,9 +269,11 @@ impl<T: Registration> RegCache<T> {
 
     /// Adds a registration made outside the cache (a DMA-BUF one, whose
     /// fd the cache cannot obtain), replacing the entries it overlaps.
-    pub fn insert(&mut self, mr: Arc<Mr>) {
+    pub fn insert(&mut self, reg: Arc<T>) {
+        self.sync_unmapped();
         self.clock += 1;
-        self.drop_overlapping(mr.addr, mr.addr.saturating_add(mr.len));
+        let (start, len) = reg.range();
+        self.drop_overlapping(start, start.saturating_add(len));
         self.registered += 1;
         while self.by_start.len() >= self.max {
             if !self.evict_one() {
@@ -279,9 +281,9 @@ impl<T: Registration> RegCache<T> {
             }
         }
         self.by_start.insert(
-            mr.addr,
+            start,
             Entry {
-                mr,
+                reg,
                 used: self.clock,
             },
         );
