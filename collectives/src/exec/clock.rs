@@ -37,6 +37,9 @@ impl Clock for SystemClock {
     fn nap(&self, nap: Duration, until: Instant) {
         std::thread::sleep(nap.min(until.saturating_duration_since(Instant::now())));
     }
+    fn spin(&self, _until: Instant) {
+        std::thread::yield_now();
+    }
     fn wait_fds(&self, fds: &mut [libc::pollfd], until: Instant) {
         let d = until.saturating_duration_since(Instant::now());
         let ts = libc::timespec {
