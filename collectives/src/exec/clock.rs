@@ -37,6 +37,13 @@ impl Clock for SystemClock {
     fn nap(&self, nap: Duration, until: Instant) {
         std::thread::sleep(nap.min(until.saturating_duration_since(Instant::now())));
     }
+    /// One turn of the spin phase gives the CPU away (`sched_yield`): with
+    /// ranks sharing cores, a pure busy wait holds off the very peer it waits
+    /// for until the scheduler's time slice ends (milliseconds); a yield
+    /// costs one syscall when the core has nothing else to run.
+    fn spin(&self, _until: Instant) {
+        std::thread::yield_now();
+    }
     fn wait_fds(&self, fds: &mut [libc::pollfd], until: Instant) {
         let d = until.saturating_duration_since(Instant::now());
         let ts = libc::timespec {
