@@ -16,12 +16,13 @@
 //!   input in rank order (so the result does not depend on who ran it) and
 //!   writes the chunk, still in cache, into every rank's output.
 //! - ReduceScatter: one chunk of one rank's output, folded the same way.
-//! - AllGather: one chunk of every rank's block in one rank's output.
+//! - AllGather: one chunk of one rank's block, read once and written into
+//!   every rank's output.
 //! - Broadcast: one chunk of one rank's output.
 //!
-//! The home items of AllGather, Broadcast and ReduceScatter are the rank's
-//! own output, so when every rank runs, each reads its peers once and
-//! writes only its own memory.
+//! The home items of Broadcast and ReduceScatter are the rank's own output,
+//! and those of AllGather its own input, so when every rank runs, each
+//! block is read once.
 //!
 //! Large out-of-place reductions fold a tile at a time
 //! ([`reduce::fold_tiles`]) and stream each tile into the outputs with
@@ -302,11 +303,13 @@ impl<'a> Job<'a> {
                     self.reduce_item(b * self.plan.bytes + lo, len, b..b + 1, lo, bufs)
                 }
                 Collective::AllGather => {
-                    for k in 0..n {
-                        let dst = self.recv(b) + (k * self.plan.bytes + lo) as u64;
-                        let src = self.send(k) + lo as u64;
-                        if !(k == b && src == dst) {
-                            self.transfer(k, src, b, dst, len, &mut bufs.a)?;
+                    // Block b is rank b's input: read once (then from
+                    // cache), written into every output, rank b's first.
+                    let src = self.send(b) + lo as u64;
+                    for d in (0..n).map(|i| (b + i) % n) {
+                        let dst = self.recv(d) + (b * self.plan.bytes + lo) as u64;
+                        if !(d == b && src == dst) {
+                            self.transfer(b, src, d, dst, len, &mut bufs.a)?;
                         }
                     }
                     Ok(())
