@@ -83,7 +83,8 @@ fn allreduce_family(n: usize, cs: &[Comm]) {
 }
 
 fn scatter_gather_family(n: usize, cs: &[Comm]) {
-    for &count in &COUNTS {
+    // 1 Mi elements: large enough for the non-temporal (streamed) outputs.
+    for &count in COUNTS.iter().chain(&[1 << 20]) {
         for in_place in [false, true] {
             let errs = on_all(cs, |r, c| {
                 let mut bad = Vec::new();
@@ -197,7 +198,8 @@ fn scatter_gather_family(n: usize, cs: &[Comm]) {
 }
 
 fn premulsum_float(n: usize, cs: &[Comm]) {
-    for &count in &[5usize, 70_000] {
+    // 1 Mi elements: the streamed fold, with each rank's own scalar.
+    for &count in &[5usize, 70_000, 1 << 20] {
         let errs = on_all(cs, |r, c| {
             let mut op = 0i32;
             // Scalars differ per rank, as NCCL allows: each rank's input is

@@ -16,12 +16,18 @@
 //!   input in rank order (so the result does not depend on who ran it) and
 //!   writes the chunk, still in cache, into every rank's output.
 //! - ReduceScatter: one chunk of one rank's output, folded the same way.
-//! - AllGather: one chunk of every rank's block in one rank's output.
+//! - AllGather: one chunk of one rank's block, read once and written into
+//!   every rank's output.
 //! - Broadcast: one chunk of one rank's output.
 //!
-//! The home items of AllGather, Broadcast and ReduceScatter are the rank's
-//! own output, so when every rank runs, each reads its peers once and
-//! writes only its own memory.
+//! The home items of Broadcast and ReduceScatter are the rank's own output,
+//! and those of AllGather its own input, so when every rank runs, each
+//! block is read once.
+//!
+//! Large out-of-place reductions fold a tile at a time
+//! ([`reduce::fold_tiles`]) and stream each tile into the outputs with
+//! non-temporal stores, so that loads and stores overlap and the result
+//! never passes through L2.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -297,11 +303,13 @@ impl<'a> Job<'a> {
                     self.reduce_item(b * self.plan.bytes + lo, len, b..b + 1, lo, bufs)
                 }
                 Collective::AllGather => {
-                    for k in 0..n {
-                        let dst = self.recv(b) + (k * self.plan.bytes + lo) as u64;
-                        let src = self.send(k) + lo as u64;
-                        if !(k == b && src == dst) {
-                            self.transfer(k, src, b, dst, len, &mut bufs.a)?;
+                    // Block b is rank b's input: read once (then from
+                    // cache), written into every output, rank b's first.
+                    let src = self.send(b) + lo as u64;
+                    for d in (0..n).map(|i| (b + i) % n) {
+                        let dst = self.recv(d) + (b * self.plan.bytes + lo) as u64;
+                        if !(d == b && src == dst) {
+                            self.transfer(b, src, d, dst, len, &mut bufs.a)?;
                         }
                     }
                     Ok(())
@@ -398,6 +406,12 @@ impl<'a> Job<'a> {
         out_off: usize,
         bufs: &mut Bufs,
     ) -> Result<()> {
+        if self.nt
+            && dests.clone().all(|d| self.nt_for(d))
+            && self.reduce_streamed(in_off, len, dests.clone(), out_off)?
+        {
+            return Ok(());
+        }
         let (node, dt, op) = (self.node, self.a.dtype, self.op);
         let (n, me) = (self.plan.n, node.me);
         let nr = n as u32;
@@ -478,6 +492,54 @@ impl<'a> Job<'a> {
             }
         }
         Ok(())
+    }
+}
+
+impl Job<'_> {
+    /// [`Job::reduce_item`] in one pass, when every input and output is
+    /// mapped here and no output overlaps an input (the caller checks the
+    /// latter): folds tile by tile and streams each tile into every output.
+    /// `Ok(false)`, having written nothing, when some buffer is not mapped.
+    fn reduce_streamed(
+        &self,
+        in_off: usize,
+        len: usize,
+        dests: std::ops::Range<usize>,
+        out_off: usize,
+    ) -> Result<bool> {
+        let (node, dt, op, n) = (self.node, self.a.dtype, self.op, self.plan.n);
+        let mut inputs = Vec::with_capacity(n);
+        for k in 0..n {
+            let Some(p) = node.peer_view(k, Side::Send, self.send(k) + in_off as u64, len)? else {
+                return Ok(false);
+            };
+            // SAFETY: rank k's input range of this item (inside its
+            // published send buffer, checked by `peer_view`), which nobody
+            // writes while this item runs: no output overlaps it.
+            inputs.push(unsafe { std::slice::from_raw_parts(p.cast_const(), len) });
+        }
+        let mut outs = Vec::with_capacity(dests.len());
+        for d in dests {
+            match node.peer_view(d, Side::Recv, self.recv(d) + out_off as u64, len)? {
+                Some(p) => outs.push(p),
+                None => return Ok(false),
+            }
+        }
+        let pre: Option<Vec<ReduceOp>> = op
+            .has_pre_op(dt)
+            .then(|| (0..n).map(|k| peer_op(node, k, op, dt)).collect());
+        reduce::fold_tiles(&inputs, pre.as_deref(), dt, op, n as u32, |off, tile| {
+            for &p in &outs {
+                // SAFETY: `tile` is the result's bytes `off..off + tile.len()` of
+                // this item; each output range holds `len` bytes (checked
+                // by `peer_view`), only this rank writes it now, and it
+                // overlaps no input (nor the tile, a local buffer).
+                unsafe { ntcopy::stream(p.add(off), tile) };
+            }
+        })
+        .map_err(kernel)?;
+        ntcopy::fence();
+        Ok(true)
     }
 }
 

@@ -20,11 +20,13 @@
 //! Slices may be misaligned and of any element count; aligned slices take a
 //! typed fast path that the compiler vectorises.
 
+mod fold;
 mod kernels;
 pub mod narrow;
 pub mod wire;
 mod wire_fast;
 
+pub use fold::{fold_tiles, TILE};
 use hetccl_abi::{DataType, RedOp};
 use kernels::{Arith, Narrow};
 
