@@ -34,10 +34,15 @@ unsafe fn run(
     config: *const ncclCollConfig_t,
 ) -> ncclResult_t {
     guard(name, || {
-        // SAFETY: the caller passes NULL or a valid ncclCollConfig_t.
-        let cfg = unsafe { read_coll_config(config)? };
+        let filter = if config.is_null() {
+            None
+        } else {
+            // SAFETY: the caller passes NULL or a valid ncclCollConfig_t.
+            let cfg = unsafe { read_coll_config(config)? };
+            coll_filter(&cfg).map(std::sync::Arc::new)
+        };
         let mut a = validate(kind, send, recv, count, dtype, op, root, comm, stream)?;
-        a.filter = coll_filter(&cfg).map(std::sync::Arc::new);
+        a.filter = filter;
         let c = a.comm.clone();
         claim_for_call(&c, || {
             if a.placement.is_device() {
