@@ -356,6 +356,20 @@ mod tests {
     }
 
     #[test]
+    fn a_cached_buffer_does_not_vouch_for_the_other() {
+        let v = vec![0u8; 4096];
+        let p: *const c_void = v.as_ptr().cast();
+        assert_eq!(classify_call(p, 4096, p, 4096).unwrap(), Placement::Host);
+        // The send range is cached now; the receive range is still checked.
+        let bad = 0x2000 as *const c_void;
+        let e = classify_call(p, 4096, bad, 8).unwrap_err();
+        assert!(e.to_string().contains("recvbuff"), "{e}");
+        // A range running past the cached one is not a hit either.
+        let e = classify_call(p, usize::MAX - p as usize + 1, p, 8).unwrap_err();
+        assert!(e.to_string().contains("sendbuff"), "{e}");
+    }
+
+    #[test]
     fn mixed_placements_need_both_used() {
         let v = [0u8; 64];
         let p: *const c_void = v.as_ptr().cast();
