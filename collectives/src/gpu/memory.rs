@@ -112,15 +112,22 @@ pub fn classify(ptr: *const c_void, len: usize, what: &str) -> Result<Placement>
 
 /// `len` bytes at `ptr` as a `(start, end)` range; `None` for NULL or
 /// empty buffers.
+#[inline]
 fn span(ptr: *const c_void, len: usize, what: &str) -> Result<Option<(usize, usize)>> {
     if ptr.is_null() || len == 0 {
         return Ok(None);
     }
     let start = ptr as usize;
-    let end = start
-        .checked_add(len)
-        .ok_or_else(|| Error::arg(format!("{what} {ptr:p} + {len} bytes wraps around")))?;
-    Ok(Some((start, end)))
+    match start.checked_add(len) {
+        Some(end) => Ok(Some((start, end))),
+        None => Err(wraps(ptr, len, what)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn wraps(ptr: *const c_void, len: usize, what: &str) -> Error {
+    Error::arg(format!("{what} {ptr:p} + {len} bytes wraps around"))
 }
 
 impl Cache {
@@ -179,21 +186,30 @@ pub fn classify_call(
     let rs = span(recv, recv_bytes, "recvbuff")?;
     let generation = GENERATION.load(Ordering::Acquire);
     let (sh, rh) = CACHE.with(|c| c.borrow_mut().find(generation, ss, rs));
-    let placement = |span: Option<(usize, usize)>, hit: Option<Placement>, what| match (span, hit) {
-        (None, _) => Ok(Placement::Host),
-        (Some(_), Some(p)) => Ok(p),
-        (Some(sp), None) => learn(sp, what),
+    let s = match (ss, sh) {
+        (None, _) => Placement::Host,
+        (Some(_), Some(p)) => p,
+        (Some(sp), None) => learn(sp, "sendbuff")?,
     };
-    let s = placement(ss, sh, "sendbuff")?;
-    let r = placement(rs, rh, "recvbuff")?;
+    let r = match (rs, rh) {
+        (None, _) => Placement::Host,
+        (Some(_), Some(p)) => p,
+        (Some(sp), None) => learn(sp, "recvbuff")?,
+    };
     match (ss.is_some(), rs.is_some()) {
-        (true, true) if s.is_device() != r.is_device() => Err(Error::usage(format!(
-            "sendbuff is {s:?} memory but recvbuff is {r:?} memory; \
-             a call's buffers must be both host memory or both CUDA memory"
-        ))),
+        (true, true) if s.is_device() != r.is_device() => Err(mixed(s, r)),
         (true, _) => Ok(s),
         _ => Ok(r),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn mixed(s: Placement, r: Placement) -> Error {
+    Error::usage(format!(
+        "sendbuff is {s:?} memory but recvbuff is {r:?} memory; \
+         a call's buffers must be both host memory or both CUDA memory"
+    ))
 }
 
 /// The slow path: CUDA first (when loaded), then the host mappings.
