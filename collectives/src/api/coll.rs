@@ -43,13 +43,11 @@ unsafe fn run(
         };
         let mut a = validate(kind, send, recv, count, dtype, op, root, comm, stream)?;
         a.filter = filter;
-        let c = a.comm.clone();
-        claim_for_call(&c, || {
-            if a.placement.is_device() {
-                return crate::gpu::submit(a);
-            }
-            submit(a)
-        })
+        if a.placement.is_device() {
+            let c = a.comm.clone();
+            return claim_for_call(&c, || crate::gpu::submit(a));
+        }
+        claim_for_call(&a.comm, || submit(&a))
     })
 }
 
