@@ -27,14 +27,21 @@ pub fn redop(raw: i32) -> Result<RedOp> {
 
 /// The byte size of `count` elements of `dt`, or an error on overflow
 /// (bounded by `isize::MAX`, the most any buffer can hold).
+#[inline]
 pub fn bytes(count: usize, dt: DataType, what: &str) -> Result<usize> {
     match dt.bytes(count) {
         Some(b) if b <= isize::MAX as usize => Ok(b),
-        _ => Err(Error::arg(format!(
-            "{what} of {count} {} elements overflows the address space",
-            dt.name()
-        ))),
+        _ => Err(too_many(count, dt, what)),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn too_many(count: usize, dt: DataType, what: &str) -> Error {
+    Error::arg(format!(
+        "{what} of {count} {} elements overflows the address space",
+        dt.name()
+    ))
 }
 
 /// `count * nranks * size(dt)` bytes, checked.
@@ -57,14 +64,21 @@ pub fn rank_in(rank: i32, nranks: i32, what: &str) -> Result<usize> {
 }
 
 /// Fails if a buffer of `bytes` > 0 is NULL.
+#[inline]
 pub fn buffer<T>(p: *const T, bytes: usize, what: &str) -> Result<()> {
     if bytes > 0 && p.is_null() {
-        Err(Error::arg(format!(
-            "{what} is NULL but {bytes} bytes are to be accessed"
-        )))
+        Err(null_buffer(bytes, what))
     } else {
         Ok(())
     }
+}
+
+#[cold]
+#[inline(never)]
+fn null_buffer(bytes: usize, what: &str) -> Error {
+    Error::arg(format!(
+        "{what} is NULL but {bytes} bytes are to be accessed"
+    ))
 }
 
 #[cfg(test)]

@@ -34,17 +34,20 @@ unsafe fn run(
     config: *const ncclCollConfig_t,
 ) -> ncclResult_t {
     guard(name, || {
-        // SAFETY: the caller passes NULL or a valid ncclCollConfig_t.
-        let cfg = unsafe { read_coll_config(config)? };
+        let filter = if config.is_null() {
+            None
+        } else {
+            // SAFETY: the caller passes NULL or a valid ncclCollConfig_t.
+            let cfg = unsafe { read_coll_config(config)? };
+            coll_filter(&cfg).map(std::sync::Arc::new)
+        };
         let mut a = validate(kind, send, recv, count, dtype, op, root, comm, stream)?;
-        a.filter = coll_filter(&cfg).map(std::sync::Arc::new);
-        let c = a.comm.clone();
-        claim_for_call(&c, || {
-            if a.placement.is_device() {
-                return crate::gpu::submit(a);
-            }
-            submit(a)
-        })
+        a.filter = filter;
+        if a.placement.is_device() {
+            let c = a.comm.clone();
+            return claim_for_call(&c, || crate::gpu::submit(a));
+        }
+        claim_for_call(&a.comm, || submit(&a))
     })
 }
 

@@ -19,13 +19,13 @@ pub mod agree;
 pub mod online;
 pub mod options;
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use hetccl_core::config::{Compression, TuneMode};
 use parking_lot::Mutex;
 
-use crate::algo::{AlgoFilter, Collective};
+use crate::algo::{AlgoFilter, Algorithm, Collective};
 use crate::comm::settings::Settings;
 
 /// The chunk size plans use unless `chunk_bytes` is set.
@@ -62,6 +62,10 @@ impl AlgoOptions {
 #[derive(Debug)]
 pub struct Control {
     algo: Mutex<AlgoOptions>,
+    /// Bit `i` set: the filter in force allows the direct paths for
+    /// `Collective::ALL[i]` (a copy of `algo`'s answer, read per call
+    /// without the lock).
+    direct: AtomicU16,
     tune: AtomicU8,
     compress: AtomicU8,
     chunk_bytes: AtomicUsize,
@@ -85,10 +89,20 @@ fn compress_code(c: Compression) -> u8 {
     }
 }
 
+/// The bits of [`Control::allows_direct`] for `filter`.
+fn direct_mask(filter: &AlgoFilter) -> u16 {
+    Collective::ALL
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| filter.allows(c, Algorithm::Direct))
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
 impl Control {
     /// The controls of a communicator created with `settings`.
     pub fn new(settings: &Settings) -> Self {
         Self {
+            direct: AtomicU16::new(direct_mask(&settings.algo_filter)),
             algo: Mutex::new(AlgoOptions {
                 base: settings.algo_filter.text().to_string(),
                 all: None,
@@ -106,6 +120,13 @@ impl Control {
     /// option, with the `algo.<collective>` options over it.
     pub fn algo_filter(&self) -> Arc<AlgoFilter> {
         self.algo.lock().effective.clone()
+    }
+
+    /// Whether the filter in force allows the direct paths for `kind`: the
+    /// per-call check of [`Self::algo_filter`], one relaxed load.
+    pub fn allows_direct(&self, kind: Collective) -> bool {
+        let i = Collective::ALL.iter().position(|&c| c == kind).unwrap_or(0);
+        self.direct.load(Ordering::Relaxed) & (1 << i) != 0
     }
 
     /// The tuning mode in force (`HETCCL_TUNE`, or the `tune` option).
@@ -164,6 +185,8 @@ impl Control {
                 let mut next = a.clone();
                 next.all = v.clone();
                 next.rebuild()?;
+                self.direct
+                    .store(direct_mask(&next.effective), Ordering::Relaxed);
                 *a = next;
             }
             Setting::AlgoFor(c, v) => {
@@ -174,6 +197,8 @@ impl Control {
                     next.per.push((*c, v.clone()));
                 }
                 next.rebuild()?;
+                self.direct
+                    .store(direct_mask(&next.effective), Ordering::Relaxed);
                 *a = next;
             }
             Setting::Tune(m) => {
@@ -210,6 +235,7 @@ mod tests {
         let c = control(Some("tree"));
         let ar = Collective::AllReduce;
         assert!(!c.algo_filter().allows(ar, Algorithm::Ring));
+        assert!(!c.allows_direct(Collective::Broadcast));
         c.apply(&parse("algo.allreduce", "ring").unwrap()).unwrap();
         assert!(c.algo_filter().allows(ar, Algorithm::Ring));
         assert!(!c.algo_filter().allows(ar, Algorithm::Tree));
@@ -217,6 +243,8 @@ mod tests {
             .algo_filter()
             .allows(Collective::Broadcast, Algorithm::Ring));
         c.apply(&parse("algo", "direct").unwrap()).unwrap();
+        assert!(c.allows_direct(Collective::Broadcast));
+        assert!(!c.allows_direct(ar), "algo.allreduce=ring wins");
         assert!(c
             .algo_filter()
             .allows(Collective::Broadcast, Algorithm::Direct));

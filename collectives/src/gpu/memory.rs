@@ -67,15 +67,25 @@ struct Entry {
     placement: Placement,
 }
 
+/// An empty slot: a range no buffer fits in.
+const EMPTY: Entry = Entry {
+    start: usize::MAX,
+    end: 0,
+    placement: Placement::Host,
+};
+
 struct Cache {
     generation: u64,
+    /// The slot the next learned range takes.
     next: usize,
-    entries: [Option<Entry>; SLOTS],
+    /// The slot of the last hit, tried first (calls reuse their buffers).
+    last: usize,
+    entries: [Entry; SLOTS],
 }
 
 thread_local! {
     static CACHE: RefCell<Cache> = const {
-        RefCell::new(Cache { generation: 0, next: 0, entries: [None; SLOTS] })
+        RefCell::new(Cache { generation: 0, next: 0, last: 0, entries: [EMPTY; SLOTS] })
     };
 }
 
@@ -87,35 +97,78 @@ pub fn forget_all() {
 /// The placement of `len` bytes at `ptr`; `what` names the buffer in errors.
 /// NULL or empty buffers are [`Placement::Host`] (nothing is accessed).
 pub fn classify(ptr: *const c_void, len: usize, what: &str) -> Result<Placement> {
-    if ptr.is_null() || len == 0 {
+    let Some(span) = span(ptr, len, what)? else {
         return Ok(Placement::Host);
+    };
+    let generation = GENERATION.load(Ordering::Acquire);
+    match CACHE
+        .with(|c| c.borrow_mut().find(generation, Some(span), None))
+        .0
+    {
+        Some(p) => Ok(p),
+        None => learn(span, what),
+    }
+}
+
+/// `len` bytes at `ptr` as a `(start, end)` range; `None` for NULL or
+/// empty buffers.
+#[inline]
+fn span(ptr: *const c_void, len: usize, what: &str) -> Result<Option<(usize, usize)>> {
+    if ptr.is_null() || len == 0 {
+        return Ok(None);
     }
     let start = ptr as usize;
-    let end = start
-        .checked_add(len)
-        .ok_or_else(|| Error::arg(format!("{what} {ptr:p} + {len} bytes wraps around")))?;
-    let generation = GENERATION.load(Ordering::Acquire);
-    let hit = CACHE.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.generation != generation {
-            c.generation = generation;
-            c.entries = [None; SLOTS];
-            return None;
-        }
-        c.entries
-            .iter()
-            .flatten()
-            .find(|e| e.start <= start && end <= e.end)
-            .map(|e| e.placement)
-    });
-    if let Some(p) = hit {
-        return Ok(p);
+    match start.checked_add(len) {
+        Some(end) => Ok(Some((start, end))),
+        None => Err(wraps(ptr, len, what)),
     }
-    let e = lookup(start, end, what)?;
+}
+
+#[cold]
+#[inline(never)]
+fn wraps(ptr: *const c_void, len: usize, what: &str) -> Error {
+    Error::arg(format!("{what} {ptr:p} + {len} bytes wraps around"))
+}
+
+impl Cache {
+    /// The cached placements of up to two ranges (one thread-local access
+    /// per call); clears the cache when [`forget_all`] ran since.
+    fn find(
+        &mut self,
+        generation: u64,
+        x: Option<(usize, usize)>,
+        y: Option<(usize, usize)>,
+    ) -> (Option<Placement>, Option<Placement>) {
+        if self.generation != generation {
+            self.generation = generation;
+            self.entries = [EMPTY; SLOTS];
+            return (None, None);
+        }
+        (x.and_then(|x| self.hit(x)), y.and_then(|y| self.hit(y)))
+    }
+
+    /// The placement of the cached range holding `(start, end)`.
+    #[inline]
+    fn hit(&mut self, (start, end): (usize, usize)) -> Option<Placement> {
+        let holds = |e: &Entry| e.start <= start && end <= e.end;
+        let last = &self.entries[self.last % SLOTS];
+        if holds(last) {
+            return Some(last.placement);
+        }
+        let i = self.entries.iter().position(holds)?;
+        self.last = i;
+        Some(self.entries[i].placement)
+    }
+}
+
+/// Looks a range up the slow way and caches it.
+fn learn(span: (usize, usize), what: &str) -> Result<Placement> {
+    let e = lookup(span.0, span.1, what)?;
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         let i = c.next;
-        c.entries[i] = Some(e);
+        c.entries[i] = e;
+        c.last = i;
         c.next = (i + 1) % SLOTS;
     });
     Ok(e.placement)
@@ -129,18 +182,34 @@ pub fn classify_call(
     recv: *const c_void,
     recv_bytes: usize,
 ) -> Result<Placement> {
-    let s = classify(send, send_bytes, "sendbuff")?;
-    let r = classify(recv, recv_bytes, "recvbuff")?;
-    let s_used = !send.is_null() && send_bytes > 0;
-    let r_used = !recv.is_null() && recv_bytes > 0;
-    match (s_used, r_used) {
-        (true, true) if s.is_device() != r.is_device() => Err(Error::usage(format!(
-            "sendbuff is {s:?} memory but recvbuff is {r:?} memory; \
-             a call's buffers must be both host memory or both CUDA memory"
-        ))),
+    let ss = span(send, send_bytes, "sendbuff")?;
+    let rs = span(recv, recv_bytes, "recvbuff")?;
+    let generation = GENERATION.load(Ordering::Acquire);
+    let (sh, rh) = CACHE.with(|c| c.borrow_mut().find(generation, ss, rs));
+    let s = match (ss, sh) {
+        (None, _) => Placement::Host,
+        (Some(_), Some(p)) => p,
+        (Some(sp), None) => learn(sp, "sendbuff")?,
+    };
+    let r = match (rs, rh) {
+        (None, _) => Placement::Host,
+        (Some(_), Some(p)) => p,
+        (Some(sp), None) => learn(sp, "recvbuff")?,
+    };
+    match (ss.is_some(), rs.is_some()) {
+        (true, true) if s.is_device() != r.is_device() => Err(mixed(s, r)),
         (true, _) => Ok(s),
         _ => Ok(r),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn mixed(s: Placement, r: Placement) -> Error {
+    Error::usage(format!(
+        "sendbuff is {s:?} memory but recvbuff is {r:?} memory; \
+         a call's buffers must be both host memory or both CUDA memory"
+    ))
 }
 
 /// The slow path: CUDA first (when loaded), then the host mappings.
@@ -300,6 +369,20 @@ mod tests {
         if !driver::available() {
             assert!(msg.contains("need the CUDA driver"), "{msg}");
         }
+    }
+
+    #[test]
+    fn a_cached_buffer_does_not_vouch_for_the_other() {
+        let v = vec![0u8; 4096];
+        let p: *const c_void = v.as_ptr().cast();
+        assert_eq!(classify_call(p, 4096, p, 4096).unwrap(), Placement::Host);
+        // The send range is cached now; the receive range is still checked.
+        let bad = 0x2000 as *const c_void;
+        let e = classify_call(p, 4096, bad, 8).unwrap_err();
+        assert!(e.to_string().contains("recvbuff"), "{e}");
+        // A range running past the cached one is not a hit either.
+        let e = classify_call(p, usize::MAX - p as usize + 1, p, 8).unwrap_err();
+        assert!(e.to_string().contains("sendbuff"), "{e}");
     }
 
     #[test]

@@ -202,7 +202,7 @@ fn piece(a: &Call, (first, n): (usize, usize)) -> Call {
 /// nonblocking communicator's helper thread.
 fn run_host(calls: &[Call]) -> Result<()> {
     let r = if calls.len() == 1 {
-        launch::submit(calls[0].clone())
+        launch::submit(&calls[0])
     } else {
         group::run_grouped(calls)
     };

@@ -85,8 +85,14 @@ fn with_inputs<'a, R>(
     }
 }
 
-/// Runs one small collective (`fits` returned true).
+/// Runs one small collective (`fits` returned true) other than a broadcast
+/// (those take [`super::bcast`]'s ring).
 pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Result<()> {
+    if a.kind == Collective::Broadcast {
+        return Err(Error::Internal(
+            "broadcasts take the ring, not the fastbox".into(),
+        ));
+    }
     let n = node.nranks();
     let me = node.me;
     let bytes = a.count * a.dtype.size();
@@ -96,7 +102,6 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     let s = node.fast_seq.load(std::sync::atomic::Ordering::Relaxed) + 1;
     node.fast_seq.store(s, std::sync::atomic::Ordering::Relaxed);
     let posted = match a.kind {
-        Collective::Broadcast if a.root != me => 0,
         Collective::ReduceScatter => bytes * n,
         _ => bytes,
     };
@@ -187,15 +192,11 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     // Every slot read below stays within what its owner posted (equal
     // shapes post equal lengths; checked again here).
     let read = match a.kind {
-        Collective::Broadcast => 0..0,
         Collective::ReduceScatter => me * bytes..(me + 1) * bytes,
         _ => 0..bytes,
     };
-    let (readers, need) = match a.kind {
-        Collective::Broadcast => (a.root..a.root + 1, bytes),
-        _ => (0..n, read.end),
-    };
-    for k in readers {
+    let need = read.end;
+    for k in 0..n {
         let (_, posted) = node.boards[k].posted_shape(s);
         if posted < need {
             return Err(Error::Internal(format!(
@@ -219,17 +220,6 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
         Collective::AllGather => {
             for (k, chunk) in out.chunks_exact_mut(bytes).enumerate() {
                 chunk.copy_from_slice(slot(k, bytes));
-            }
-            Ok(())
-        }
-        Collective::Broadcast => {
-            if a.root != me
-                || !std::ptr::eq(
-                    a.send.get().cast::<u8>(),
-                    a.recv.get().cast::<u8>().cast_const(),
-                )
-            {
-                out.copy_from_slice(slot(a.root, bytes));
             }
             Ok(())
         }

@@ -304,7 +304,7 @@ pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> 
         // since (crate::control).
         None => {
             kind_index(a.kind)?;
-            e.control.algo_filter().allows(a.kind, Algorithm::Direct)
+            e.control.allows_direct(a.kind)
         }
     };
     if !e.config.blocking || !allowed {

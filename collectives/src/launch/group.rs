@@ -180,7 +180,7 @@ pub fn run_grouped(calls: &[Call]) -> Result<()> {
     start()?;
     let mut first_err = None;
     for c in calls {
-        if let Err(e) = super::submit(c.clone()) {
+        if let Err(e) = super::submit(c) {
             first_err.get_or_insert(e);
         }
     }

@@ -24,28 +24,28 @@ pub use run::poison;
 use crate::error::Result;
 
 /// Runs (or queues, inside a group) one validated call on host buffers.
-pub fn submit(a: Call) -> Result<()> {
+pub fn submit(a: &Call) -> Result<()> {
     let called = a
         .comm
         .engine
         .get()
         .map_or(0, |e| e.links.metrics.issue(a.kind));
     if group::depth() == 0 {
-        if let Some(r) = crate::intranode::try_run(&a, called, || reduce_op(&a)) {
+        if let Some(r) = crate::intranode::try_run(a, called, || reduce_op(a)) {
             if let Err(e) = &r {
                 poison(&a.comm, e);
             }
             return r;
         }
     }
-    let job = make_job(&a)?;
+    let job = make_job(a)?;
     let engine = a.comm.engine()?;
     let delay = engine
         .settings
         .test_delay
         .filter(|(algo, _)| *algo == job.plan.algorithm && !job.p2p)
         .map(|(_, d)| d);
-    let p = run::Pending::new(&a, job, called);
+    let p = run::Pending::new(a, job, called);
     if group::depth() > 0 {
         group::push_host(p);
         return Ok(());
