@@ -21,12 +21,13 @@ use hetccl_collectives::api::comm_life::{ncclCommDestroy, ncclCommFinalize, nccl
 use hetccl_testkit::revoke::settle;
 use hetccl_testkit::threads::{check, last_error, Comm};
 
-/// Set in a rank's environment: its rank.
-const RANK_VAR: &str = "HETCCL_REVOKE_VERBS_RANK";
+/// Set in a rank's environment (not `HETCCL_`: the config warns of
+/// unknown names of its own): its rank.
+const RANK_VAR: &str = "REVOKE_VERBS_TEST_RANK";
 /// Set in a rank's environment: the unique id, hex.
-const ID_VAR: &str = "HETCCL_REVOKE_VERBS_ID";
+const ID_VAR: &str = "REVOKE_VERBS_TEST_ID";
 /// Set in a rank's environment: the AllReduce's count.
-const COUNT_VAR: &str = "HETCCL_REVOKE_VERBS_COUNT";
+const COUNT_VAR: &str = "REVOKE_VERBS_TEST_COUNT";
 /// What a rank prints for the parent to read.
 const TAG: &str = "REVOKE_VERBS";
 const NRANKS: usize = 3;
