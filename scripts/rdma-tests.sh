@@ -8,7 +8,8 @@
 #   3. the transport conformance suite over verbs (collectives/tests/transport_conformance.rs);
 #   4. the multi-process collectives on 2 host ids (2 and 4 ranks), the same
 #      pair with NCCL_IB_DISABLE=1, and the kill -9 fault test over verbs
-#      (tests/rdma_mp.rs).
+#      (tests/rdma_mp.rs);
+#   5. a revoke reaching ranks blocked over verbs (collectives/tests/revoke_verbs.rs).
 # The steps are in scripts/lib/rdma-tests-guest.sh, each with a time limit.
 # Builds the test binaries here first. Fails if the guest cannot boot.
 set -euo pipefail
@@ -23,12 +24,13 @@ np=$(exes --test net_plugin)
 npp=$(exes --test net_plugin_procs)
 tc=$(exes -p hetccl-collectives --test transport_conformance)
 mp=$(exes --test rdma_mp)
+rv=$(exes -p hetccl-collectives --test revoke_verbs)
 unit=$(exes -p nccl-net-plugin --lib)
-for x in "$np" "$npp" "$tc" "$mp" "$unit"; do [ -x "$x" ] || { echo "rdma: missing test binary ($x)" >&2; exit 1; }; done
+for x in "$np" "$npp" "$tc" "$mp" "$rv" "$unit"; do [ -x "$x" ] || { echo "rdma: missing test binary ($x)" >&2; exit 1; }; done
 mkdir -p target/tmp
 
 t0=$(date +%s)
 bash scripts/rdma-vm.sh --timeout "${HETCCL_RDMA_TESTS_TIMEOUT_S:-840}" --tmpfs target/tmp \
   --env RDMA_UNIT="$unit" --env RDMA_NP="$np" --env RDMA_NPP="$npp" --env RDMA_TC="$tc" \
-  --env RDMA_MP="$mp" -- bash scripts/lib/rdma-tests-guest.sh
+  --env RDMA_MP="$mp" --env RDMA_RV="$rv" -- bash scripts/lib/rdma-tests-guest.sh
 echo "== rdma: all in-VM tests passed in $(( $(date +%s) - t0 )) s"

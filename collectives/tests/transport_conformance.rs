@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hetccl_collectives::error::Error;
 use hetccl_collectives::transport::{arena::Arena, net, shm, verbs, Conn};
 
 /// A connected pair.
@@ -220,6 +221,29 @@ fn close_is_seen_by_the_peer(p: Pair) {
     }
 }
 
+fn revoke_names_the_rank_to_the_peer(p: Pair) {
+    let Pair { a, b } = p;
+    // A receive in flight on the peer before the revoke.
+    assert_eq!(b.rx.try_recv_with(16, 1, &mut |_| {}).unwrap(), 0);
+    a.tx.revoke(4);
+    a.rx.revoke(4);
+    assert!(
+        a.tx.try_send(b"late").is_err(),
+        "a revoked link refuses work"
+    );
+    let dl = deadline();
+    loop {
+        match b.rx.try_recv_with(16, 1, &mut |_| {}) {
+            Err(e) => {
+                assert!(matches!(e, Error::Revoked(4)), "{e}");
+                break;
+            }
+            Ok(_) => assert!(Instant::now() < dl, "peer never saw the revoke"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 macro_rules! conformance {
     ($name:ident, $make:expr) => {
         mod $name {
@@ -252,6 +276,12 @@ macro_rules! conformance {
             fn empty_polls() {
                 if let Some(p) = $make {
                     super::empty_polls(p);
+                }
+            }
+            #[test]
+            fn revoke_names_the_rank_to_the_peer() {
+                if let Some(p) = $make {
+                    super::revoke_names_the_rank_to_the_peer(p);
                 }
             }
             #[test]

@@ -3,8 +3,9 @@
 //!
 //! A revoke stops the communicator's operations: its waits end within one
 //! bounded sleep with "rank R revoked the communicator", and every link is
-//! closed with that reason (a CLOSE frame on TCP, the ring's close word on
-//! shared memory), so that peers blocked on this rank end the same way and
+//! closed with that reason (a CLOSE frame on TCP, a revoke frame on the
+//! setup socket of verbs connections, the ring's close word on shared
+//! memory), so that peers blocked on this rank end the same way and
 //! know who revoked it. A rank that learns of a revoke from a link revokes
 //! its own communicator for the same rank, which carries the news to the
 //! ranks it is linked with. As in NCCL, `ncclCommGetAsyncError` then says

@@ -68,6 +68,7 @@ pub fn fabrics(
 
 fn verbs_err(e: NetError) -> Error {
     match e {
+        NetError::Revoked(by) => Error::Revoked(by as usize),
         NetError::Timeout(m) => Error::Timeout(format!("verbs: {m}")),
         NetError::InvalidUsage(m) if m.contains("is larger than the") => Error::usage(format!(
             "verbs: {m}: the ranks' calls are mismatched (every rank must pass the same kind, \
@@ -207,6 +208,11 @@ impl SendLink for VSend {
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
     }
+    fn revoke(&self, by: usize) {
+        // The revoke frame on the setup socket names `by` to the peer.
+        self.comm.revoke(u32::try_from(by).unwrap_or(u32::MAX));
+        self.closed.store(true, Ordering::Release);
+    }
     fn finish(&self, deadline: std::time::Instant) {
         self.comm.finish(deadline);
     }
@@ -331,6 +337,11 @@ impl RecvLink for VRecv {
         WaitSource::Poll
     }
     fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+    fn revoke(&self, by: usize) {
+        // The revoke frame on the setup socket names `by` to the peer.
+        self.comm.revoke(u32::try_from(by).unwrap_or(u32::MAX));
         self.closed.store(true, Ordering::Release);
     }
     fn finish(&self, deadline: std::time::Instant) {

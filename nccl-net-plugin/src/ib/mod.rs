@@ -7,7 +7,8 @@
 //! never block: the connector writes its connection info (nonce, QPs, GID,
 //! LID, PSN, MTU, its control area and rkey), the acceptor checks the nonce,
 //! posts its receive slots, connects its QPs and answers with its own info.
-//! The socket then stays open, only so that a dead peer is noticed at once.
+//! The socket then stays open, so that a dead peer is noticed at once and
+//! an engine's revoke reaches the peer (`revoke.rs`).
 //! Data path and flow control: `send.rs` and `recv.rs`; wire formats:
 //! `proto.rs`. See docs/rdma.md.
 
@@ -21,6 +22,7 @@ pub mod pci;
 pub mod proto;
 pub mod qp;
 pub mod recv;
+pub mod revoke;
 pub mod send;
 pub mod send_check;
 pub mod unmap;

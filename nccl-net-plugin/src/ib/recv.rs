@@ -717,6 +717,18 @@ impl IbRecvComm {
         Ok(true)
     }
 
+    /// Ends the comm because rank `by` of the engine's communicator revoked
+    /// it: the revoke frame on the setup socket tells the peer why (best
+    /// effort, never blocking), and every later call fails. Idempotent.
+    pub fn revoke(&self, by: u32) {
+        let mut st = self.st.lock();
+        if st.failed.is_some() {
+            return;
+        }
+        super::revoke::send(&self.sock, by);
+        st.failed = Some(NetError::Revoked(by));
+    }
+
     /// Stops using the comm (the QPs are destroyed on drop).
     pub fn finish(&self, _deadline: Instant) {
         if let Some(s) = self.sock.lock().take() {

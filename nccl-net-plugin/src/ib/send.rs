@@ -672,6 +672,18 @@ impl IbSendComm {
         Ok(moved)
     }
 
+    /// Ends the comm because rank `by` of the engine's communicator revoked
+    /// it: the revoke frame on the setup socket tells the peer why (best
+    /// effort, never blocking), and every later call fails. Idempotent.
+    pub fn revoke(&self, by: u32) {
+        let mut st = self.st.lock();
+        if st.failed.is_some() {
+            return;
+        }
+        super::revoke::send(&self.sock, by);
+        st.failed = Some(NetError::Revoked(by));
+    }
+
     /// Waits (up to `deadline`) until every posted work request has
     /// completed, so that nothing sent is lost when the QPs are destroyed.
     pub fn finish(&self, deadline: Instant) {

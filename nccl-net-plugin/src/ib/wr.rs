@@ -44,15 +44,18 @@ pub fn split(wr_id: u64) -> (u8, usize, u64) {
     )
 }
 
-/// Fails if the peer closed the setup socket or died.
+/// Fails if the peer closed the setup socket or died, or wrote on it: its
+/// revoke frame fails with [`NetError::Revoked`], anything else as a
+/// protocol violation (`revoke.rs`).
 pub fn check_peer(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<()> {
     let g = sock.lock();
     let Some(s) = g.as_ref() else {
         return Ok(());
     };
-    let mut b = [0u8; 1];
+    // One byte more than a frame, to see bytes after it.
+    let mut b = [0u8; super::revoke::FRAME_BYTES + 1];
     match crate::sock::try_peek(s, &mut b) {
-        Ok(_) => Ok(()),
+        Ok(n) => super::revoke::check_peeked(n.map(|n| &b[..n]), peer),
         Err(e) if e.is_peer_closed() => Err(NetError::Remote(format!(
             "NET/IB: connection closed by peer {peer}"
         ))),
