@@ -63,7 +63,7 @@ step "net plugin conformance (v8, v12), device 0 = rxe0" 200 \
 step_once_more "net plugin across processes on rxe0" 200 \
   env HETCCL_NET=ib HETCCL_SOCKET_IFNAME==lo "$RDMA_NPP" --test-threads=1 --skip two_network_namespaces
 step "transport conformance over verbs" 120 "$RDMA_TC" verbs_transport
-step "collectives on 2 hosts (2, 4 ranks), NCCL_IB_DISABLE, kill -9 over verbs" 420 \
+step "collectives on 2 hosts (2, 4 ranks), NCCL_IB_DISABLE, kill -9 over verbs" 540 \
   "$RDMA_MP" --nocapture --test-threads=1
 step "a revoke reaches ranks blocked over verbs within 1 s" 120 \
   "$RDMA_RV" --nocapture --test-threads=1
