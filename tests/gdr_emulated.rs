@@ -432,6 +432,7 @@ fn child_engine() {
                 f.post(&mr, d + 2 * MIB).is_err(),
                 "outside the registration"
             );
+            link_send(d + 4096);
         }
         Err(e) => println!("STAGED {e}"),
     }
@@ -443,6 +444,22 @@ fn child_engine() {
     if matches!(mode, GdrMode::Staged(_)) {
         assert!(!hit);
     }
+}
+
+/// 64 bytes at the registered device address `at` through the engine's
+/// verbs link (a loopback pair on the fake port), after a mark in the log.
+fn link_send(at: usize) {
+    let (a, _b) = hetccl_collectives::transport::verbs::loopback_pair(1)
+        .expect("loopback pair")
+        .expect("the fake port");
+    mark("MARK link send");
+    // SAFETY: the emulated driver backs device memory with host memory;
+    // the slice is only handed to the link, which must not read it.
+    let src = unsafe { std::slice::from_raw_parts(at as *const u8, 64) };
+    // Posted by rendezvous: waits for a CTS the emulated peer never writes.
+    assert_eq!(a[0].tx.try_send(src).expect("try_send"), 0);
+    mark("MARK end");
+    println!("LINKSENT");
 }
 
 #[test]
@@ -495,6 +512,12 @@ fn the_engine_registers_device_memory_through_a_dmabuf_fd() {
     );
     assert!(o.stdout.lines().any(|l| l == "FLUSHED"), "{}", o.stdout);
     assert_eq!(o.get("CACHED"), "true");
+    // The engine's verbs link finds the device registration: a 64-byte
+    // send from it posts the RTS header alone, never the payload.
+    assert!(o.stdout.lines().any(|l| l == "LINKSENT"), "{}", o.stdout);
+    let sends = sends_after(&o.log, "MARK link send");
+    assert_eq!(sends.len(), 1, "{}", o.log);
+    assert!(sends[0].contains(" len=32 "), "{sends:?}");
 }
 
 #[test]

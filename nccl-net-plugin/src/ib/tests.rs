@@ -206,14 +206,19 @@ fn one_message(
         .unwrap()
         .unwrap();
     let t0 = Instant::now();
-    let mut sent = false;
+    let (mut sent, mut got) = (false, None);
     loop {
         assert!(t0.elapsed() < Duration::from_secs(60), "message hung");
         sent = sent || s.test(sq).unwrap().is_some();
-        match r.test(rq) {
-            Ok(Some(sz)) if sent => return Some(Ok(sz[0])),
-            Ok(_) => {}
-            Err(e) => return Some(Err(e)),
+        if got.is_none() {
+            match r.test(rq) {
+                Ok(Some(sz)) => got = Some(sz[0]),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if let (true, Some(n)) = (sent, got) {
+            return Some(Ok(n));
         }
     }
 }
