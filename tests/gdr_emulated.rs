@@ -264,7 +264,7 @@ fn small_sends(api: &Api, s: net::P, d: u64) {
     // The message waits for a CTS the emulated peer never writes.
     assert!(!api.test(req, None).expect("test"));
     println!("SENDCUDA posted");
-    let host = vec![5u8; 64];
+    let host = [5u8; 64];
     let hm = api
         .reg_typed(s, host.as_ptr() as *mut u8, host.len(), NCCL_PTR_HOST)
         .expect("regMr of host memory");
