@@ -208,6 +208,7 @@ fn child_plugin() {
         }
         Err(rc) => println!("REGCUDA err {rc}"),
     }
+    small_sends(&api, s, d);
     if p.ptrSupport & NCCL_PTR_DMABUF != 0 {
         let fd = cuda.dmabuf_fd(d, MIB);
         println!("FD {fd}");
@@ -235,6 +236,54 @@ fn child_plugin() {
     api.close_send(s);
     api.close_recv(r);
     api.finalize();
+}
+
+/// Appends `line` to the fake verbs log, to mark where a step's posts begin.
+fn mark(line: &str) {
+    use std::io::Write;
+    let path = std::env::var_os("FAKE_IBV_LOG").expect("FAKE_IBV_LOG");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .expect("open the log");
+    writeln!(f, "{line}").expect("write the log");
+}
+
+/// A 64-byte send (an eager size) from GPU memory registered on the send
+/// comm, then one from host memory, each after a mark in the log.
+fn small_sends(api: &Api, s: net::P, d: u64) {
+    let Ok(mh) = api.reg_typed(s, d as *mut u8, MIB, NCCL_PTR_CUDA) else {
+        println!("SENDCUDA none");
+        return;
+    };
+    mark("MARK device send");
+    let req = api
+        .retry(|| api.isend(s, (d + 4096) as *const u8, 64, 3, mh))
+        .expect("isend from GPU memory");
+    // The message waits for a CTS the emulated peer never writes.
+    assert!(!api.test(req, None).expect("test"));
+    println!("SENDCUDA posted");
+    let host = [5u8; 64];
+    let hm = api
+        .reg_typed(s, host.as_ptr() as *mut u8, host.len(), NCCL_PTR_HOST)
+        .expect("regMr of host memory");
+    mark("MARK host send");
+    let req = api
+        .retry(|| api.isend(s, host.as_ptr(), 64, 3, hm))
+        .expect("isend from host memory");
+    wait(api, req);
+    mark("MARK end");
+}
+
+/// The SENDs (opcode 2) the log shows between `from` and the next mark.
+fn sends_after<'a>(log: &'a str, from: &str) -> Vec<&'a str> {
+    log.lines()
+        .skip_while(|l| *l != from)
+        .skip(1)
+        .take_while(|l| !l.starts_with("MARK"))
+        .filter(|l| l.starts_with("post_send op=2 "))
+        .collect()
 }
 
 fn plugin(case: &str, gpu: &str, peermem: bool, env: &[(&str, &str)]) -> Out {
@@ -282,6 +331,17 @@ fn peermem_and_dmabuf_near_the_gpu_register_and_flush_device_memory() {
     assert_eq!(o.get("FLUSHCUDA"), "true");
     assert_eq!(o.get("FLUSHDMABUF"), "true");
     assert_eq!(o.get("FLUSHHOST"), "false");
+    // A 64-byte send from GPU memory is never copied by the CPU (no eager
+    // slot, no inline payload): it goes by rendezvous, a SEND of the
+    // 32-byte header alone. From host memory it goes eager, header and
+    // payload in one SEND.
+    assert_eq!(o.get("SENDCUDA"), "posted");
+    let dev = sends_after(&o.log, "MARK device send");
+    assert_eq!(dev.len(), 1, "{}", o.log);
+    assert!(dev[0].contains(" len=32 "), "{dev:?}");
+    let host = sends_after(&o.log, "MARK host send");
+    assert_eq!(host.len(), 1, "{}", o.log);
+    assert!(host[0].contains(" len=96 "), "{host:?}");
     let reads: Vec<&str> = o.log.lines().filter(|l| l.contains("rdma_read")).collect();
     assert_eq!(reads.len(), 2, "{}", o.log);
     assert!(
@@ -372,6 +432,7 @@ fn child_engine() {
                 f.post(&mr, d + 2 * MIB).is_err(),
                 "outside the registration"
             );
+            link_send(d + 4096);
         }
         Err(e) => println!("STAGED {e}"),
     }
@@ -383,6 +444,22 @@ fn child_engine() {
     if matches!(mode, GdrMode::Staged(_)) {
         assert!(!hit);
     }
+}
+
+/// 64 bytes at the registered device address `at` through the engine's
+/// verbs link (a loopback pair on the fake port), after a mark in the log.
+fn link_send(at: usize) {
+    let (a, _b) = hetccl_collectives::transport::verbs::loopback_pair(1)
+        .expect("loopback pair")
+        .expect("the fake port");
+    mark("MARK link send");
+    // SAFETY: the emulated driver backs device memory with host memory;
+    // the slice is only handed to the link, which must not read it.
+    let src = unsafe { std::slice::from_raw_parts(at as *const u8, 64) };
+    // Posted by rendezvous: waits for a CTS the emulated peer never writes.
+    assert_eq!(a[0].tx.try_send(src).expect("try_send"), 0);
+    mark("MARK end");
+    println!("LINKSENT");
 }
 
 #[test]
@@ -435,6 +512,12 @@ fn the_engine_registers_device_memory_through_a_dmabuf_fd() {
     );
     assert!(o.stdout.lines().any(|l| l == "FLUSHED"), "{}", o.stdout);
     assert_eq!(o.get("CACHED"), "true");
+    // The engine's verbs link finds the device registration: a 64-byte
+    // send from it posts the RTS header alone, never the payload.
+    assert!(o.stdout.lines().any(|l| l == "LINKSENT"), "{}", o.stdout);
+    let sends = sends_after(&o.log, "MARK link send");
+    assert_eq!(sends.len(), 1, "{}", o.log);
+    assert!(sends[0].contains(" len=32 "), "{sends:?}");
 }
 
 #[test]

@@ -373,14 +373,15 @@ pub fn ib_sender(data: &[u8]) {
     let f = b[CTS_BYTES + 24];
     let st = MsgState {
         size,
+        rendezvous: size > EAGER as u64 || f & 16 != 0,
         posted: f & 1 != 0,
         finished: f & 2 != 0,
         covered,
         registered: f & 4 != 0,
     };
-    if let Ok(Some(c)) = cts(&raw, want, EAGER, CHUNK, |_| (f & 8 == 0).then_some(st)) {
+    if let Ok(Some(c)) = cts(&raw, want, CHUNK, |_| (f & 8 == 0).then_some(st)) {
         assert_eq!(c.seq, want);
-        assert!(st.posted && !st.finished && size > EAGER as u64, "{c:?} {st:?}");
+        assert!(st.posted && !st.finished && st.rendezvous, "{c:?} {st:?}");
         if c.flags & CTS_REJECT == 0 {
             assert!(c.offset == covered && c.len > 0, "{c:?} {st:?}");
             assert!(c.offset.checked_add(c.len).is_some_and(|e| e <= size), "{c:?}");

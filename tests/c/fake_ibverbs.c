@@ -158,6 +158,12 @@ static int post_send(struct fake_qp *qp, struct send_wr *wr, struct send_wr **ba
         cq->q[(cq->head + cq->n) % CQ_MAX] = c;
         cq->n++;
         pthread_mutex_unlock(&cq->mu);
+        if (wr->opcode != 4)
+            logf_("post_send op=%u qpn=%u addr=0x%llx len=%u lkey=%u inline=%d remote=0x%llx rkey=%u",
+                  wr->opcode, qp->qp_num,
+                  (unsigned long long)(wr->num_sge ? wr->sg_list[0].addr : 0), len,
+                  wr->num_sge ? wr->sg_list[0].lkey : 0, (wr->send_flags & 8) != 0,
+                  (unsigned long long)wr->remote_addr, wr->rkey);
         if (wr->opcode == 4)
             logf_("post_send rdma_read qpn=%u local=0x%llx len=%u remote=0x%llx rkey=%u", qp->qp_num,
                   (unsigned long long)(wr->num_sge ? wr->sg_list[0].addr : 0), len,

@@ -240,12 +240,17 @@ pub fn register_device(
                 )?
             };
             let mr = std::sync::Arc::new(mr);
+            mr.mark_device();
             dev.regs.lock().insert(mr.clone());
             Ok(mr)
         }
-        // SAFETY: device memory the caller owns; with peer memory the
-        // kernel pins it through the GPU driver, else registration fails.
-        None => unsafe { dev.regs.lock().get(dev.pd, base, size, false) },
+        None => {
+            // SAFETY: device memory the caller owns; with peer memory the
+            // kernel pins it through the GPU driver, else registration fails.
+            let mr = unsafe { dev.regs.lock().get(dev.pd, base, size, false) }?;
+            mr.mark_device();
+            Ok(mr)
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::ffi::{self, ibv_mr, ibv_pd};
@@ -37,6 +38,9 @@ pub struct Mr {
     pub lkey: u32,
     /// Remote key.
     pub rkey: u32,
+    /// Whether the range is GPU memory (set by [`Mr::mark_device`]): the
+    /// CPU must never read or write it.
+    device: AtomicBool,
 }
 
 // SAFETY: an MR handle is usable from any thread; it is only passed to
@@ -100,7 +104,20 @@ impl Mr {
             len,
             lkey,
             rkey,
+            device: AtomicBool::new(false),
         })
+    }
+
+    /// Marks the range as GPU memory: transfers from or into it go by RDMA
+    /// only, never through a CPU copy (eager slots, inline data, bounce
+    /// chunks).
+    pub fn mark_device(&self) {
+        self.device.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the range is GPU memory ([`Mr::mark_device`]).
+    pub fn is_device(&self) -> bool {
+        self.device.load(Ordering::Relaxed)
     }
 
     /// Whether `addr..addr+len` lies inside.

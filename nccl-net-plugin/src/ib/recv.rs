@@ -428,8 +428,9 @@ impl IbRecvComm {
         });
         match target {
             Some((r, i)) => {
-                let buf = st.reqs[&r].bufs[i].0;
-                if h.kind == Kind::Eager && payload.len() <= buf.cap {
+                let (buf, mr) = &st.reqs[&r].bufs[i];
+                let (buf, device) = (*buf, mr.as_ref().is_some_and(|m| m.is_device()));
+                if h.kind == Kind::Eager && payload.len() <= buf.cap && !device {
                     // Straight into the posted buffer.
                     if !payload.is_empty() {
                         // SAFETY: the buffer holds `cap` bytes (irecv's
@@ -486,6 +487,25 @@ impl IbRecvComm {
             return;
         }
         m.to = Some((r, i));
+        let device = st.reqs[&r].bufs[i]
+            .1
+            .as_ref()
+            .is_some_and(|m| m.is_device());
+        if m.kind == Kind::Eager && device && m.size > 0 {
+            // The CPU never writes GPU memory: only a rendezvous (the
+            // sender's RDMA write) may fill it.
+            let e = NetError::InvalidUsage(format!(
+                "an eager message of {} bytes (tag {}) for a receive into GPU memory: \
+                 the sender must send it by rendezvous",
+                m.size, m.tag
+            ));
+            if let Some(d) = m.data.take() {
+                st.unexpected_bytes = st.unexpected_bytes.saturating_sub(d.len());
+            }
+            st.msgs.remove(&seq);
+            st.reqs.get_mut(&r).expect("posted").st[i] = BufSt::Failed(e);
+            return;
+        }
         if m.kind == Kind::Eager {
             let d = m.data.take().unwrap_or_default();
             if !d.is_empty() {

@@ -386,9 +386,10 @@ impl IbSendComm {
             // SAFETY: inside the control area; written by the peer's NIC.
             let raw = unsafe { p.read_volatile() };
             let eager_max = self.opts.eager_max;
-            let Some(c) = send_check::cts(&raw, st.next_cts, eager_max, self.opts.chunk, |m| {
+            let Some(c) = send_check::cts(&raw, st.next_cts, self.opts.chunk, |m| {
                 st.reqs.get(&m).map(|q| send_check::MsgState {
                     size: q.size as u64,
+                    rendezvous: q.size > eager_max || q.mr.as_ref().is_some_and(|m| m.is_device()),
                     posted: q.posted,
                     finished: q.done || q.error.is_some(),
                     covered: q.covered,
@@ -483,7 +484,10 @@ impl IbSendComm {
                 break;
             }
             let q = &st.reqs[&seq];
-            let eager = q.size <= self.opts.eager_max;
+            // GPU memory is never read by the CPU: whatever its size it
+            // goes by rendezvous, RDMA-written from its registration.
+            let eager =
+                q.size <= self.opts.eager_max && !q.mr.as_ref().is_some_and(|m| m.is_device());
             let hdr = Hdr {
                 kind: if eager { Kind::Eager } else { Kind::Rts },
                 tag: q.tag,

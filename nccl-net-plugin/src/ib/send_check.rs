@@ -28,6 +28,8 @@ pub fn credits(q: usize, a: u64, b: u64, returned: u64, used: u64) -> Result<Opt
 pub struct MsgState {
     /// Its size.
     pub size: u64,
+    /// Whether it went by rendezvous (an RTS, not an eager SEND).
+    pub rendezvous: bool,
     /// Whether its RTS was posted.
     pub posted: bool,
     /// Whether it is finished (done or failed).
@@ -47,7 +49,6 @@ pub struct MsgState {
 pub fn cts(
     raw: &[u8; CTS_BYTES],
     want: u64,
-    eager_max: usize,
     chunk: usize,
     msg: impl FnOnce(u64) -> Option<MsgState>,
 ) -> Result<Option<Cts>> {
@@ -60,7 +61,7 @@ pub fn cts(
             c.msg
         )));
     };
-    if !m.posted || m.size <= eager_max as u64 || m.finished {
+    if !m.posted || !m.rendezvous || m.finished {
         return Err(NetError::proto(format!(
             "CTS for message {} in the wrong state",
             c.msg
@@ -85,13 +86,13 @@ pub fn cts(
 mod tests {
     use super::*;
 
-    const EAGER: usize = 8192;
     const CHUNK: usize = 1 << 20;
     const SIZE: u64 = 3 << 20;
 
     fn state(covered: u64, registered: bool) -> MsgState {
         MsgState {
             size: SIZE,
+            rendezvous: true,
             posted: true,
             finished: false,
             covered,
@@ -112,7 +113,7 @@ mod tests {
     }
 
     fn check(raw: &[u8; CTS_BYTES], want: u64, st: Option<MsgState>) -> Result<Option<Cts>> {
-        cts(raw, want, EAGER, CHUNK, |m| {
+        cts(raw, want, CHUNK, |m| {
             assert_eq!(m, 4, "looked up another message");
             st
         })
@@ -229,7 +230,7 @@ mod tests {
                 ..state(0, true)
             },
             MsgState {
-                size: EAGER as u64,
+                rendezvous: false,
                 ..state(0, true)
             },
         ] {

@@ -185,6 +185,81 @@ fn registered_buffers_on_one_or_both_sides() {
     }
 }
 
+/// Sends `src` (registered as `ms`) into `dst` (registered as `md`) and
+/// returns the receive's outcome (its size), `None` without RDMA.
+fn one_message(
+    src: &[u8],
+    ms: Option<Arc<Mr>>,
+    dst: &mut [u8],
+    md: Option<Arc<Mr>>,
+) -> Option<crate::error::Result<usize>> {
+    let (s, r) = pair(IbOptions::default())?;
+    let rb = RecvBuf {
+        ptr: dst.as_mut_ptr(),
+        cap: dst.len(),
+        tag: 2,
+    };
+    // SAFETY: the buffers outlive the requests (waited for below).
+    let rq = unsafe { r.irecv(&[rb], &[md]) }.unwrap().unwrap();
+    // SAFETY: as above.
+    let sq = unsafe { s.isend(src.as_ptr(), src.len(), 2, ms) }
+        .unwrap()
+        .unwrap();
+    let t0 = Instant::now();
+    let (mut sent, mut got) = (false, None);
+    loop {
+        assert!(t0.elapsed() < Duration::from_secs(60), "message hung");
+        sent = sent || s.test(sq).unwrap().is_some();
+        if got.is_none() {
+            match r.test(rq) {
+                Ok(Some(sz)) => got = Some(sz[0]),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if let (true, Some(n)) = (sent, got) {
+            return Some(Ok(n));
+        }
+    }
+}
+
+#[test]
+fn gpu_registered_memory_is_never_copied_by_the_cpu() {
+    let Some(p) = port() else { return };
+    // Host buffers standing in for GPU memory: registered alone (not in
+    // the shared cache) and marked as device memory.
+    let reg = |b: &[u8]| {
+        // SAFETY: our own live buffer.
+        let m = unsafe {
+            Mr::register(p.dev.pd, b.as_ptr() as usize, b.len(), mr::access(false)).unwrap()
+        };
+        m.mark_device();
+        Arc::new(m)
+    };
+    let src = pattern(64, 4);
+    let ms = reg(&src);
+    // 64 bytes (an eager size) from "GPU" memory, into host memory and
+    // into "GPU" memory: by rendezvous, intact.
+    let mut host = vec![0u8; 64];
+    let got = one_message(&src, Some(ms.clone()), &mut host, None).unwrap();
+    assert_eq!(got.unwrap(), 64);
+    assert_eq!(host, src);
+    let mut gpu = vec![0u8; 64];
+    let md = reg(&gpu);
+    let got = one_message(&src, Some(ms), &mut gpu, Some(md.clone())).unwrap();
+    assert_eq!(got.unwrap(), 64);
+    assert_eq!(gpu, src);
+    // An eager message from host memory into "GPU" memory: the receive
+    // fails and the CPU wrote nothing there.
+    let mut gpu = vec![0u8; 64];
+    let md = reg(&gpu);
+    let e = one_message(&src, None, &mut gpu, Some(md))
+        .unwrap()
+        .unwrap_err();
+    assert!(e.to_string().contains("rendezvous"), "{e}");
+    assert_eq!(gpu, vec![0u8; 64]);
+}
+
 #[test]
 fn the_registration_cache_is_bounded_and_shares_ranges() {
     let Some(p) = port() else { return };

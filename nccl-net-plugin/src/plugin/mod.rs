@@ -252,6 +252,11 @@ pub unsafe fn reg_mr(
         }),
         _ => None,
     };
+    if type_ == NCCL_PTR_CUDA {
+        if let Some(m) = &mr {
+            m.mark_device();
+        }
+    }
     // SAFETY: non-NULL out pointer.
     unsafe { *out = MrObj::boxed(data as usize, size, mr, type_ == NCCL_PTR_CUDA) };
     Ok(())
@@ -292,6 +297,7 @@ pub unsafe fn reg_mr_dmabuf(
             crate::ib::mr::access(false),
         )?
     };
+    mr.mark_device();
     // SAFETY: non-NULL out pointer.
     unsafe { *out = MrObj::boxed(data as usize, size, Some(Arc::new(mr)), true) };
     Ok(())
