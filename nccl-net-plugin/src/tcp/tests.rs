@@ -631,3 +631,54 @@ fn eager_flood_is_held_back_not_refused() {
     }
     assert!(r.test(idle).unwrap().is_none());
 }
+
+/// The eager limit counts payload bytes only: a message of exactly
+/// [`MAX_EAGER`] bytes (a 64 KiB collective step) still goes out inline with
+/// its header, before any receive is posted, while one byte more waits for
+/// the receiver's CTS.
+#[test]
+fn a_message_of_max_eager_bytes_is_still_eager() {
+    let net = lo_net(0, 0);
+    let (s, r) = pair(&net);
+    let (len, over) = (MAX_EAGER, MAX_EAGER + 1);
+    let (small, big) = (pattern(len, 5), pattern(over, 6));
+    // SAFETY: the buffers outlive their requests, which the test waits for.
+    let eager = unsafe { s.isend_eager(small.as_ptr(), len, 1) }
+        .unwrap()
+        .unwrap();
+    // SAFETY: as above.
+    let plain = unsafe { s.isend_eager(big.as_ptr(), over, 2) }
+        .unwrap()
+        .unwrap();
+    let t0 = Instant::now();
+    while s.test(eager).unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "eager send stuck");
+    }
+    for _ in 0..100 {
+        assert_eq!(s.test(plain).unwrap(), None, "over the limit needs a CTS");
+    }
+    for (tag, n, want) in [(1, len, &small), (2, over, &big)] {
+        let mut dst = vec![0u8; n];
+        // SAFETY: `dst` outlives the request, which the test waits for.
+        let rq = unsafe {
+            r.irecv(
+                &[RecvBuf {
+                    ptr: dst.as_mut_ptr(),
+                    cap: n,
+                    tag,
+                }],
+                false,
+            )
+        }
+        .unwrap()
+        .unwrap();
+        let waiting = [plain];
+        let (sent, got) = drive(&s, if tag == 2 { &waiting } else { &[] }, &r, rq);
+        assert!(sent.iter().all(|x| x.as_ref().ok() == Some(&n)));
+        assert_eq!(got.unwrap(), vec![n]);
+        assert!(dst == *want, "tag {tag}");
+    }
+    s.close();
+    r.close();
+    net.shutdown();
+}
