@@ -55,6 +55,28 @@ fn small_messages_go_direct_large_ones_use_bandwidth_optimal_schedules() {
     );
 }
 
+/// Two ranks on two nodes (the TCP comparison with OpenMPI): a 64 KiB
+/// AllReduce is one exchange of the whole buffer both ways and a local
+/// reduction (Direct, OpenMPI's recursive doubling at two ranks), not the
+/// ring's two half-size rounds.
+#[test]
+fn two_nodes_of_one_rank_exchange_small_allreduces_whole() {
+    let m = CostModel::default();
+    let two = Topology::from_nodes(vec![0, 1]);
+    let all = AlgoFilter::all();
+    for bytes in [8, 64 << 10] {
+        assert_eq!(
+            select(Collective::AllReduce, bytes, &two, &m, &all),
+            Ok(Algorithm::Direct),
+            "{bytes} B"
+        );
+    }
+    assert_eq!(
+        select(Collective::Broadcast, 1 << 20, &two, &m, &all),
+        Ok(Algorithm::Ring)
+    );
+}
+
 #[test]
 fn filter_restricts_and_can_leave_nothing() {
     let m = CostModel::default();
