@@ -268,19 +268,7 @@ impl<T: Registration> RegCache<T> {
         // Entries inside the new range are superseded by it.
         self.drop_overlapping(start, end);
         let reg = Arc::new(register(start, end - start)?);
-        self.registered += 1;
-        while self.by_start.len() >= self.max {
-            if !self.evict_one() {
-                break;
-            }
-        }
-        self.by_start.insert(
-            start,
-            Entry {
-                reg: reg.clone(),
-                used: self.clock,
-            },
-        );
+        self.store(start, reg.clone());
         Ok(reg)
     }
 
@@ -291,19 +279,20 @@ impl<T: Registration> RegCache<T> {
         self.clock += 1;
         let (start, len) = reg.range();
         self.drop_overlapping(start, start.saturating_add(len));
+        self.store(start, reg);
+    }
+
+    /// Counts a new registration and keeps it at `start`, evicting the
+    /// least recently used unheld entries while the cache is full.
+    fn store(&mut self, start: usize, reg: Arc<T>) {
         self.registered += 1;
         while self.by_start.len() >= self.max {
             if !self.evict_one() {
                 break;
             }
         }
-        self.by_start.insert(
-            start,
-            Entry {
-                reg,
-                used: self.clock,
-            },
-        );
+        let used = self.clock;
+        self.by_start.insert(start, Entry { reg, used });
     }
 
     fn drop_overlapping(&mut self, start: usize, end: usize) -> usize {
