@@ -15,10 +15,9 @@ use std::ptr::null_mut;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hetccl_abi::{ncclComm_t, ncclUniqueId};
-use hetccl_collectives::api::coll::ncclAllReduce;
 use hetccl_collectives::api::comm_init::{ncclCommInitRank, ncclGetUniqueId};
 use hetccl_collectives::api::comm_life::{ncclCommDestroy, ncclCommFinalize, ncclCommRevoke};
-use hetccl_testkit::revoke::settle;
+use hetccl_testkit::revoke::{allreduce, settle};
 use hetccl_testkit::threads::{check, last_error, Comm};
 
 /// Set in a rank's environment (not `HETCCL_`: the config warns of
@@ -49,23 +48,6 @@ fn now_ns() -> u128 {
         .duration_since(UNIX_EPOCH)
         .expect("after 1970")
         .as_nanos()
-}
-
-fn allreduce(c: Comm, count: usize) -> i32 {
-    let send = vec![1i32; count];
-    let mut recv = vec![0i32; count];
-    // SAFETY: both buffers hold `count` int32 for the whole call.
-    unsafe {
-        ncclAllReduce(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            count,
-            2,
-            0,
-            c.0,
-            null_mut(),
-        )
-    }
 }
 
 fn hex(b: &[u8]) -> String {

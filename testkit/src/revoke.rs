@@ -23,7 +23,8 @@ pub struct Blocked {
     pub after_revoke: Duration,
 }
 
-fn allreduce(c: Comm, count: usize) -> i32 {
+/// A blocking sum AllReduce of `count` int32 ones on `c`; its return code.
+pub fn allreduce(c: Comm, count: usize) -> i32 {
     let send = vec![1i32; count];
     let mut recv = vec![0i32; count];
     // SAFETY: both buffers hold `count` int32 for the whole call.

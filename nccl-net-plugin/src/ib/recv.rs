@@ -741,12 +741,7 @@ impl IbRecvComm {
     /// it: the revoke frame on the setup socket tells the peer why (best
     /// effort, never blocking), and every later call fails. Idempotent.
     pub fn revoke(&self, by: u32) {
-        let mut st = self.st.lock();
-        if st.failed.is_some() {
-            return;
-        }
-        super::revoke::send(&self.sock, by);
-        st.failed = Some(NetError::Revoked(by));
+        super::revoke::revoke_once(&mut self.st.lock().failed, &self.sock, by);
     }
 
     /// Stops using the comm (the QPs are destroyed on drop).

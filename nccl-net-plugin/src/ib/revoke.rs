@@ -61,6 +61,16 @@ pub fn decode(b: &[u8]) -> Result<Option<u32>> {
     Ok(Some(by))
 }
 
+/// Revokes a comm whose state is `failed`: the frame goes out on `sock`
+/// (best effort) and the comm fails with [`NetError::Revoked`]; nothing
+/// happens if it already failed (idempotent).
+pub fn revoke_once(failed: &mut Option<NetError>, sock: &Mutex<Option<TcpStream>>, by: u32) {
+    if failed.is_none() {
+        send(sock, by);
+        *failed = Some(NetError::Revoked(by));
+    }
+}
+
 /// Writes the frame for rank `by` on `sock`, best effort and without
 /// blocking (8 bytes on a socket that carries nothing else fit its
 /// buffer; a failure means the peer is gone, which it learns anyway).

@@ -680,12 +680,7 @@ impl IbSendComm {
     /// it: the revoke frame on the setup socket tells the peer why (best
     /// effort, never blocking), and every later call fails. Idempotent.
     pub fn revoke(&self, by: u32) {
-        let mut st = self.st.lock();
-        if st.failed.is_some() {
-            return;
-        }
-        super::revoke::send(&self.sock, by);
-        st.failed = Some(NetError::Revoked(by));
+        super::revoke::revoke_once(&mut self.st.lock().failed, &self.sock, by);
     }
 
     /// Waits (up to `deadline`) until every posted work request has
