@@ -120,6 +120,12 @@ impl Mr {
         self.device.load(Ordering::Relaxed)
     }
 
+    /// Whether it was registered on the protection domain `pd`.
+    pub fn on_pd(&self, pd: *mut ibv_pd) -> bool {
+        // SAFETY: the MR is live until drop; `pd` is set by libibverbs.
+        unsafe { (*self.mr).pd == pd }
+    }
+
     /// Whether `addr..addr+len` lies inside.
     pub fn covers(&self, addr: usize, len: usize) -> bool {
         addr >= self.addr && addr.saturating_add(len) <= self.addr + self.len

@@ -108,6 +108,8 @@ pub struct IbSendComm {
     sock: Mutex<Option<TcpStream>>,
     peer: String,
     st: Mutex<St>,
+    /// Every message goes by rendezvous ([`IbSendComm::rendezvous_only`]).
+    no_eager: bool,
 }
 
 impl std::fmt::Debug for IbSendComm {
@@ -167,6 +169,7 @@ impl IbSendComm {
                 last_move: Instant::now(),
                 idle_polls: 0,
             }),
+            no_eager: false,
             opts,
         }
     }
@@ -385,11 +388,10 @@ impl IbSendComm {
                 (self.ctrl.buf.addr() + CTRL_CTS_OFF + slot * CTS_BYTES) as *const [u8; CTS_BYTES];
             // SAFETY: inside the control area; written by the peer's NIC.
             let raw = unsafe { p.read_volatile() };
-            let eager_max = self.opts.eager_max;
             let Some(c) = send_check::cts(&raw, st.next_cts, self.opts.chunk, |m| {
                 st.reqs.get(&m).map(|q| send_check::MsgState {
                     size: q.size as u64,
-                    rendezvous: q.size > eager_max || q.mr.as_ref().is_some_and(|m| m.is_device()),
+                    rendezvous: !self.is_eager(q.size, q.mr.as_ref()),
                     posted: q.posted,
                     finished: q.done || q.error.is_some(),
                     covered: q.covered,
@@ -486,8 +488,7 @@ impl IbSendComm {
             let q = &st.reqs[&seq];
             // GPU memory is never read by the CPU: whatever its size it
             // goes by rendezvous, RDMA-written from its registration.
-            let eager =
-                q.size <= self.opts.eager_max && !q.mr.as_ref().is_some_and(|m| m.is_device());
+            let eager = self.is_eager(q.size, q.mr.as_ref());
             let hdr = Hdr {
                 kind: if eager { Kind::Eager } else { Kind::Rts },
                 tag: q.tag,
@@ -710,6 +711,20 @@ impl IbSendComm {
     /// Closes gracefully (bounded by the timeout), then frees everything.
     pub fn close(self) {
         self.finish(Instant::now() + self.opts.timeout.min(std::time::Duration::from_secs(10)));
+    }
+
+    /// Sends every message by rendezvous, whatever its size: for a peer
+    /// that receives into GPU memory (GPUDirect RDMA), which an eager
+    /// message could only reach through the CPU. Called before any send.
+    pub fn rendezvous_only(&mut self) {
+        self.no_eager = true;
+    }
+
+    /// Whether a message of `size` bytes from `mr` goes eager: small, and
+    /// neither GPU memory (never read by the CPU) nor to a peer that takes
+    /// every message by rendezvous.
+    fn is_eager(&self, size: usize, mr: Option<&Arc<Mr>>) -> bool {
+        size <= self.opts.eager_max && !self.no_eager && !mr.is_some_and(|m| m.is_device())
     }
 
     /// The port the comm's QPs are on.
