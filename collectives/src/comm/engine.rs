@@ -59,6 +59,9 @@ pub struct Engine {
     pub control: crate::control::Control,
     /// What this rank is doing, for the status service (when it is on).
     pub status: Option<Arc<crate::exec::watch::Doing>>,
+    /// Which peers' verbs links take device buffers in place (GPUDirect
+    /// RDMA), their registrations and flushes.
+    pub gdr: crate::transport::gdr::Paths,
 }
 
 impl Engine {

@@ -125,7 +125,8 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     };
     let cross = (0..nranks).any(|p| node_of[p] != node_of[rank]);
     let ib_ports = verbs::local_ports(settings.verbs && cross, &vparams);
-    let fabrics = verbs::fabrics(&mut bs, &ib_ports)?;
+    let gdr_recv = crate::transport::gdr::receives_in_place(&ib_ports);
+    let (fabrics, gdr_recvs) = verbs::fabrics(&mut bs, &ib_ports, gdr_recv)?;
     // The channel factory: per pair, the nearest-reaching enabled transport
     // (`NCCL_SHM_DISABLE` takes shm out of the running; verbs needs a
     // shared fabric).
@@ -190,9 +191,23 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
     let verbs_peers: Vec<usize> = (0..nranks)
         .filter(|&p| choice[p] == Some(TransportKind::Verbs))
         .collect();
-    for (p, conns) in verbs::setup(&mut bs, &verbs_peers, &ib_ports, NCHAN, &vparams)? {
+    let mut gdr_ports: Vec<Option<nccl_net_plugin::ib::IbPort>> = vec![None; nranks];
+    for (p, conns, port) in verbs::setup(
+        &mut bs,
+        &verbs_peers,
+        &ib_ports,
+        NCHAN,
+        &vparams,
+        &gdr_recvs,
+    )? {
         peers[p] = Some(conns);
+        gdr_ports[p] = Some(port);
     }
+    let gdr = crate::transport::gdr::Paths::new(
+        gdr_ports,
+        gdr_recv && !verbs_peers.is_empty(),
+        settings.ib.clone(),
+    );
     // Coalescing changes the P2P channel's wire format: the ranks agree.
     let limits = coalesce::agree(&bs.cards, settings.coalesce_bytes, rank);
     if limits.is_none() {
@@ -309,6 +324,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         control: crate::control::Control::new(&settings),
         settings,
         status: doing.clone(),
+        gdr,
     };
     let observe = (
         engine.settings.metrics_file.clone(),

@@ -13,6 +13,7 @@
 //! - [`ipc`]: exporting and opening device buffers between processes;
 //! - [`p2p`]: sends and receives inside a node through a mailbox per pair;
 //! - [`stage`]: host staging on the proxy's stream, large calls pipelined;
+//! - [`gdr`]: sends and receives between nodes in place over GPUDirect RDMA;
 //! - [`flags`]: the flags user streams wait on, in slabs;
 //! - [`pinned`]: the pool of pinned host staging buffers;
 //! - [`safe`]: safe points for the calls that wait for the device (frees,
@@ -23,6 +24,7 @@
 
 pub mod driver;
 pub mod flags;
+pub mod gdr;
 pub mod ipc;
 pub mod kernels;
 pub mod memory;

@@ -267,7 +267,7 @@ pub fn run(calls: &[&Call], st: &mut PeerState, stream: cu::CUstream) -> Result<
         })
         .collect();
     if !staged.is_empty() {
-        stage::run(&staged, stream)?;
+        stage::run(&staged, &[], stream)?;
     }
     // 5. Senders wait until their receivers have read their buffers.
     for msg in msgs

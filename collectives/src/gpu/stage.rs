@@ -21,6 +21,7 @@ use std::time::Duration;
 use hetccl_abi::NcclResult;
 
 use super::driver::{self, cu};
+use super::gdr::InPlace;
 use super::memory::Placement;
 use super::pinned::Pinned;
 use crate::algo::Collective;
@@ -89,6 +90,24 @@ fn send_copy_bytes(a: &Call) -> usize {
     }
 }
 
+/// Bytes of the send buffer staged (none when it goes in place).
+fn staged_send_bytes(a: &Call, ip: &InPlace) -> usize {
+    if ip.send {
+        0
+    } else {
+        send_copy_bytes(a)
+    }
+}
+
+/// Bytes of the receive buffer staged (none when it goes in place).
+fn staged_recv_bytes(a: &Call, ip: &InPlace) -> usize {
+    if ip.recv {
+        0
+    } else {
+        recv_copy_bytes(a)
+    }
+}
+
 /// `cuMemcpyAsync` (unified addressing: any direction).
 fn copy(dst: u64, src: u64, bytes: usize, stream: cu::CUstream) -> Result<()> {
     if bytes == 0 || dst == src {
@@ -114,8 +133,9 @@ pub(super) fn sync(stream: cu::CUstream) -> Result<()> {
 /// Allocates staging for `a`: the host-side call (same layout) and its
 /// buffers. Overlapping send/receive ranges (in-place layouts) share one
 /// buffer at the same offsets, so the host engine sees the same in-place
-/// layout.
-fn host_args(a: &Call) -> Result<(Call, Vec<Pinned>)> {
+/// layout. A buffer that crosses its link in place (`ip`, GPUDirect RDMA)
+/// keeps its device pointer and gets no staging.
+fn host_args(a: &Call, ip: &InPlace) -> Result<(Call, Vec<Pinned>)> {
     if a.placement == Placement::PinnedHost {
         // The host engine reads and writes pinned memory where it lies.
         let host = Call {
@@ -125,8 +145,8 @@ fn host_args(a: &Call) -> Result<(Call, Vec<Pinned>)> {
         };
         return Ok((host, Vec::new()));
     }
-    let (s, sb) = (a.send.addr(), send_copy_bytes(a));
-    let (r, rb) = (a.recv.addr(), recv_copy_bytes(a));
+    let (s, sb) = (a.send.addr(), staged_send_bytes(a, ip));
+    let (r, rb) = (a.recv.addr(), staged_recv_bytes(a, ip));
     let overlap = sb > 0 && rb > 0 && s < r + rb && r < s + sb;
     let mut bufs = Vec::new();
     let (hs, hr): (*const c_void, *mut c_void) = if overlap {
@@ -149,7 +169,9 @@ fn host_args(a: &Call) -> Result<(Call, Vec<Pinned>)> {
             bufs.push(b);
             Ok(p)
         };
-        (one(sb)? as *const c_void, one(rb)? as *mut c_void)
+        let hs = if ip.send { s } else { one(sb)? };
+        let hr = if ip.recv { r } else { one(rb)? };
+        (hs as *const c_void, hr as *mut c_void)
     };
     let host = Call {
         send: UserPtr::new(hs),
@@ -214,11 +236,16 @@ fn run_host(calls: &[Call]) -> Result<()> {
 
 /// Stages the calls of one batch (their device pointers as the user passed
 /// them) on `stream` and runs them; the stream is synchronised on return.
-pub(super) fn run(calls: &[&Call], stream: cu::CUstream) -> Result<()> {
+/// `chosen` (one per call, or empty: all staged) says which buffers cross
+/// their verbs link in place ([`super::gdr`]): those are neither copied nor
+/// staged, and receives into them are flushed after the run.
+pub(super) fn run(calls: &[&Call], chosen: &[InPlace], stream: cu::CUstream) -> Result<()> {
+    let staged = InPlace::default();
+    let ip = |i: usize| chosen.get(i).unwrap_or(&staged);
     let mut hosts = Vec::with_capacity(calls.len());
     let mut bufs = Vec::new();
-    for a in calls {
-        let (h, mut v) = host_args(a)?;
+    for (i, a) in calls.iter().enumerate() {
+        let (h, mut v) = host_args(a, ip(i))?;
         hosts.push(h);
         bufs.append(&mut v);
     }
@@ -228,11 +255,11 @@ pub(super) fn run(calls: &[&Call], stream: cu::CUstream) -> Result<()> {
         sync(stream)?;
         return r;
     }
-    for (a, h) in calls.iter().zip(&hosts) {
+    for (i, (a, h)) in calls.iter().zip(&hosts).enumerate() {
         copy(
             h.send.addr() as u64,
             a.send.addr() as u64,
-            send_copy_bytes(a),
+            staged_send_bytes(a, ip(i)),
             stream,
         )?;
     }
@@ -242,11 +269,12 @@ pub(super) fn run(calls: &[&Call], stream: cu::CUstream) -> Result<()> {
         .flat_map(|h| pieces(h).into_iter().map(move |p| piece(h, p)))
         .collect();
     run_host(&host_calls)?;
-    for (a, h) in calls.iter().zip(&hosts) {
+    super::gdr::flush(calls, chosen)?;
+    for (i, (a, h)) in calls.iter().zip(&hosts).enumerate() {
         copy(
             a.recv.addr() as u64,
             h.recv.addr() as u64,
-            recv_copy_bytes(a),
+            staged_recv_bytes(a, ip(i)),
             stream,
         )?;
     }

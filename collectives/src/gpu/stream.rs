@@ -63,6 +63,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::driver::{self, cu};
 use super::flags::Flag;
+use super::gdr;
 use super::memory;
 use super::module;
 use super::p2p;
@@ -599,7 +600,7 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState, started: &mut Vec<u64>)
                     log_path(a, "CUDA IPC");
                 } else {
                     log_path(a, "staged through host memory");
-                    stage::run(&[a], stream)?;
+                    stage::run(&[a], &[], stream)?;
                 }
             }
             return Ok(());
@@ -629,8 +630,15 @@ fn run_batch(key: usize, b: &Batch, st: &mut ProxyState, started: &mut Vec<u64>)
         p2p::run(&calls, &mut st.peer, stream)?;
         return Ok(());
     }
-    for op in &b.ops {
-        log_path(&op.args, "staged through host memory");
+    // Sends and receives between nodes over verbs may go in place.
+    let chosen: Vec<gdr::InPlace> = calls.iter().map(|a| gdr::choose(a)).collect();
+    for (a, ip) in calls.iter().zip(&chosen) {
+        let path = if ip.send || ip.recv {
+            "in place over GPUDirect RDMA"
+        } else {
+            "staged through host memory"
+        };
+        log_path(a, path);
     }
-    stage::run(&calls, stream)
+    stage::run(&calls, &chosen, stream)
 }

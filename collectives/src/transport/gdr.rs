@@ -15,17 +15,26 @@
 //! - [`GdrFlush`]: after the NIC wrote into device memory, an RDMA read
 //!   on a loopback QP orders the data before the GPU reads it.
 //!
-//! The executor does not use these yet: device buffers between nodes are
-//! staged through pinned host memory (`gpu/stage.rs`); see docs/rdma.md.
+//! - [`Paths`]: per communicator, which peers' verbs links take device
+//!   buffers in place (the stream path's sends and receives between
+//!   nodes, `gpu/gdr.rs`), their registrations checked against the CUDA
+//!   allocation's buffer id, and the flushes.
+//!
+//! A rank receives device memory in place only when every peer sends to it
+//! by rendezvous ([`receives_in_place`] travels with its fabric), since an
+//! eager message could only reach GPU memory through the CPU.
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
+use std::time::Instant;
 
 use nccl_net_plugin::ib::flush::Flusher;
 use nccl_net_plugin::ib::gdr::{self, GdrMode};
 use nccl_net_plugin::ib::mr::Mr;
 use nccl_net_plugin::ib::{pci, IbOptions, IbPort};
 use once_cell::sync::OnceCell;
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::gpu::driver::{self, cu};
@@ -37,6 +46,22 @@ pub fn decide(port: &IbPort, device: i32) -> GdrMode {
         _ => None,
     };
     gdr::choose(gdr::caps(), gdr::level(), distance)
+}
+
+/// Whether this rank may receive device buffers in place on its `ports`:
+/// a CUDA context is current at init (the CUDA driver already loaded by
+/// the caller) and every port allows GPUDirect for its GPU. Its peers then
+/// send every message to it by rendezvous.
+pub fn receives_in_place(ports: &[IbPort]) -> bool {
+    if ports.is_empty() || !driver::loaded() {
+        return false;
+    }
+    let Some(d) = driver::current_device() else {
+        return false;
+    };
+    ports
+        .iter()
+        .all(|p| !matches!(decide(p, d), GdrMode::Staged(_)))
 }
 
 /// The CUDA allocation holding `ptr` (`cuMemGetAddressRange`), its size
@@ -178,4 +203,166 @@ impl GdrFlush {
         f.test(id)
             .map_err(|e| Error::Remote(format!("GPUDirect flush: {e}")))
     }
+}
+
+/// The most registrations [`Paths`] tracks by buffer id before it forgets
+/// them all (each stays in its device's bounded cache).
+const MAX_TRACKED: usize = 4096;
+
+/// One communicator's GPUDirect paths: by peer, the port of its verbs
+/// link; whether this rank receives device memory in place; the buffer id
+/// each registered allocation had; the flushes by port.
+pub struct Paths {
+    ports: Vec<Option<IbPort>>,
+    recv_in_place: bool,
+    opts: IbOptions,
+    ids: Mutex<HashMap<(usize, usize), u64>>,
+    flushes: Mutex<HashMap<String, Arc<GdrFlush>>>,
+    logged: Mutex<Vec<(String, i32)>>,
+}
+
+impl std::fmt::Debug for Paths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.ports.iter().filter(|p| p.is_some()).count();
+        write!(
+            f,
+            "gdr::Paths({n} verbs peers, recv in place {})",
+            self.recv_in_place
+        )
+    }
+}
+
+impl Paths {
+    /// No peer over verbs: every device buffer is staged.
+    pub fn none() -> Self {
+        Self::new(Vec::new(), false, IbOptions::default())
+    }
+
+    /// `ports`: by peer, its verbs link's port; `recv_in_place`: this rank
+    /// published [`receives_in_place`] and so its peers send to it by
+    /// rendezvous only.
+    pub fn new(ports: Vec<Option<IbPort>>, recv_in_place: bool, opts: IbOptions) -> Self {
+        Self {
+            ports,
+            recv_in_place,
+            opts,
+            ids: Mutex::new(HashMap::new()),
+            flushes: Mutex::new(HashMap::new()),
+            logged: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The registration through which the NIC reads `ptr..ptr+len` (memory
+    /// of CUDA device `device`) in place for a send to `peer`; `None`: stage.
+    pub fn send_mr(&self, peer: usize, device: i32, ptr: usize, len: usize) -> Option<Arc<Mr>> {
+        self.mr(peer, device, ptr, len)
+    }
+
+    /// As [`Paths::send_mr`], for a receive from `peer` written in place.
+    pub fn recv_mr(&self, peer: usize, device: i32, ptr: usize, len: usize) -> Option<Arc<Mr>> {
+        if !self.recv_in_place {
+            return None;
+        }
+        self.mr(peer, device, ptr, len)
+    }
+
+    fn mr(&self, peer: usize, device: i32, ptr: usize, len: usize) -> Option<Arc<Mr>> {
+        let port = self.ports.get(peer)?.as_ref()?;
+        let mode = decide(port, device);
+        if let GdrMode::Staged(why) = &mode {
+            self.log_once(port, device, &format!("GPU {device} is staged: {why}"));
+            return None;
+        }
+        match self.register_current(port, &mode, ptr, len) {
+            Ok(m) => {
+                self.log_once(port, device, &format!("GPU {device} in place ({mode:?})"));
+                Some(m)
+            }
+            Err(e) => {
+                self.log_once(port, device, &format!("GPU {device} is staged: {e}"));
+                None
+            }
+        }
+    }
+
+    /// [`register`], after dropping a registration of an earlier
+    /// allocation at the same address (freed with `cuMemFree`, which no
+    /// hook sees): the allocation's buffer id must be the one registered.
+    fn register_current(
+        &self,
+        port: &IbPort,
+        mode: &GdrMode,
+        ptr: usize,
+        len: usize,
+    ) -> Result<Arc<Mr>> {
+        let (base, size) = allocation(ptr, len)?;
+        let id = buffer_id(base)?;
+        let key = (Arc::as_ptr(&port.dev) as usize, base);
+        {
+            let mut ids = self.ids.lock();
+            if ids.get(&key) != Some(&id) {
+                nccl_net_plugin::ib::invalidate(port, base, size);
+                if ids.len() >= MAX_TRACKED {
+                    ids.clear();
+                }
+                ids.insert(key, id);
+            }
+        }
+        register(port, mode, ptr, len)
+    }
+
+    fn log_once(&self, port: &IbPort, device: i32, what: &str) {
+        let key = (port.label(), device);
+        let mut seen = self.logged.lock();
+        if !seen.contains(&key) {
+            tracing::info!(target: "hetccl::NET", "NET/IB: {}: device buffers of {what}", port.label());
+            seen.push(key);
+        }
+    }
+
+    /// Flushes the receives from `peer` that ended in `mr` (the last byte
+    /// written at `addr`): returns once the GPU sees their data, or fails
+    /// at `deadline`.
+    pub fn flush(&self, peer: usize, mr: &Mr, addr: usize, deadline: Instant) -> Result<()> {
+        let port = self
+            .ports
+            .get(peer)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::Internal(format!("flush for rank {peer}, not a verbs peer")))?;
+        let f = self
+            .flushes
+            .lock()
+            .entry(port.label())
+            .or_insert_with(|| Arc::new(GdrFlush::new(port.clone(), self.opts.clone())))
+            .clone();
+        let id = f.post(mr, addr)?;
+        while !f.done(id)? {
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "GPUDirect flush on {} did not complete",
+                    port.label()
+                )));
+            }
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}
+
+/// The CUDA allocation's buffer id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`,
+/// unique for the process's life).
+fn buffer_id(ptr: usize) -> Result<u64> {
+    let mut id = 0u64;
+    driver::check(
+        // SAFETY: a writable 8-byte slot; the driver checks the address.
+        unsafe {
+            cu::cuPointerGetAttribute(
+                (&mut id as *mut u64).cast(),
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                ptr as cu::CUdeviceptr,
+            )
+        },
+        "cuPointerGetAttribute(BUFFER_ID)",
+    )?;
+    Ok(id)
 }

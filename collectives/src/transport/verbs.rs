@@ -35,6 +35,10 @@ pub struct VerbsParams {
     pub ip: IpAddr,
 }
 
+/// Every rank's fabric (`None`: no usable RDMA port), and whether each
+/// receives device memory in place.
+pub type Fabrics = (Vec<Option<[u8; 9]>>, Vec<bool>);
+
 /// Bytes each rank contributes to the fabric exchange.
 const FABRIC_BYTES: usize = 16;
 
@@ -46,24 +50,29 @@ pub fn local_ports(enabled: bool, params: &VerbsParams) -> Vec<IbPort> {
     nccl_net_plugin::ib::usable_ports(&params.ports)
 }
 
-/// Every rank's fabric (`None`: no usable RDMA port), through a bootstrap
+/// Every rank's fabric (`None`: no usable RDMA port) and whether it
+/// receives device memory in place (`crate::transport::gdr::receives_in_place`:
+/// its peers then send to it by rendezvous only), through a bootstrap
 /// all-gather that every rank runs.
 pub fn fabrics(
     bs: &mut crate::bootstrap::Bootstrap,
     ports: &[IbPort],
-) -> Result<Vec<Option<[u8; 9]>>> {
+    recv_in_place: bool,
+) -> Result<Fabrics> {
     let mut mine = [0u8; FABRIC_BYTES];
     if let Some(p) = ports.first() {
         mine[0] = 1;
         mine[1..10].copy_from_slice(&p.fabric());
+        mine[10] = u8::from(recv_in_place);
     }
     let all = bs.allgather(&mine, FABRIC_BYTES)?;
-    Ok(all
-        .iter()
-        .map(|b| {
-            (b.len() == FABRIC_BYTES && b[0] == 1).then(|| b[1..10].try_into().expect("9 bytes"))
-        })
-        .collect())
+    let ok = |b: &Vec<u8>| b.len() == FABRIC_BYTES && b[0] == 1;
+    Ok((
+        all.iter()
+            .map(|b| ok(b).then(|| b[1..10].try_into().expect("9 bytes")))
+            .collect(),
+        all.iter().map(|b| ok(b) && b[10] == 1).collect(),
+    ))
 }
 
 fn verbs_err(e: NetError) -> Error {
@@ -399,16 +408,20 @@ pub fn ports_for_peers(place: &Place, nics: &[Option<PciDevice>], peers: &[usize
 }
 
 /// Sets up verbs links to `peers` over `ports` (each peer on one of the
-/// ports nearest this rank, [`ports_for_peers`]): listeners' handles travel through the bootstrap,
-/// then connects and accepts are polled until all are up. Every rank calls
-/// this (it runs a bootstrap all-gather), with or without peers.
+/// ports nearest this rank, [`ports_for_peers`]): listeners' handles travel
+/// through the bootstrap, then connects and accepts are polled until all
+/// are up. Sends to a rank whose `rendezvous_to` entry is set go by
+/// rendezvous only. Every rank calls this (it runs a bootstrap
+/// all-gather), with or without peers. Returns each peer's channels and
+/// port.
 pub fn setup(
     bs: &mut crate::bootstrap::Bootstrap,
     peers: &[usize],
     ports: &[IbPort],
     nchan: usize,
     params: &VerbsParams,
-) -> Result<Vec<(usize, Vec<Conn>)>> {
+    rendezvous_to: &[bool],
+) -> Result<Vec<(usize, Vec<Conn>, IbPort)>> {
     use nccl_net_plugin::ib::IbListenComm;
     use nccl_net_plugin::wire::HANDLE_BYTES;
     let n = bs.nranks();
@@ -486,11 +499,17 @@ pub fn setup(
         .iter()
         .zip(sends.into_iter().zip(recvs))
         .map(|(&p, (s, r))| {
-            let (s, r) = (s.expect("connected"), r.expect("accepted"));
+            let (mut s, r) = (s.expect("connected"), r.expect("accepted"));
+            let rdv = rendezvous_to.get(p).copied().unwrap_or(false);
+            if rdv {
+                s.rendezvous_only();
+            }
             tracing::info!(target: "hetccl::INIT",
-                "rank {rank} -> rank {p} via NET/IB/{} (send {}, receive {})",
-                dev_of(p), s.describe(), r.describe());
-            (p, connect(s, r, nchan))
+                "rank {rank} -> rank {p} via NET/IB/{} (send {}, receive {}{})",
+                dev_of(p), s.describe(), r.describe(),
+                if rdv { "; it receives GPU memory in place: rendezvous only" } else { "" });
+            let port = s.port().clone();
+            (p, connect(s, r, nchan), port)
         })
         .collect())
 }
