@@ -9,7 +9,9 @@
 #   4. the multi-process collectives on 2 host ids (2 and 4 ranks), the same
 #      pair with NCCL_IB_DISABLE=1, and the kill -9 fault test over verbs
 #      (tests/rdma_mp.rs);
-#   5. a revoke reaching ranks blocked over verbs (collectives/tests/revoke_verbs.rs).
+#   5. a revoke reaching ranks blocked over verbs (collectives/tests/revoke_verbs.rs);
+#   6. device buffers of the emulated CUDA driver sent and received in place
+#      over GPUDirect RDMA (tests/rdma_gdr.rs).
 # The steps are in scripts/lib/rdma-tests-guest.sh, each with a time limit.
 # Builds the test binaries here first. Fails if the guest cannot boot.
 set -euo pipefail
@@ -25,12 +27,13 @@ npp=$(exes --test net_plugin_procs)
 tc=$(exes -p hetccl-collectives --test transport_conformance)
 mp=$(exes --test rdma_mp)
 rv=$(exes -p hetccl-collectives --test revoke_verbs)
+gd=$(exes --test rdma_gdr)
 unit=$(exes -p nccl-net-plugin --lib)
-for x in "$np" "$npp" "$tc" "$mp" "$rv" "$unit"; do [ -x "$x" ] || { echo "rdma: missing test binary ($x)" >&2; exit 1; }; done
+for x in "$np" "$npp" "$tc" "$mp" "$rv" "$gd" "$unit"; do [ -x "$x" ] || { echo "rdma: missing test binary ($x)" >&2; exit 1; }; done
 mkdir -p target/tmp
 
 t0=$(date +%s)
 bash scripts/rdma-vm.sh --timeout "${HETCCL_RDMA_TESTS_TIMEOUT_S:-840}" --tmpfs target/tmp \
   --env RDMA_UNIT="$unit" --env RDMA_NP="$np" --env RDMA_NPP="$npp" --env RDMA_TC="$tc" \
-  --env RDMA_MP="$mp" --env RDMA_RV="$rv" -- bash scripts/lib/rdma-tests-guest.sh
+  --env RDMA_MP="$mp" --env RDMA_RV="$rv" --env RDMA_GDR="$gd" -- bash scripts/lib/rdma-tests-guest.sh
 echo "== rdma: all in-VM tests passed in $(( $(date +%s) - t0 )) s"

@@ -26,40 +26,17 @@ use std::sync::OnceLock;
 use hetccl_testkit::coll::Job;
 use hetccl_testkit::nvrtc as nvrtc_path;
 use hetccl_testkit::perf::perf_bin;
-use hetccl_testkit::{cc, coll, fake_cuda, hetccl_so, ranks, repo_root, tmp_dir};
+use hetccl_testkit::{cc, coll, fake_cuda, hetccl_so, ranks, tmp_dir};
 
 /// The emulated driver's directory.
 fn driver_dir() -> &'static Path {
     fake_cuda::fake_cuda_dir("gpu_fake_driver")
 }
 
-/// A C source of this repository, as gcc's argument.
-fn src(rel: &str) -> String {
-    repo_root().join(rel).display().to_string()
-}
-
 /// device_check (`tests/c/device_check*.c`), compiled once, linked to the
 /// emulated driver.
 fn exe() -> &'static Path {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let dir = driver_dir();
-        cc::compile_c(
-            "tests/c/device_check.c",
-            "device_check_fake",
-            &cc::CcOpts {
-                link_nvidia_nccl: true,
-                extra: vec![
-                    src("tests/c/device_check_colls.c"),
-                    src("tests/c/device_check_features.c"),
-                    src("tests/c/device_check_strict.c"),
-                    format!("-L{}", dir.display()),
-                    "-l:libcuda.so.1".into(),
-                    "-ldl".into(),
-                ],
-            },
-        )
-    })
+    fake_cuda::device_check("gpu_fake_driver")
 }
 
 /// NVIDIA's NVRTC, which compiles hetccl's reduction kernels (the emulated

@@ -19,27 +19,7 @@ use hetccl_testkit::coll::{self, Job};
 use hetccl_testkit::faults::{self, Fault};
 use hetccl_testkit::hetccl_so;
 use hetccl_testkit::modes::NONBLOCKING_MODES;
-
-/// Whether an active RDMA port exists; fails under `HETCCL_REQUIRE_RDMA=1`
-/// when none does.
-fn have_rdma() -> bool {
-    let active = std::fs::read_dir("/sys/class/infiniband")
-        .map(|d| {
-            d.flatten().any(|e| {
-                std::fs::read_to_string(e.path().join("ports/1/state"))
-                    .is_ok_and(|s| s.contains("ACTIVE"))
-            })
-        })
-        .unwrap_or(false);
-    if !active {
-        assert!(
-            std::env::var("HETCCL_REQUIRE_RDMA").as_deref() != Ok("1"),
-            "HETCCL_REQUIRE_RDMA=1 but no active RDMA port in /sys/class/infiniband"
-        );
-        eprintln!("skipped: no active RDMA port (scripts/rdma-vm.sh runs these on Soft-RoCE)");
-    }
-    active
-}
+use hetccl_testkit::rdma::have_rdma;
 
 fn host_env(per_node: usize) -> impl Fn(usize, usize) -> Vec<(String, String)> {
     move |rank, _| {

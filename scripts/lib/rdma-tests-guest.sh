@@ -2,7 +2,7 @@
 # Runs inside scripts/rdma-vm.sh's guest for scripts/rdma-tests.sh: every
 # step under its own time limit; a failing or late step ends the run with
 # a line that names it. The test binaries come in RDMA_UNIT, RDMA_NP,
-# RDMA_NPP, RDMA_TC, RDMA_MP and RDMA_RV.
+# RDMA_NPP, RDMA_TC, RDMA_MP, RDMA_RV and RDMA_GDR.
 set -euo pipefail
 export HETCCL_REQUIRE_RDMA=1
 
@@ -67,6 +67,8 @@ step "collectives on 2 hosts (2, 4 ranks), NCCL_IB_DISABLE, kill -9 over verbs" 
   "$RDMA_MP" --nocapture --test-threads=1
 step "a revoke reaches ranks blocked over verbs within 1 s" 120 \
   "$RDMA_RV" --nocapture --test-threads=1
+step "device buffers in place over GPUDirect RDMA (emulated CUDA)" 180 \
+  "$RDMA_GDR" --nocapture --test-threads=1
 # Last: it takes rxe0's netdev down and up again.
 step "a port going down fails its comms" 90 \
   env HETCCL_TEST_RXE_NETDEV=va "$RDMA_UNIT" --ignored --exact ib::tests::a_port_going_down_fails_its_comms

@@ -16,6 +16,8 @@
 //! - `FAKE_CUDA_NO_STREAM_MEMOPS=1`: `cuStreamWaitValue32` returns
 //!   `CUDA_ERROR_NOT_SUPPORTED` (hetccl's host-function fallback);
 //! - `FAKE_CUDA_LOG=1`: one line per driver call on stderr;
+//! - `FAKE_CUDA_PEERMEM=1`: device memory is mapped read-write, so that a
+//!   real RDMA device (Soft-RoCE) can register it, as with nvidia-peermem;
 //! - `FAKE_CUDA_TIMEOUT_S` (default 120): any wait inside the fake aborts
 //!   the process after this long.
 
@@ -76,4 +78,31 @@ pub fn ld_library_path(tag: &str) -> OsString {
         v.push(old);
     }
     v
+}
+
+/// `tests/c/device_check*.c` (one rank of the device-buffer checks),
+/// compiled once per test binary and linked to the fake driver of
+/// [`fake_cuda_dir`]`(tag)`; run it with that directory first in
+/// `LD_LIBRARY_PATH`.
+pub fn device_check(tag: &str) -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = fake_cuda_dir(tag);
+        let src = |rel: &str| repo_root().join(rel).display().to_string();
+        cc::compile_c(
+            "tests/c/device_check.c",
+            &format!("device_check_{tag}"),
+            &cc::CcOpts {
+                link_nvidia_nccl: true,
+                extra: vec![
+                    src("tests/c/device_check_colls.c"),
+                    src("tests/c/device_check_features.c"),
+                    src("tests/c/device_check_strict.c"),
+                    format!("-L{}", dir.display()),
+                    "-l:libcuda.so.1".into(),
+                    "-ldl".into(),
+                ],
+            },
+        )
+    })
 }

@@ -36,6 +36,7 @@ pub mod nvrtc;
 pub mod perf;
 pub mod prom;
 pub mod ranks;
+pub mod rdma;
 pub mod revoke;
 pub mod threads;
 

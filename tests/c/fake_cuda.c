@@ -133,7 +133,10 @@
  *
  * FAKE_CUDA_LOG=1 prints one line per call to stderr; FAKE_CUDA_NO_STREAM_
  * MEMOPS=1 makes cuStreamWaitValue32 return CUDA_ERROR_NOT_SUPPORTED;
- * FAKE_CUDA_NO_PEER_ACCESS=1 turns peer access off; FAKE_CUDA_DRIVER_VERSION,
+ * FAKE_CUDA_NO_PEER_ACCESS=1 turns peer access off; FAKE_CUDA_PEERMEM=1 maps
+ * device memory readable and writable (as nvidia-peermem lets a NIC pin it:
+ * a real RDMA device can then register it; a host access no longer crashes);
+ * FAKE_CUDA_DRIVER_VERSION,
  * FAKE_CUDA_REJECT_CUBIN, FAKE_CUDA_DEADLOCK_S and FAKE_CUDA_HOSTFN_LIMIT_S
  * are above; every other blocking wait aborts the process after
  * FAKE_CUDA_TIMEOUT_S (default 120) seconds, so that a bug never hangs CI.
@@ -145,6 +148,7 @@
 int g_log;                 /* FAKE_CUDA_LOG */
 int g_no_memops;           /* FAKE_CUDA_NO_STREAM_MEMOPS */
 int g_no_peer;             /* FAKE_CUDA_NO_PEER_ACCESS */
+int g_peermem;             /* FAKE_CUDA_PEERMEM */
 int g_reject_cubin;        /* FAKE_CUDA_REJECT_CUBIN */
 int g_driver_version = CUDA_VERSION; /* FAKE_CUDA_DRIVER_VERSION */
 int g_deadlock_s = 30;     /* FAKE_CUDA_DEADLOCK_S */
@@ -221,6 +225,8 @@ __attribute__((constructor)) static void fake_cuda_load(void) {
     g_no_memops = e && *e && strcmp(e, "0") != 0;
     e = getenv("FAKE_CUDA_NO_PEER_ACCESS");
     g_no_peer = e && *e && strcmp(e, "0") != 0;
+    e = getenv("FAKE_CUDA_PEERMEM");
+    g_peermem = e && *e && strcmp(e, "0") != 0;
     e = getenv("FAKE_CUDA_REJECT_CUBIN");
     g_reject_cubin = e && *e && strcmp(e, "0") != 0;
     g_timeout_s = env_int("FAKE_CUDA_TIMEOUT_S", g_timeout_s);

@@ -44,6 +44,7 @@
 extern int g_log;            /* FAKE_CUDA_LOG */
 extern int g_no_memops;      /* FAKE_CUDA_NO_STREAM_MEMOPS */
 extern int g_no_peer;        /* FAKE_CUDA_NO_PEER_ACCESS */
+extern int g_peermem;        /* FAKE_CUDA_PEERMEM: device memory mapped read-write */
 extern int g_reject_cubin;   /* FAKE_CUDA_REJECT_CUBIN */
 extern int g_driver_version; /* FAKE_CUDA_DRIVER_VERSION, else CUDA_VERSION */
 extern int g_deadlock_s;     /* FAKE_CUDA_DEADLOCK_S */

@@ -123,7 +123,10 @@ CUresult translate(uintptr_t addr, size_t n, char **out, struct alloc **hold) {
 
 /* Maps `fd` (of `maplen` bytes) twice into a new entry: PROT_NONE + shadow. */
 static struct alloc *map_twice(int fd, size_t maplen) {
-    void *dev = mmap(NULL, maplen, PROT_NONE, MAP_SHARED, fd, 0);
+    /* PROT_NONE: a host access crashes, as on a GPU; with FAKE_CUDA_PEERMEM
+     * read-write, so that a real RDMA device can pin it (ibv_reg_mr). */
+    int prot = g_peermem ? PROT_READ | PROT_WRITE : PROT_NONE;
+    void *dev = mmap(NULL, maplen, prot, MAP_SHARED, fd, 0);
     if (dev == MAP_FAILED) return NULL;
     void *sh = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (sh == MAP_FAILED) {
