@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # hetccl's verbs transport against perftest, both on Soft-RoCE (rxe0) in the
 # same QEMU guest (scripts/rdma-vm.sh), so only the ratios mean anything:
-#   - ib_write_bw at 8 B, 64 KiB, 1 MiB, 16 MiB and ib_send_lat at 8 B;
+#   - ib_write_bw at 8 B, 64 KiB, 1 MiB, 16 MiB, ib_send_lat at 8 B, and
+#     ib_write_bw -b (both directions at once) at 1 MiB and 16 MiB;
 #   - the net plugin (tests/net_plugin_bench.rs through the v12 table,
 #     regMr'd buffers as NCCL passes them, 4 sends in flight) at the same
 #     sizes, and its 8-byte round trip;
-#   - hetccl-perf's 2-rank AllReduce over verbs (two HETCCL_HOST_IDs), busbw.
+#   - hetccl-perf's 2-rank AllReduce over verbs (two HETCCL_HOST_IDs), busbw,
+#     against ib_write_bw and against half of ib_write_bw -b: each rank of a
+#     2-rank AllReduce sends and receives the whole size at once, so half
+#     the bidirectional total is its limit.
 # Rounds alternate perftest and hetccl (HETCCL_BENCH_ROUNDS, default 3) and the
 # medians are printed as a table. Release build.
 #
@@ -47,6 +51,9 @@ pt_bw() { # size -> MB/s (perftest's MB = 2^20 B)
   local n=\$(( \$1 >= 1048576 ? 40 : 400 ))
   pt ib_write_bw -d rxe0 -x 1 -s \$1 -n \$n -F | awk -v s=\$1 '\$1==s {print \$4}'
 }
+pt_bibw() { # size -> MB/s, both directions together
+  pt ib_write_bw -d rxe0 -x 1 -s \$1 -n 40 -F -b | awk -v s=\$1 '\$1==s {print \$4}'
+}
 pt_lat() {
   pt ib_send_lat -d rxe0 -x 1 -s 8 -n 2000 -F | awk '\$1==8 {print \$5}'
 }
@@ -81,11 +88,13 @@ out=$(mktemp)
 bash scripts/rdma-vm.sh --timeout 1500 -- "$guest" | tee "$out"
 python3 - "$out" <<'PY'
 import re, statistics, sys
-pt_bw, pt_lat, hc_bw, hc_lat, ar = {}, [], {}, [], {}
+pt_bw, pt_bibw, pt_lat, hc_bw, hc_lat, ar = {}, {}, [], {}, [], {}
 for line in open(sys.argv[1]):
     f = line.split()
     if line.startswith("PT bw") and len(f) == 4:
         pt_bw.setdefault(int(f[2]), []).append(float(f[3]) * 2**20)
+    elif line.startswith("PT bibw") and len(f) == 4:
+        pt_bibw.setdefault(int(f[2]), []).append(float(f[3]) * 2**20)
     elif line.startswith("PT lat") and len(f) == 4:
         pt_lat.append(float(f[3]))
     elif line.startswith("HC RESULT tput"):
@@ -107,6 +116,8 @@ print(f"\n8 B latency: ib_send_lat typical {a:.1f} us, plugin half round trip (p
 for s in sorted(ar):
     base = med(pt_bw.get(s, [])) / 1e6
     bus = med(ar[s]) / 1e6
-    print(f"AllReduce 2 ranks {s} B: busbw {bus:.2f} MB/s, {bus / base:.2f} x ib_write_bw at that size")
+    half = med(pt_bibw.get(s, [])) / 2e6
+    print(f"AllReduce 2 ranks {s} B: busbw {bus:.2f} MB/s, {bus / base:.2f} x ib_write_bw at that size, "
+          f"{bus / half:.2f} x half of ib_write_bw -b ({half:.2f} MB/s)")
 PY
 rm -f "$out"
