@@ -78,6 +78,7 @@ allreduce() { # size -> busbw GB/s of a 2-rank AllReduce on two host ids
 }
 for round in \$(seq $rounds); do
   for s in $sizes; do echo "PT bw \$s \$(pt_bw \$s)"; done
+  for s in 1048576 16777216; do echo "PT bibw \$s \$(pt_bibw \$s)"; done
   echo "PT lat 8 \$(pt_lat)"
   plugin | sed 's/^/HC /'
   for s in 1048576 16777216; do echo "AR \$s \$(allreduce \$s)"; done
