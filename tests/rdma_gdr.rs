@@ -5,15 +5,16 @@
 //! real verbs port. `scripts/rdma-vm.sh` runs this on rxe inside a VM with
 //! `HETCCL_REQUIRE_RDMA=1`; elsewhere it says so and passes.
 //!
-//! The ranks run `tests/c/device_check*.c` (every result checked, the
-//! bytes after each output too) with a sysfs view in which
-//! `nvidia_peermem` is loaded, `NCCL_NET_GDR_LEVEL=SYS` (rxe has no PCI
-//! place) and DMA-BUF off (rxe cannot import one). Asserted per rank: the
-//! peer's link sends to it by rendezvous only, its GPU's buffers are
-//! registered in place on the port, and every cross-node send and receive
-//! of device memory took the in-place path, while collectives and
-//! self-sends stayed staged. Untested here: a real GPU's memory and its
-//! driver (docs/rdma.md).
+//! The ranks (2 on 2 host ids, and 2 × 2) run `tests/c/device_check*.c`
+//! (every result checked, the bytes after each output too) with a sysfs
+//! view in which `nvidia_peermem` is loaded, `NCCL_NET_GDR_LEVEL=SYS` (rxe
+//! has no PCI place) and DMA-BUF off (rxe cannot import one). Asserted per
+//! rank: its peers' links send to it by rendezvous only, its GPU's buffers
+//! are registered in place on the port, and its cross-node sends and
+//! receives of device memory took the in-place path, while collectives,
+//! self-sends and sends to a neighbour on the same host (shm, in the same
+//! group) stayed staged. Untested here: a real GPU's memory and its driver
+//! (docs/rdma.md).
 
 use std::path::PathBuf;
 
@@ -54,15 +55,12 @@ fn logged(o: &Outcome, rank: usize, words: &[&str]) -> bool {
         .any(|l| words.iter().all(|w| l.contains(w)))
 }
 
-#[test]
-fn device_sends_and_receives_cross_verbs_in_place() {
-    if !have_rdma() {
-        return;
-    }
-    let exe = fake_cuda::device_check(TAG);
+/// A job of `n` ranks, `per_node` per host id, on device buffers of the
+/// emulated driver, GPUDirect allowed on the verbs port.
+fn job(label: &str, n: usize, per_node: usize, modes: &str) -> Job {
     let lib = fake_cuda::fake_cuda_dir(TAG).display().to_string();
     let sys = sysfs_with_peermem().display().to_string();
-    let job = Job::new("gdr 2 hosts", 2, "coll,sendrecv,pinned")
+    Job::new(label, n, modes)
         .env("LD_LIBRARY_PATH", &lib)
         .env("FAKE_CUDA_PEERMEM", "1")
         .env("HETCCL_SYSFS_ROOT", &sys)
@@ -71,12 +69,17 @@ fn device_sends_and_receives_cross_verbs_in_place() {
         .env("NCCL_DMABUF_ENABLE", "0")
         .env("NCCL_DEBUG", "INFO")
         .env("NCCL_DEBUG_SUBSYS", "INIT,COLL,NET")
-        .rank_env(|r, _| vec![("HETCCL_HOST_ID".into(), format!("node{r}"))]);
-    let out = coll::run_all(TAG, exe, &hetccl_so(), vec![job]);
-    let o = &out[0];
-    const IN_PLACE: &str = ": in place over GPUDirect RDMA";
-    const STAGED: &str = ": staged through host memory";
-    for r in 0..2 {
+        .rank_env(move |r, _| vec![("HETCCL_HOST_ID".into(), format!("node{}", r / per_node))])
+}
+
+const IN_PLACE: &str = ": in place over GPUDirect RDMA";
+const STAGED: &str = ": staged through host memory";
+
+/// Asserts what every rank of `o` logged: rendezvous-only verbs links, its
+/// GPU registered in place, and at least `sends` sends and `recvs`
+/// receives in place and `staged` sends staged.
+fn assert_paths(o: &Outcome, sends: usize, recvs: usize, staged: usize) {
+    for r in 0..o.outs.len() {
         assert!(
             logged(o, r, &["via NET/IB", "rendezvous only"]),
             "rank {r}: no verbs link that sends by rendezvous only"
@@ -89,22 +92,40 @@ fn device_sends_and_receives_cross_verbs_in_place() {
             ),
             "rank {r}: its GPU's buffers were not registered in place"
         );
-        // sendrecv: 2 messages each way with the peer (and 2 with itself,
-        // staged); coll: a ring of one send and one receive per count.
         let (s, v) = (count(o, r, "send", IN_PLACE), count(o, r, "recv", IN_PLACE));
-        eprintln!(
-            "rank {r}: in place {s} sends, {v} receives; staged {} sends, {} receives",
-            count(o, r, "send", STAGED),
-            count(o, r, "recv", STAGED)
-        );
+        let (ss, sv) = (count(o, r, "send", STAGED), count(o, r, "recv", STAGED));
+        eprintln!("rank {r}: in place {s} sends, {v} receives; staged {ss} sends, {sv} receives");
         assert!(
-            s >= 6 && v >= 6,
+            s >= sends && v >= recvs,
             "rank {r}: {s} sends, {v} receives in place"
         );
         assert!(
-            count(o, r, "send", STAGED) >= 2 && count(o, r, "allreduce", STAGED) >= 4,
-            "rank {r}: self-sends and collectives must stay staged"
+            ss >= staged && sv >= staged,
+            "rank {r}: {ss} sends, {sv} receives staged"
         );
         assert_eq!(count(o, r, "allreduce", IN_PLACE), 0, "rank {r}");
     }
+}
+
+#[test]
+fn device_sends_and_receives_cross_verbs_in_place() {
+    if !have_rdma() {
+        return;
+    }
+    let exe = fake_cuda::device_check(TAG);
+    let jobs = vec![
+        job("gdr 2 ranks, 2 hosts", 2, 1, "coll,sendrecv,pinned"),
+        job("gdr 4 ranks, 2 hosts", 4, 2, "sendrecv"),
+    ];
+    let out = coll::run_all(TAG, exe, &hetccl_so(), jobs);
+    // 2 ranks: sendrecv's 2 messages each way with the peer (2 with
+    // itself, staged) and coll's send/recv ring at 4 counts, in place;
+    // collectives staged.
+    assert_paths(&out[0], 6, 6, 2);
+    for r in 0..2 {
+        assert!(count(&out[0], r, "allreduce", STAGED) >= 4, "rank {r}");
+    }
+    // 2 x 2: 2 messages with each of the 2 peers on the other host in
+    // place; with itself and its neighbour (shm) staged, in the same group.
+    assert_paths(&out[1], 4, 4, 4);
 }
