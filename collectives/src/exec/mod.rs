@@ -12,6 +12,7 @@
 //! briefly and then sleeping on the rank's doorbell or sockets, and gives up
 //! at the deadline or when the communicator is aborted.
 
+mod ahead;
 pub mod clock;
 mod coalesce;
 mod compress;
@@ -135,6 +136,8 @@ pub struct Batch<'a> {
     dependents: Vec<Vec<u32>>,
     /// Bytes moved so far by each message step.
     moved: Vec<usize>,
+    /// Message steps posted ahead of their turn on their link (`ahead`).
+    ahead: Vec<bool>,
     done: Vec<bool>,
     ready: Vec<u32>,
     /// Message steps per link, in issue order (few links per batch, so a
@@ -163,6 +166,7 @@ impl<'a> Batch<'a> {
             deps_left: Vec::with_capacity(total),
             dependents: vec![Vec::new(); total],
             moved: vec![0; total],
+            ahead: vec![false; total],
             done: vec![false; total],
             ready: Vec::new(),
             queues: Vec::new(),
@@ -360,6 +364,9 @@ impl<'a> Batch<'a> {
                         self.queue_mut(key).pop_front();
                         true
                     } else {
+                        if conn.transport == crate::transport::TransportKind::Verbs {
+                            self.post_next(key)?;
+                        }
                         false
                     }
                 }

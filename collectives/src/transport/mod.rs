@@ -54,6 +54,15 @@ pub trait SendLink: Send + Sync + std::fmt::Debug {
     fn try_send_eager(&self, src: &[u8]) -> Result<usize> {
         self.try_send(src)
     }
+    /// Posts `src`, the message after the one `try_send` is moving, so
+    /// that the transport can start it before the current one completes;
+    /// returns whether it did. Called at most once per message, only
+    /// while the current message is in flight and with `src` ready and
+    /// unchanged until `try_send` later reports it taken. Links that move
+    /// one message at a time (the default) do nothing.
+    fn post_ahead(&self, _src: &[u8]) -> Result<bool> {
+        Ok(false)
+    }
     /// What to wait on when `try_send` takes nothing.
     fn wait_source(&self) -> WaitSource;
     /// For [`WaitSource::Fds`]: appends the sockets to wait on; `false`
@@ -110,6 +119,12 @@ pub trait RecvLink: Send + Sync + std::fmt::Debug {
     fn try_recv_first(&self, dst: &mut [u8], expect: usize) -> Result<(usize, bool)> {
         let n = expect.min(dst.len());
         Ok((self.try_recv_into(&mut dst[..n])?, false))
+    }
+    /// Posts a receive into `dst` for the message after the one being
+    /// received (as [`SendLink::post_ahead`]); `try_recv_into` later
+    /// completes it. `dst` is free and stays valid until then.
+    fn post_ahead(&self, _dst: &mut [u8]) -> Result<bool> {
+        Ok(false)
     }
     /// What to wait on when nothing is ready.
     fn wait_source(&self) -> WaitSource;

@@ -10,6 +10,7 @@
 //! and every message is whole. The listeners' handles (address and nonce of
 //! the setup socket) travel through the authenticated bootstrap.
 
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -94,11 +95,16 @@ fn closed() -> Error {
     Error::Remote("verbs link closed (abort)".into())
 }
 
+/// Messages a link has in flight per direction: the executor's current
+/// one and the next, posted ahead ([`SendLink::post_ahead`]).
+const WINDOW: usize = 2;
+
 struct VSend {
     comm: Arc<IbSendComm>,
     closed: Arc<AtomicBool>,
     tag: i32,
-    inflight: Mutex<Option<(SendRequest, usize)>>,
+    /// Posted sends, oldest first: (address, length, request).
+    inflight: Mutex<VecDeque<(usize, usize, SendRequest)>>,
 }
 
 struct VRecv {
@@ -110,7 +116,8 @@ struct VRecv {
 
 #[derive(Default)]
 struct RState {
-    req: Option<(RecvRequest, usize, usize)>,
+    /// Posted receives, oldest first: (request, length, address).
+    reqs: VecDeque<(RecvRequest, usize, usize)>,
     stage: Stage,
 }
 
@@ -177,6 +184,31 @@ impl std::fmt::Debug for VRecv {
     }
 }
 
+impl VSend {
+    /// Posts `src` as the next message; `false` when the transport has no
+    /// room now.
+    fn start(&self, q: &mut VecDeque<(usize, usize, SendRequest)>, src: &[u8]) -> Result<bool> {
+        // Memory from ncclMemAlloc / ncclCommRegister goes in place.
+        let mr = nccl_net_plugin::ib::find_registered(
+            self.comm.port(),
+            src.as_ptr() as usize,
+            src.len(),
+        );
+        // SAFETY: the executor keeps the range unchanged and alive until the
+        // send is reported taken (a message posted ahead is its next step,
+        // whose inputs are ready); the user's buffer outlives the operation.
+        match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag, mr) }
+            .map_err(verbs_err)?
+        {
+            Some(r) => {
+                q.push_back((src.as_ptr() as usize, src.len(), r));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
 impl SendLink for VSend {
     fn try_send(&self, src: &[u8]) -> Result<usize> {
         if self.closed.load(Ordering::Acquire) {
@@ -185,31 +217,40 @@ impl SendLink for VSend {
         if src.is_empty() {
             return Ok(0);
         }
-        let mut st = self.inflight.lock();
-        if st.is_none() {
-            // Memory from ncclMemAlloc / ncclCommRegister goes in place.
-            let mr = nccl_net_plugin::ib::find_registered(
-                self.comm.port(),
-                src.as_ptr() as usize,
-                src.len(),
-            );
-            // SAFETY: the executor passes the same unfinished range until it
-            // is reported sent; the user's buffer outlives the operation.
-            match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag, mr) }
-                .map_err(verbs_err)?
-            {
-                Some(r) => *st = Some((r, src.len())),
-                None => return Ok(0),
+        let mut q = self.inflight.lock();
+        let at = (src.as_ptr() as usize, src.len());
+        match q.front() {
+            Some(&(a, l, _)) if (a, l) == at => {}
+            Some(&(a, l, _)) => {
+                return Err(Error::Internal(format!(
+                    "verbs: a send of {l} B at {a:#x} is in flight; asked for {} B",
+                    at.1
+                )))
+            }
+            None => {
+                if !self.start(&mut q, src)? {
+                    return Ok(0);
+                }
             }
         }
-        let (r, len) = st.expect("set above");
+        let (_, len, r) = *q.front().expect("posted");
         match self.comm.test(r).map_err(verbs_err)? {
             Some(_) => {
-                *st = None;
+                q.pop_front();
                 Ok(len)
             }
             None => Ok(0),
         }
+    }
+    fn post_ahead(&self, src: &[u8]) -> Result<bool> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let mut q = self.inflight.lock();
+        if src.is_empty() || q.is_empty() || q.len() >= WINDOW {
+            return Ok(false);
+        }
+        self.start(&mut q, src)
     }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Poll
@@ -228,6 +269,8 @@ impl SendLink for VSend {
 }
 
 impl VRecv {
+    /// The oldest posted receive, which must be into `ptr..ptr+len`; posts
+    /// it when none is. `None`: the transport has no room now.
     fn post(
         &self,
         st: &mut RState,
@@ -235,7 +278,7 @@ impl VRecv {
         len: usize,
         mr: Option<Arc<nccl_net_plugin::ib::mr::Mr>>,
     ) -> Result<Option<RecvRequest>> {
-        if let Some((req, want, at)) = st.req {
+        if let Some(&(req, want, at)) = st.reqs.front() {
             if at != ptr as usize || want != len {
                 return Err(Error::Internal(format!(
                     "verbs: a receive of {want} B is in flight elsewhere; asked for {len} B"
@@ -243,6 +286,17 @@ impl VRecv {
             }
             return Ok(Some(req));
         }
+        self.start(st, ptr, len, mr)
+    }
+
+    /// Posts a receive into `ptr..ptr+len` after those in flight.
+    fn start(
+        &self,
+        st: &mut RState,
+        ptr: *mut u8,
+        len: usize,
+        mr: Option<Arc<nccl_net_plugin::ib::mr::Mr>>,
+    ) -> Result<Option<RecvRequest>> {
         let buf = RecvBuf {
             ptr,
             cap: len,
@@ -255,7 +309,7 @@ impl VRecv {
         Ok(
             match unsafe { self.comm.irecv(&[buf], &[mr]) }.map_err(verbs_err)? {
                 Some(r) => {
-                    st.req = Some((r, len, ptr as usize));
+                    st.reqs.push_back((r, len, ptr as usize));
                     Some(r)
                 }
                 None => None,
@@ -273,7 +327,7 @@ impl VRecv {
         let Some(sizes) = self.comm.test(req).map_err(verbs_err)? else {
             return Ok(None);
         };
-        st.req = None;
+        st.reqs.pop_front();
         let n = sizes.first().copied().unwrap_or(0);
         if n != want || n % elem != 0 {
             return Err(Error::usage(format!(
@@ -295,7 +349,7 @@ impl RecvLink for VRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        if st.req.is_none() {
+        if st.reqs.is_empty() {
             st.stage.grow(self.comm.port(), max);
         }
         let stage = st.stage.ptr();
@@ -339,8 +393,20 @@ impl RecvLink for VRecv {
         let Some(sizes) = self.comm.test(req).map_err(verbs_err)? else {
             return Ok((0, false));
         };
-        st.req = None;
+        st.reqs.pop_front();
         Ok((sizes.first().copied().unwrap_or(0), true))
+    }
+    fn post_ahead(&self, dst: &mut [u8]) -> Result<bool> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let mut st = self.st.lock();
+        if dst.is_empty() || st.reqs.is_empty() || st.reqs.len() >= WINDOW {
+            return Ok(false);
+        }
+        Ok(self
+            .start(&mut st, dst.as_mut_ptr(), dst.len(), None)?
+            .is_some())
     }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Poll
@@ -368,7 +434,7 @@ pub fn connect(send: IbSendComm, recv: IbRecvComm, nchan: usize) -> Vec<Conn> {
                 comm: s.clone(),
                 closed: closed.clone(),
                 tag: c as i32,
-                inflight: Mutex::new(None),
+                inflight: Mutex::new(VecDeque::new()),
             }),
             rx: Box::new(VRecv {
                 comm: r.clone(),
