@@ -174,6 +174,49 @@ fn both_directions_at_once(p: Pair) {
     });
 }
 
+fn messages_posted_ahead(p: Pair) {
+    // Each side posts the next message while the current one moves
+    // (`post_ahead`, where the link supports it): sizes on both sides of
+    // the eager limit, every message intact and in order, both ways.
+    let msgs = messages(&[1 << 20, 7, 3 << 20, 4096, 70_000, 1, 2 << 20]);
+    let run = |c: &Conn, tx: bool| {
+        let dl = deadline();
+        let mut got: Vec<Vec<u8>> = msgs.iter().map(|m| vec![0u8; m.len()]).collect();
+        for k in 0..msgs.len() {
+            let mut moved = 0;
+            let mut ahead = false;
+            while moved < msgs[k].len() {
+                moved += if tx {
+                    c.tx.try_send(&msgs[k][moved..]).unwrap()
+                } else {
+                    c.rx.try_recv_into(&mut got[k][moved..]).unwrap()
+                };
+                if !ahead && moved < msgs[k].len() && k + 1 < msgs.len() {
+                    ahead = if tx {
+                        c.tx.post_ahead(&msgs[k + 1]).unwrap()
+                    } else {
+                        c.rx.post_ahead(&mut got[k + 1]).unwrap()
+                    };
+                }
+                assert!(Instant::now() < dl, "message {k} stalled at {moved}");
+            }
+        }
+        got
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| run(&p.a, true));
+        s.spawn(|| run(&p.b, true));
+        let h = s.spawn(|| run(&p.a, false));
+        let got = run(&p.b, false);
+        for (k, m) in msgs.iter().enumerate() {
+            assert!(got[k] == *m, "b: message {k} of {} bytes intact", m.len());
+        }
+        for (k, m) in h.join().unwrap().iter().enumerate() {
+            assert!(*m == msgs[k], "a: message {k} intact");
+        }
+    });
+}
+
 fn elements_of_misaligned_messages(p: Pair) {
     // A 3-byte message, then 1000 8-byte elements that start misaligned in
     // a byte stream: the receiver still gets whole elements only.
@@ -264,6 +307,12 @@ macro_rules! conformance {
             fn both_directions_at_once() {
                 if let Some(p) = $make {
                     super::both_directions_at_once(p);
+                }
+            }
+            #[test]
+            fn messages_posted_ahead() {
+                if let Some(p) = $make {
+                    super::messages_posted_ahead(p);
                 }
             }
             #[test]
