@@ -187,7 +187,12 @@ impl Lanes {
             active: AtomicUsize::new(0),
         });
         let mut threads = Vec::with_capacity(nthreads);
-        for t in 0..nthreads {
+        // Inline lanes have no helper threads. The explicit guard matters:
+        // rustc 1.95's release build entered this loop with a bound of 0
+        // when the two branches above were folded into one `min`, and
+        // spawned threads until the process ran out.
+        let helpers = if inline { 0 } else { shared.queues.len() };
+        for t in 0..helpers {
             let sh = shared.clone();
             let name = format!(
                 "nccl-net-plugin-{}{t}",
