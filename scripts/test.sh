@@ -18,6 +18,8 @@ bash scripts/check-header.sh
 echo "== cargo test"
 cargo build -p hetccl
 cargo test --workspace --no-fail-fast
+echo "== release build: hetccl-perf with result checks over shm and TCP"
+bash scripts/release-smoke.sh
 echo "== fuzz seeds and random inputs through every decoder (stable replay)"
 bash scripts/fuzz.sh --replay
 echo "== hwloc topology probe (feature hwloc)"
