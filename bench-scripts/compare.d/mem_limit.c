@@ -38,28 +38,10 @@
 #include <emmintrin.h>
 #endif
 
+#include "bench_util.h"
+
 #define THREADS 2
 #define BATCHES 5
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static size_t parse_size(const char *s) {
-    char *end;
-    double v = strtod(s, &end);
-    if (*end == 'K' || *end == 'k') v *= 1024.0;
-    else if (*end == 'M' || *end == 'm') v *= 1024.0 * 1024.0;
-    else if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024.0 * 1024.0;
-    return (size_t)v;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* c = a over n floats with streaming stores; as for add. */
 static void ntcopy(float *restrict c, const float *restrict a, size_t n) {

@@ -17,25 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static size_t parse_size(const char *s) {
-    char *end;
-    double v = strtod(s, &end);
-    if (*end == 'K' || *end == 'k') v *= 1024.0;
-    else if (*end == 'M' || *end == 'm') v *= 1024.0 * 1024.0;
-    else if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024.0 * 1024.0;
-    return (size_t)v;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "bench_util.h"
 
 /* Keeps the compiler from eliding copies whose result is never read. */
 volatile unsigned char sink;
