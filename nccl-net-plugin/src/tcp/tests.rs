@@ -110,6 +110,46 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Checks that `eager` completes with no receive posted while `plain`
+/// waits for a CTS, then receives each `(tag, bytes)` in that order into a
+/// fresh buffer (the receive of `plain_tag` releases `plain`), asserting
+/// sizes and contents.
+fn eager_done_plain_waits(
+    (s, r): (&TcpSendComm, &TcpRecvComm),
+    (eager, plain, plain_tag): (SendRequest, SendRequest, i32),
+    msgs: &[(i32, &[u8])],
+) {
+    let t0 = Instant::now();
+    while s.test(eager).unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "eager send stuck");
+    }
+    for _ in 0..100 {
+        assert_eq!(s.test(plain).unwrap(), None, "a plain send needs a CTS");
+    }
+    for &(tag, want) in msgs {
+        let n = want.len();
+        let mut dst = vec![0u8; n];
+        // SAFETY: `dst` outlives the request, which the test waits for.
+        let rq = unsafe {
+            r.irecv(
+                &[RecvBuf {
+                    ptr: dst.as_mut_ptr(),
+                    cap: n,
+                    tag,
+                }],
+                false,
+            )
+        }
+        .unwrap()
+        .unwrap();
+        let waiting = [plain];
+        let (sent, got) = drive(s, if tag == plain_tag { &waiting } else { &[] }, r, rq);
+        assert!(sent.iter().all(|x| x.as_ref().ok() == Some(&n)));
+        assert_eq!(got.unwrap(), vec![n]);
+        assert!(dst == want, "tag {tag}");
+    }
+}
+
 fn round_trip(nsocks: usize, nthreads: usize, sizes: &[usize]) {
     let net = lo_net(nsocks, nthreads);
     let (s, r) = pair(&net);
@@ -527,34 +567,7 @@ fn eager_sends_complete_before_the_receive_is_posted() {
     let eager = unsafe { s.isend_eager(src.as_ptr(), len, 2) }
         .unwrap()
         .unwrap();
-    let t0 = Instant::now();
-    while s.test(eager).unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "eager send stuck");
-    }
-    for _ in 0..100 {
-        assert_eq!(s.test(plain).unwrap(), None, "a plain send needs a CTS");
-    }
-    for (tag, seed) in [(2, 3u8), (1, 3)] {
-        let mut dst = vec![0u8; len];
-        // SAFETY: `dst` outlives the request, which the test waits for.
-        let rq = unsafe {
-            r.irecv(
-                &[RecvBuf {
-                    ptr: dst.as_mut_ptr(),
-                    cap: len,
-                    tag,
-                }],
-                false,
-            )
-        }
-        .unwrap()
-        .unwrap();
-        let waiting = [plain];
-        let (sent, got) = drive(&s, if tag == 1 { &waiting } else { &[] }, &r, rq);
-        assert!(sent.iter().all(|x| x.as_ref().ok() == Some(&len)));
-        assert_eq!(got.unwrap(), vec![len]);
-        assert!(dst == pattern(len, seed), "tag {tag}");
-    }
+    eager_done_plain_waits((&s, &r), (eager, plain, 1), &[(2, &src), (1, &src)]);
     s.close();
     r.close();
     net.shutdown();
@@ -650,34 +663,7 @@ fn a_message_of_max_eager_bytes_is_still_eager() {
     let plain = unsafe { s.isend_eager(big.as_ptr(), over, 2) }
         .unwrap()
         .unwrap();
-    let t0 = Instant::now();
-    while s.test(eager).unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "eager send stuck");
-    }
-    for _ in 0..100 {
-        assert_eq!(s.test(plain).unwrap(), None, "over the limit needs a CTS");
-    }
-    for (tag, n, want) in [(1, len, &small), (2, over, &big)] {
-        let mut dst = vec![0u8; n];
-        // SAFETY: `dst` outlives the request, which the test waits for.
-        let rq = unsafe {
-            r.irecv(
-                &[RecvBuf {
-                    ptr: dst.as_mut_ptr(),
-                    cap: n,
-                    tag,
-                }],
-                false,
-            )
-        }
-        .unwrap()
-        .unwrap();
-        let waiting = [plain];
-        let (sent, got) = drive(&s, if tag == 2 { &waiting } else { &[] }, &r, rq);
-        assert!(sent.iter().all(|x| x.as_ref().ok() == Some(&n)));
-        assert_eq!(got.unwrap(), vec![n]);
-        assert!(dst == *want, "tag {tag}");
-    }
+    eager_done_plain_waits((&s, &r), (eager, plain, 2), &[(1, &small), (2, &big)]);
     s.close();
     r.close();
     net.shutdown();
