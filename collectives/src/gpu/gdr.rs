@@ -17,7 +17,6 @@
 use std::sync::Arc;
 
 use nccl_net_plugin::ib::mr::Mr;
-use nccl_net_plugin::ib::Held;
 
 use super::memory::Placement;
 use crate::algo::Collective;
@@ -31,11 +30,9 @@ pub struct InPlace {
     pub send: bool,
     /// The receive buffer is written by the NIC where it lies.
     pub recv: bool,
-    /// The registration, findable by the link for the call's duration
-    /// (kept for its drop).
-    _held: Option<Held>,
-    /// A receive's registration, for its flush.
-    flush: Option<Arc<Mr>>,
+    /// The registration, held for the call: the device's cache never
+    /// evicts a held entry, so the link finds it.
+    mr: Option<Arc<Mr>>,
 }
 
 /// What goes in place for `a` (nothing unless it is a send or receive of
@@ -44,25 +41,26 @@ pub fn choose(a: &Call) -> InPlace {
     let (Placement::Device(d), Some(e)) = (a.placement, a.comm.engine.get()) else {
         return InPlace::default();
     };
-    match a.kind {
-        Collective::Send if a.send_bytes > 0 && !a.send.is_null() => e
-            .gdr
-            .send_mr(a.root, d, a.send.addr(), a.send_bytes)
-            .map_or_else(InPlace::default, |m| InPlace {
-                send: true,
-                _held: Some(nccl_net_plugin::ib::hold(m)),
-                ..InPlace::default()
-            }),
-        Collective::Recv if a.recv_bytes > 0 && !a.recv.is_null() => e
-            .gdr
-            .recv_mr(a.root, d, a.recv.addr(), a.recv_bytes)
-            .map_or_else(InPlace::default, |m| InPlace {
-                recv: true,
-                _held: Some(nccl_net_plugin::ib::hold(m.clone())),
-                flush: Some(m),
-                ..InPlace::default()
-            }),
-        _ => InPlace::default(),
+    let (send, recv, mr) = match a.kind {
+        Collective::Send if a.send_bytes > 0 && !a.send.is_null() => (
+            true,
+            false,
+            e.gdr.send_mr(a.root, d, a.send.addr(), a.send_bytes),
+        ),
+        Collective::Recv if a.recv_bytes > 0 && !a.recv.is_null() => (
+            false,
+            true,
+            e.gdr.recv_mr(a.root, d, a.recv.addr(), a.recv_bytes),
+        ),
+        _ => return InPlace::default(),
+    };
+    match mr {
+        Some(mr) => InPlace {
+            send,
+            recv,
+            mr: Some(mr),
+        },
+        None => InPlace::default(),
     }
 }
 
@@ -70,7 +68,7 @@ pub fn choose(a: &Call) -> InPlace {
 /// place, so that the GPU sees its data before the stream moves on.
 pub fn flush(calls: &[&Call], chosen: &[InPlace]) -> Result<()> {
     for (a, ip) in calls.iter().zip(chosen) {
-        let (Some(mr), Some(e)) = (&ip.flush, a.comm.engine.get()) else {
+        let (true, Some(mr), Some(e)) = (ip.recv, &ip.mr, a.comm.engine.get()) else {
             continue;
         };
         let last = a.recv.addr() + a.recv_bytes - 1;

@@ -432,50 +432,17 @@ pub fn unregister_user(addr: usize, len: usize) {
 }
 
 /// The registration of `addr..addr+len` on `port`'s device, if the range
-/// is in its cache, held by an operation ([`hold`]) or registered by the
-/// user (the engine's links look up every buffer; the first hit of a
-/// process is logged at INFO).
+/// is in its cache (the engine's links look up every buffer; the first hit
+/// of a process is logged at INFO). Registrations someone holds are never
+/// evicted ([`mr::RegCache`]), so a range in use is always found.
 pub fn find_registered(port: &IbPort, addr: usize, len: usize) -> Option<std::sync::Arc<mr::Mr>> {
-    let cached = port.dev.regs.lock().find(addr, len);
-    let mine = |m: &&std::sync::Arc<mr::Mr>| m.on_pd(port.dev.pd) && m.covers(addr, len);
-    let m = cached
-        .or_else(|| HELD.lock().iter().find(mine).cloned())
-        .or_else(|| {
-            USER.lock()
-                .iter()
-                .flat_map(|u| u.2.iter())
-                .find(mine)
-                .cloned()
-        })?;
+    let m = port.dev.regs.lock().find(addr, len)?;
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         tracing::info!(target: "hetccl::NET",
             "NET/IB: {}: registered memory is sent and received in place", port.label())
     });
     Some(m)
-}
-
-/// Registrations an operation is using ([`hold`]): [`find_registered`]
-/// finds them even after their device's cache evicted them.
-static HELD: Mutex<Vec<std::sync::Arc<mr::Mr>>> = Mutex::new(Vec::new());
-
-/// Keeps a registration findable by [`find_registered`] while it lives.
-#[derive(Debug)]
-pub struct Held(std::sync::Arc<mr::Mr>);
-
-/// Holds `mr` for the operation that uses it (until the guard drops).
-pub fn hold(mr: std::sync::Arc<mr::Mr>) -> Held {
-    HELD.lock().push(mr.clone());
-    Held(mr)
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        let mut h = HELD.lock();
-        if let Some(i) = h.iter().position(|m| std::sync::Arc::ptr_eq(m, &self.0)) {
-            h.swap_remove(i);
-        }
-    }
 }
 
 /// Drops `port`'s device's cached registrations overlapping

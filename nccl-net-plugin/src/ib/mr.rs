@@ -3,9 +3,10 @@
 //!
 //! A range is registered once, page-aligned; later registrations of any
 //! part of it share the entry. The cache holds at most
-//! [`CACHE_ENTRIES`] entries: when full, the least recently used entry
-//! that no comm or handle holds is dropped (its MR is deregistered once
-//! the last holder lets go). [`RegCache::invalidate`] drops every entry
+//! [`CACHE_ENTRIES`] entries that nobody else holds: when full, the least
+//! recently used entry that no comm, handle or operation holds is dropped
+//! (its MR is deregistered); held entries are never evicted, so a range
+//! in use stays findable while its holder lives. [`RegCache::invalidate`] drops every entry
 //! that overlaps a range, for memory being freed; ranges the process
 //! unmapped ([`super::unmap`]) are dropped the same way at the next lookup.
 //! A dropped entry that a comm or handle still holds stays registered for
@@ -118,12 +119,6 @@ impl Mr {
     /// Whether the range is GPU memory ([`Mr::mark_device`]).
     pub fn is_device(&self) -> bool {
         self.device.load(Ordering::Relaxed)
-    }
-
-    /// Whether it was registered on the protection domain `pd`.
-    pub fn on_pd(&self, pd: *mut ibv_pd) -> bool {
-        // SAFETY: the MR is live until drop; `pd` is set by libibverbs.
-        unsafe { (*self.mr).pd == pd }
     }
 
     /// Whether `addr..addr+len` lies inside.
@@ -318,19 +313,15 @@ impl<T: Registration> RegCache<T> {
     }
 
     /// Drops the least recently used entry nobody holds; false if none.
+    /// A held entry stays: dropping it would not deregister its memory,
+    /// only hide it from the links that look up the range it covers.
     fn evict_one(&mut self) -> bool {
         let victim = self
             .by_start
             .iter()
             .filter(|(_, e)| Arc::strong_count(&e.reg) == 1)
             .min_by_key(|(_, e)| e.used)
-            .map(|(&k, _)| k)
-            .or_else(|| {
-                self.by_start
-                    .iter()
-                    .min_by_key(|(_, e)| e.used)
-                    .map(|(&k, _)| k)
-            });
+            .map(|(&k, _)| k);
         victim.is_some_and(|k| self.by_start.remove(&k).is_some())
     }
 
@@ -477,5 +468,24 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(c.invalidate(at(2), 1), 1);
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn held_entries_are_never_evicted() {
+        let n = Cell::new(0);
+        let mut c: RegCache<Fake> = RegCache::new(2);
+        let at = |i: usize| 0x40_0000 + i * 16 * PAGE;
+        let a = c.get_with(at(0), 100, reg(&n)).unwrap();
+        let b = c.get_with(at(1), 100, reg(&n)).unwrap();
+        // Both held: the third entry goes past the bound, none is dropped.
+        let third = c.get_with(at(2), 100, reg(&n)).unwrap();
+        assert_eq!(c.len(), 3);
+        assert!(Arc::ptr_eq(&c.find(at(0), 1).unwrap(), &a));
+        assert!(Arc::ptr_eq(&c.find(at(1), 1).unwrap(), &b));
+        // Released, the least recently used goes at the next insertion.
+        drop((a, b, third));
+        c.get_with(at(3), 100, reg(&n)).unwrap();
+        assert_eq!(c.len(), 2);
+        assert!(c.find(at(0), 1).is_none());
     }
 }
