@@ -56,14 +56,14 @@ fn logged(o: &Outcome, rank: usize, words: &[&str]) -> bool {
 }
 
 /// A job of `n` ranks, `per_node` per host id, on device buffers of the
-/// emulated driver, GPUDirect allowed on the verbs port.
-fn job(label: &str, n: usize, per_node: usize, modes: &str) -> Job {
+/// emulated driver, GPUDirect allowed on the verbs port; `sys` is the
+/// sysfs view ([`sysfs_with_peermem`]).
+fn job(label: &str, n: usize, per_node: usize, modes: &str, sys: &str) -> Job {
     let lib = fake_cuda::fake_cuda_dir(TAG).display().to_string();
-    let sys = sysfs_with_peermem().display().to_string();
     Job::new(label, n, modes)
         .env("LD_LIBRARY_PATH", &lib)
         .env("FAKE_CUDA_PEERMEM", "1")
-        .env("HETCCL_SYSFS_ROOT", &sys)
+        .env("HETCCL_SYSFS_ROOT", sys)
         .env("HETCCL_NET", "ib")
         .env("NCCL_NET_GDR_LEVEL", "SYS")
         .env("NCCL_DMABUF_ENABLE", "0")
@@ -113,9 +113,10 @@ fn device_sends_and_receives_cross_verbs_in_place() {
         return;
     }
     let exe = fake_cuda::device_check(TAG);
+    let sys = sysfs_with_peermem().display().to_string();
     let jobs = vec![
-        job("gdr 2 ranks, 2 hosts", 2, 1, "coll,sendrecv,pinned"),
-        job("gdr 4 ranks, 2 hosts", 4, 2, "sendrecv"),
+        job("gdr 2 ranks, 2 hosts", 2, 1, "coll,sendrecv,pinned", &sys),
+        job("gdr 4 ranks, 2 hosts", 4, 2, "sendrecv", &sys),
     ];
     let out = coll::run_all(TAG, exe, &hetccl_so(), jobs);
     // 2 ranks: sendrecv's 2 messages each way with the peer (2 with
