@@ -9,8 +9,8 @@
 //! `process_vm_readv`/`writev`, single copy through mapped `ncclMemAlloc`
 //! buffers) both ranks must return `ncclInvalidUsage` naming the
 //! disagreement, except that when both ranks are roots of a small
-//! broadcast (which posts and returns), one of them may succeed; its next
-//! call fails. On the executor's links (TCP, pipelined rings over shared
+//! broadcast, or the receiver of one passes another count, the root
+//! (which posts and returns) may succeed; its next call fails. On the executor's links (TCP, pipelined rings over shared
 //! memory) both ranks must return `ncclInvalidUsage` naming both calls,
 //! from the collective fingerprints (`HETCCL_CHECK=1`). No canary next to any buffer changes
 //! and no guard page is hit; on the direct paths the buffers themselves
@@ -41,8 +41,12 @@ enum Route {
     Rings,
 }
 
-/// The case where both ranks are roots of a small broadcast.
-const BOARD_ROOTS: &str = "board slots root";
+/// Whether case `label` is a small broadcast whose root may post and
+/// return before any rank sees the mismatch (both ranks roots, or the
+/// receivers passing another count).
+fn root_may_pass(label: &str) -> bool {
+    label.starts_with("board") && (label.ends_with(" root") || label.ends_with(" bcount"))
+}
 
 fn job(label: &str, what: &str, count: usize, alloc: &str, route: Route) -> Job {
     let mut j = Job::new(label, 2, "mismatch")
@@ -58,7 +62,7 @@ fn job(label: &str, what: &str, count: usize, alloc: &str, route: Route) -> Job 
         Route::Rings => j = j.env("NCCL_ALGO", "Ring").env("HETCCL_CHECK", "1"),
         Route::Direct => {}
     }
-    if label == BOARD_ROOTS {
+    if root_may_pass(label) {
         j = j.env("COLL_CHECK_MM_ROOT_MAY_PASS", "1");
     }
     j
@@ -74,7 +78,7 @@ fn problems(label: &str, path: Route, outs: &[ranks::RankOutput]) -> Vec<String>
         let (rc, msg) = (get("rc"), get("last_error"));
         let detected = rc == INVALID_USAGE;
         usage += usize::from(detected);
-        if rc == "0" && label == BOARD_ROOTS {
+        if rc == "0" && root_may_pass(label) {
             // A root that posted and returned: its next call must fail.
             let later = get("later_rc");
             if later != REMOTE_ERROR && later != INVALID_USAGE {
@@ -151,6 +155,19 @@ fn mismatched_calls_fail_on_every_rank_without_touching_memory() {
             cases.push((format!("{name} {what}"), what, count, alloc, Route::Direct));
         }
     }
+    // Broadcasts of another count: 100 floats stay in the ring of 16 KiB
+    // slots; 8 floats (32 B) are posted in the broadcast lines while the
+    // receiver's 64 B wait in the slots.
+    for (name, count) in [("board slots", 100), ("board lines", 8)] {
+        cases.push((
+            format!("{name} bcount"),
+            "bcount",
+            count,
+            "guard",
+            Route::Direct,
+        ));
+    }
+    cases.push(("board lines root".into(), "root", 2, "guard", Route::Direct));
     // Every kind of mismatch on the executor's links (fingerprints).
     for (name, route) in [("tcp", Route::Tcp), ("rings", Route::Rings)] {
         for what in ["count", "dtype", "op", "kind", "root"] {

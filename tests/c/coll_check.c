@@ -1505,9 +1505,12 @@ static void mode_mismatch(ncclComm_t comm) {
   int kind_bcast = 0, root = 0;
   ncclRedOp_t op = ncclSum;
   if (strcmp(what, "count") && strcmp(what, "dtype") && strcmp(what, "op") && strcmp(what, "kind") &&
-      strcmp(what, "root") && strcmp(what, "reduce"))
-    die("COLL_CHECK_MM_WHAT is count, dtype, op, kind, root or reduce");
-  if (g_rank != 0 && !strcmp(what, "count")) count *= 2;
+      strcmp(what, "root") && strcmp(what, "reduce") && strcmp(what, "bcount"))
+    die("COLL_CHECK_MM_WHAT is count, dtype, op, kind, root, reduce or bcount");
+  /* bcount: every rank calls Broadcast from root 0, the others with twice
+   * the count. */
+  if (g_rank != 0 && (!strcmp(what, "count") || !strcmp(what, "bcount"))) count *= 2;
+  if (!strcmp(what, "bcount")) kind_bcast = 1;
   if (g_rank != 0 && !strcmp(what, "dtype")) dt = ncclFloat64;
   if (g_rank != 0 && !strcmp(what, "op")) op = ncclMax;
   /* kind: rank 0 calls AllReduce, the others Broadcast (same buffer sizes);

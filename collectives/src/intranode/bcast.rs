@@ -16,6 +16,12 @@
 //! 3. A receiver waits for the root's slot to hold `b`, checks the root's
 //!    shape against its own, copies the data out, and marks `b` finished.
 //!
+//! `K` is the depth of the ring the broadcast's size selects
+//! ([`Ring::for_bytes`]): 32 slots of 16 KiB, or 2048 one-line slots for
+//! broadcasts of up to 32 B, so that a root of many tiny broadcasts runs up
+//! to 2048 calls ahead. A slot of either ring is reused only by broadcast
+//! `b + K` of its own ring, so the argument below holds for each.
+//!
 //! Nothing here waits in the common case but a receiver for its data: the
 //! root reads the receivers' finished marks only when the ring may be
 //! full, and a receiver reads the root's call entry only while it waits.
@@ -59,7 +65,7 @@
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
-use super::board::RING_SLOTS;
+use super::board::Ring;
 use super::shape::{self, Shape};
 use super::wait::Op;
 use super::Node;
@@ -134,19 +140,21 @@ fn post_as_root(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) ->
     if let Some((k, theirs)) = node.other_call(b, shape) {
         return Err(shape::disagree("broadcast ring", k, theirs, me, shape));
     }
-    let need = b.saturating_sub(RING_SLOTS as u64);
+    let bytes = a.count * a.dtype.size();
+    let ring = Ring::for_bytes(bytes);
+    let need = b.saturating_sub(ring.depth());
     if need > node.bc_room.load(Ordering::Relaxed) {
         let done = |k: usize| node.boards[k].bcast_done().load(Ordering::Acquire);
         node.wait(wop, || (0..n).find(|&k| k != me && done(k) < need))?;
         let room = (0..n).filter(|&k| k != me).map(done).min().unwrap_or(b);
         node.bc_room.store(room, Ordering::Relaxed);
     }
-    let bytes = a.count * a.dtype.size();
     // SAFETY: validated: `send` holds `send_bytes` >= `bytes` bytes.
     let input = unsafe { std::slice::from_raw_parts(a.send.get().cast::<u8>(), bytes) };
     // SAFETY: this rank owns its board; every rank finished broadcast
-    // b - K (waited above), the last one that used this slot.
-    unsafe { node.boards[me].ring_post(b, shape, input) };
+    // b - K (waited above), the last one that could use this slot; `ring`
+    // was chosen to fit `bytes`.
+    unsafe { node.boards[me].ring_post(b, ring, shape, input) };
     node.boards[me].bcast_done().store(b, Ordering::Release);
     node.wake_peers();
     Ok(())
@@ -158,9 +166,12 @@ fn receive(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) -> Resu
     let root = a.root;
     let rb = &node.boards[root];
     let bytes = a.count * a.dtype.size();
+    // The root of a matching call posts in the same ring; one that posted
+    // another size in the other ring is caught through its call entry.
+    let ring = Ring::for_bytes(bytes);
     // A mismatch this rank can see while the root has not posted `b`.
     let mismatch = || {
-        if rb.bcast_mark().load(Ordering::Acquire) >= b && !rb.ring_posted(b) {
+        if rb.bcast_mark().load(Ordering::Acquire) >= b && !rb.ring_posted(b, ring) {
             // The root is in `b` (or past it without posting: not its
             // root): its call entry says which.
             let theirs = rb.call(b);
@@ -175,13 +186,13 @@ fn receive(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) -> Resu
         }
         // Checked in this order: a root posts `b` before it can run a
         // later operation.
-        ((node.peer_in_fast_slots(root) || node.peer_in_copy(root)) && !rb.ring_posted(b))
+        ((node.peer_in_fast_slots(root) || node.peer_in_copy(root)) && !rb.ring_posted(b, ring))
             .then_some(Seen::OtherPath)
     };
     let seen = Cell::new(None);
     let calls = Cell::new(0u32);
     let waited = node.wait(wop, || {
-        if rb.ring_posted(b) {
+        if rb.ring_posted(b, ring) {
             return None;
         }
         // The first spins read only the slot: the lines `mismatch` reads
@@ -220,13 +231,13 @@ fn receive(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) -> Resu
         }
         None => {}
     }
-    let (theirs, posted) = rb.ring_shape(b);
+    let (theirs, posted) = rb.ring_shape(b, ring);
     if theirs != shape {
         return Err(shape::disagree("broadcast ring", root, theirs, me, shape));
     }
     // SAFETY: the root posted `b` and cannot rewrite the slot before this
     // rank marks `b` finished (below); at most what was posted is read.
-    let Some(data) = (unsafe { rb.ring_data(b, bytes) }) else {
+    let Some(data) = (unsafe { rb.ring_data(b, ring, bytes) }) else {
         return Err(Error::Internal(format!(
             "broadcast ring: rank {root} posted {posted} B, fewer than the {bytes} B read"
         )));

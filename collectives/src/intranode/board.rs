@@ -12,9 +12,11 @@
 //! offset 320+2S device-collective slots (16 × 256 B, see `crate::gpu::peer`)
 //! then          broadcast line (64 B): last broadcast entered, finished,
 //!               and its shape
-//! then          broadcast calls (32 × 32 B): the shape of each broadcast
+//! then          broadcast calls (2048 × 32 B): the shape of each broadcast
 //!               this rank was root of
 //! then          broadcast ring (32 slots of S), this rank's broadcasts as root
+//! then          broadcast lines (2048 slots of 64 B), its broadcasts of up
+//!               to 32 B as root
 //! ```
 //!
 //! The broadcast words follow their own protocol (see `intranode::bcast`).
@@ -52,13 +54,23 @@ pub const GPU_SLOTS: usize = 16;
 const GPU0: usize = SLOT0 + 2 * SLOT_STRIDE;
 /// Slots of the broadcast ring (a ring indexed by broadcast number).
 pub const RING_SLOTS: usize = 32;
+/// Slots of the broadcast lines, the ring of one-line slots that
+/// broadcasts of up to [`LINE_BYTES`] use: deep, so that a root of many
+/// tiny broadcasts runs far ahead of its receivers without waiting.
+pub const LINE_SLOTS: usize = 2048;
+/// Data bytes of one broadcast line (the rest of the line is the header).
+pub const LINE_BYTES: usize = 64 - SLOT_HEADER;
 /// Where the broadcast line starts.
 const BCAST: usize = GPU0 + GPU_SLOTS * std::mem::size_of::<GpuSlot>();
-/// Where the broadcast calls start (one 32-byte entry per ring slot).
+/// Where the broadcast calls start (one 32-byte entry per slot of the
+/// deeper ring).
 const CALLS: usize = BCAST + 64;
 /// Where the first broadcast ring slot starts.
-const RING0: usize = CALLS + RING_SLOTS * 32;
-const _: () = assert!(RING0 + RING_SLOTS * SLOT_STRIDE <= BOARD && RING0 % 64 == 0);
+const RING0: usize = CALLS + LINE_SLOTS * 32;
+/// Where the first broadcast line starts.
+const LINE0: usize = RING0 + RING_SLOTS * SLOT_STRIDE;
+const _: () = assert!(LINE0 + LINE_SLOTS * 64 <= BOARD && RING0 % 64 == 0 && LINE0 % 64 == 0);
+const _: () = assert!(LINE_SLOTS >= RING_SLOTS);
 const _: () = assert!(std::mem::size_of::<GpuSlot>() == 256);
 const _: () = assert!(std::mem::size_of::<Control>() == 128);
 const _: () = assert!(std::mem::size_of::<Extents>() == 64);
@@ -151,6 +163,43 @@ pub struct GpuSlot {
     pub desc: [AtomicU64; 30],
 }
 
+/// Which of a root's two broadcast rings a broadcast uses: the same on
+/// every rank of a well-formed call (it follows from the byte count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ring {
+    /// [`RING_SLOTS`] slots of [`FAST_BYTES`].
+    Slots,
+    /// [`LINE_SLOTS`] one-line slots of [`LINE_BYTES`].
+    Lines,
+}
+
+impl Ring {
+    /// The ring a broadcast of `bytes` (at most [`FAST_BYTES`]) uses.
+    pub fn for_bytes(bytes: usize) -> Self {
+        if bytes <= LINE_BYTES {
+            Self::Lines
+        } else {
+            Self::Slots
+        }
+    }
+
+    /// How many broadcasts apart two uses of one slot are.
+    pub fn depth(self) -> u64 {
+        match self {
+            Self::Slots => RING_SLOTS as u64,
+            Self::Lines => LINE_SLOTS as u64,
+        }
+    }
+
+    /// Data bytes of one slot.
+    fn cap(self) -> usize {
+        match self {
+            Self::Slots => FAST_BYTES,
+            Self::Lines => LINE_BYTES,
+        }
+    }
+}
+
 /// The value of the probe word every rank publishes at init.
 pub const PROBE_VALUE: u64 = 0x6865_7463_636c_5052; // "hetcclPR"
 
@@ -219,12 +268,13 @@ impl Board {
         unsafe { self.base.add(SLOT0 + (seq as usize & 1) * SLOT_STRIDE) }
     }
 
-    fn ring_slot(&self, b: u64) -> *mut u8 {
-        // SAFETY: the ring's slots lie inside the board.
-        unsafe {
-            self.base
-                .add(RING0 + (b as usize % RING_SLOTS) * SLOT_STRIDE)
-        }
+    fn ring_slot(&self, b: u64, ring: Ring) -> *mut u8 {
+        let at = match ring {
+            Ring::Slots => RING0 + (b as usize % RING_SLOTS) * SLOT_STRIDE,
+            Ring::Lines => LINE0 + (b as usize % LINE_SLOTS) * 64,
+        };
+        // SAFETY: both rings' slots lie inside the board.
+        unsafe { self.base.add(at) }
     }
 
     /// The sequence word of the slot operation `seq` uses.
@@ -254,7 +304,7 @@ impl Board {
     /// used the same slot). `data` must be at most [`FAST_BYTES`].
     pub unsafe fn post(&self, seq: u64, shape: [u64; 2], data: &[u8]) {
         // SAFETY: per the contract.
-        unsafe { post_at(self.slot(seq), seq, shape, data) }
+        unsafe { post_at(self.slot(seq), FAST_BYTES, seq, shape, data) }
     }
 
     /// Whether this rank has posted small operation `seq`.
@@ -279,7 +329,7 @@ impl Board {
     /// `seq + 1` yet.
     pub unsafe fn data(&self, seq: u64, len: usize) -> Option<&[u8]> {
         // SAFETY: per the contract.
-        unsafe { data_at(self.slot(seq), len) }
+        unsafe { data_at(self.slot(seq), FAST_BYTES, len) }
     }
 
     /// The highest broadcast number this rank has entered (as root or
@@ -310,7 +360,7 @@ impl Board {
         // SAFETY: the entries lie inside the board, 32 bytes apart, 8-byte
         // aligned; zero is a valid value.
         unsafe {
-            &*(self.base.add(CALLS + (b as usize % RING_SLOTS) * 32) as *const [AtomicU64; 3])
+            &*(self.base.add(CALLS + (b as usize % LINE_SLOTS) * 32) as *const [AtomicU64; 3])
         }
     }
 
@@ -330,7 +380,7 @@ impl Board {
     }
 
     /// The shape this rank recorded for broadcast `b`, if its entry still
-    /// holds `b` (entries are reused every [`RING_SLOTS`] broadcasts).
+    /// holds `b` (entries are reused every [`LINE_SLOTS`] broadcasts).
     pub fn call(&self, b: u64) -> Option<[u64; 2]> {
         let e = self.call_entry(b);
         if e[0].load(Ordering::SeqCst) != b {
@@ -342,29 +392,29 @@ impl Board {
     }
 
     /// Publishes `data` as broadcast `b` of shape `shape` in this rank's
-    /// ring (this rank is its root).
+    /// ring `ring` (this rank is its root).
     ///
     /// # Safety
     /// Only the board's owner may post, and only once every rank has
-    /// finished broadcast `b - RING_SLOTS` ([`Board::bcast_done`]), which
-    /// used the same slot. `data` must be at most [`FAST_BYTES`].
-    pub unsafe fn ring_post(&self, b: u64, shape: [u64; 2], data: &[u8]) {
+    /// finished broadcast `b - ring.depth()` ([`Board::bcast_done`]), the
+    /// last that could use the same slot. `data` must fit a slot of `ring`.
+    pub unsafe fn ring_post(&self, b: u64, ring: Ring, shape: [u64; 2], data: &[u8]) {
         // SAFETY: per the contract.
-        unsafe { post_at(self.ring_slot(b), b, shape, data) }
+        unsafe { post_at(self.ring_slot(b, ring), ring.cap(), b, shape, data) }
     }
 
-    /// Whether this rank has posted broadcast `b` in its ring.
-    pub fn ring_posted(&self, b: u64) -> bool {
+    /// Whether this rank has posted broadcast `b` in its ring `ring`.
+    pub fn ring_posted(&self, b: u64, ring: Ring) -> bool {
         // SAFETY: a ring slot of this board.
-        unsafe { seq_at(self.ring_slot(b)) }.load(Ordering::Acquire) == b
+        unsafe { seq_at(self.ring_slot(b, ring)) }.load(Ordering::Acquire) == b
     }
 
     /// The shape words and byte count posted with broadcast `b` (after
     /// [`Board::ring_posted`] returned true for `b`, and before the reader
     /// finishes `b`).
-    pub fn ring_shape(&self, b: u64) -> ([u64; 2], usize) {
+    pub fn ring_shape(&self, b: u64, ring: Ring) -> ([u64; 2], usize) {
         // SAFETY: a ring slot of this board.
-        unsafe { header_at(self.ring_slot(b)) }
+        unsafe { header_at(self.ring_slot(b, ring)) }
     }
 
     /// The first `len` data bytes of broadcast `b`, or `None` when the root
@@ -373,9 +423,9 @@ impl Board {
     /// # Safety
     /// The owner must have posted `b`, and the caller must not have
     /// published that it finished `b` yet.
-    pub unsafe fn ring_data(&self, b: u64, len: usize) -> Option<&[u8]> {
+    pub unsafe fn ring_data(&self, b: u64, ring: Ring, len: usize) -> Option<&[u8]> {
         // SAFETY: per the contract.
-        unsafe { data_at(self.ring_slot(b), len) }
+        unsafe { data_at(self.ring_slot(b, ring), ring.cap(), len) }
     }
 }
 
@@ -402,14 +452,14 @@ unsafe fn header_at(slot: *mut u8) -> ([u64; 2], usize) {
     )
 }
 
-/// Writes `data`, `shape` and its length into the slot at `slot`, then
-/// publishes `seq` with `Release`.
+/// Writes `data`, `shape` and its length into the slot at `slot`, which
+/// holds `cap` data bytes, then publishes `seq` with `Release`.
 ///
 /// # Safety
 /// `slot` must be a slot of a live board that nobody reads now, and
-/// `data` at most [`FAST_BYTES`] (checked).
-unsafe fn post_at(slot: *mut u8, seq: u64, shape: [u64; 2], data: &[u8]) {
-    assert!(data.len() <= FAST_BYTES, "a slot holds {FAST_BYTES} B");
+/// `data` at most `cap` (checked).
+unsafe fn post_at(slot: *mut u8, cap: usize, seq: u64, shape: [u64; 2], data: &[u8]) {
+    assert!(data.len() <= cap, "a slot holds {cap} B");
     // SAFETY: per the contract, nobody reads this slot now; the length was
     // checked above; the header's words follow the sequence word.
     unsafe {
@@ -422,16 +472,16 @@ unsafe fn post_at(slot: *mut u8, seq: u64, shape: [u64; 2], data: &[u8]) {
     }
 }
 
-/// The first `len` data bytes of the slot at `slot`, `None` when its owner
-/// posted fewer.
+/// The first `len` data bytes of the slot at `slot`, which holds `cap`
+/// data bytes; `None` when its owner posted fewer.
 ///
 /// # Safety
 /// `slot` must be a posted slot of a live board that its owner does not
 /// rewrite while the returned slice lives.
-unsafe fn data_at<'a>(slot: *mut u8, len: usize) -> Option<&'a [u8]> {
+unsafe fn data_at<'a>(slot: *mut u8, cap: usize, len: usize) -> Option<&'a [u8]> {
     // SAFETY: per the contract.
     let (_, posted) = unsafe { header_at(slot) };
-    if len > posted.min(FAST_BYTES) {
+    if len > posted.min(cap) {
         return None;
     }
     // SAFETY: per the contract; `len` is within what was posted, inside the
@@ -498,27 +548,39 @@ mod tests {
         let b = unsafe { Board::at(mem) };
         let k = RING_SLOTS as u64;
         for i in 1..=k {
-            assert!(!b.ring_posted(i));
+            assert!(!b.ring_posted(i, Ring::Slots));
             assert_eq!(b.call(i), None, "nothing recorded yet");
             b.record_call(i, [i, 100 + i]);
             // SAFETY: single-threaded test.
-            unsafe { b.ring_post(i, [i, 100 + i], &[i as u8; 5]) };
+            unsafe { b.ring_post(i, Ring::Slots, [i, 100 + i], &[i as u8; 5]) };
         }
         for i in 1..=k {
-            assert!(b.ring_posted(i));
+            assert!(b.ring_posted(i, Ring::Slots));
             assert_eq!(b.call(i), Some([i, 100 + i]));
-            assert_eq!(b.ring_shape(i), ([i, 100 + i], 5));
-            // SAFETY: posted above.
-            assert_eq!(unsafe { b.ring_data(i, 5) }, Some(&[i as u8; 5][..]));
-            // SAFETY: posted above.
-            assert_eq!(unsafe { b.ring_data(i, 6) }, None, "more than was posted");
+            assert_eq!(b.ring_shape(i, Ring::Slots), ([i, 100 + i], 5));
+            assert_eq!(
+                // SAFETY: posted above.
+                unsafe { b.ring_data(i, Ring::Slots, 5) },
+                Some(&[i as u8; 5][..])
+            );
+            assert_eq!(
+                // SAFETY: posted above.
+                unsafe { b.ring_data(i, Ring::Slots, 6) },
+                None,
+                "more than was posted"
+            );
         }
-        // Broadcast k + 1 reuses the first slot and the first call entry.
+        // Broadcast k + 1 reuses the first slot; call entries go on.
         b.record_call(k + 1, [7, 7]);
         // SAFETY: single-threaded test.
-        unsafe { b.ring_post(k + 1, [7, 7], &[9; FAST_BYTES]) };
-        assert!(!b.ring_posted(1) && b.ring_posted(k + 1) && b.ring_posted(2));
-        assert_eq!(b.call(1), None, "entry 1 now holds broadcast k + 1");
+        unsafe { b.ring_post(k + 1, Ring::Slots, [7, 7], &[9; FAST_BYTES]) };
+        let posted = |i| b.ring_posted(i, Ring::Slots);
+        assert!(!posted(1) && posted(k + 1) && posted(2));
+        assert_eq!(
+            b.call(1),
+            Some([1, 101]),
+            "call entries are as deep as the lines"
+        );
         assert_eq!(b.call(k + 1), Some([7, 7]));
         // The ring lies apart from the exchange slots and the device slots.
         // SAFETY: single-threaded test.
@@ -526,14 +588,62 @@ mod tests {
         b.gpu_slot(15).stage.store(3, Ordering::Relaxed);
         b.bcast_mark().store(4, Ordering::Relaxed);
         b.bcast_done().store(3, Ordering::Relaxed);
-        assert_eq!(b.ring_shape(k + 1), ([7, 7], FAST_BYTES));
+        assert_eq!(b.ring_shape(k + 1, Ring::Slots), ([7, 7], FAST_BYTES));
         // SAFETY: posted above.
-        assert!(unsafe { b.ring_data(k + 1, FAST_BYTES) }
+        assert!(unsafe { b.ring_data(k + 1, Ring::Slots, FAST_BYTES) }
             .unwrap()
             .iter()
             .all(|&x| x == 9));
         assert_eq!(b.call(2), Some([2, 102]));
         assert_eq!(b.bcast_mark().load(Ordering::Relaxed), 4);
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(mem, layout) };
+    }
+
+    #[test]
+    fn broadcast_lines_are_deep_and_apart_from_the_slots() {
+        let layout = std::alloc::Layout::from_size_align(BOARD, 64).unwrap();
+        // SAFETY: a non-zero size.
+        let mem = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!mem.is_null());
+        // SAFETY: a zeroed, 64-byte aligned buffer standing in for the arena.
+        let b = unsafe { Board::at(mem) };
+        assert_eq!(Ring::for_bytes(LINE_BYTES), Ring::Lines);
+        assert_eq!(Ring::for_bytes(LINE_BYTES + 1), Ring::Slots);
+        let k = LINE_SLOTS as u64;
+        for i in 1..=k {
+            b.record_call(i, [i, 1]);
+            // SAFETY: single-threaded test.
+            unsafe { b.ring_post(i, Ring::Lines, [i, 1], &i.to_le_bytes()) };
+        }
+        for i in 1..=k {
+            assert!(b.ring_posted(i, Ring::Lines) && !b.ring_posted(i, Ring::Slots));
+            assert_eq!(b.call(i), Some([i, 1]));
+            assert_eq!(
+                // SAFETY: posted above.
+                unsafe { b.ring_data(i, Ring::Lines, 8) },
+                Some(&i.to_le_bytes()[..])
+            );
+            // SAFETY: posted above.
+            assert_eq!(unsafe { b.ring_data(i, Ring::Lines, 9) }, None);
+        }
+        // A full line, then the slot ring beside it: neither touches the other.
+        // SAFETY: single-threaded test.
+        unsafe { b.ring_post(k + 1, Ring::Lines, [0, 2], &[5; LINE_BYTES]) };
+        // SAFETY: single-threaded test.
+        unsafe { b.ring_post(k + 1, Ring::Slots, [0, 3], &[6; FAST_BYTES]) };
+        assert_eq!(b.ring_shape(k + 1, Ring::Lines), ([0, 2], LINE_BYTES));
+        assert!(b.ring_posted(2, Ring::Lines) && !b.ring_posted(1, Ring::Lines));
+        assert_eq!(
+            // SAFETY: posted above.
+            unsafe { b.ring_data(k + 1, Ring::Lines, LINE_BYTES) },
+            Some(&[5; LINE_BYTES][..])
+        );
+        let posted = std::panic::catch_unwind(|| {
+            // SAFETY: single-threaded test; the post refuses before writing.
+            unsafe { b.ring_post(k + 2, Ring::Lines, [0, 2], &[5; LINE_BYTES + 1]) }
+        });
+        assert!(posted.is_err(), "a line holds LINE_BYTES");
         // SAFETY: allocated above with this layout.
         unsafe { std::alloc::dealloc(mem, layout) };
     }

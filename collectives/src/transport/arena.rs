@@ -22,7 +22,7 @@ const BELL: usize = std::mem::size_of::<DoorbellCell>();
 
 /// Bytes of one local rank's board (a multiple of 64; see `crate::intranode::board`).
 pub const BOARD: usize =
-    320 + 2 * (64 + (16 << 10)) + 16 * 256 + 64 + 32 * 32 + 32 * (64 + (16 << 10));
+    320 + 2 * (64 + (16 << 10)) + 16 * 256 + 64 + 2048 * 32 + 32 * (64 + (16 << 10)) + 2048 * 64;
 
 /// Bytes of the device send/receive mailbox of one ordered pair of local
 /// ranks (see `crate::gpu::p2p`).
