@@ -170,19 +170,35 @@ class Runner:
     def parts(self):
         """The sweep as (min, max, iters) launches: sizes up to --small-max
         with --small-iters (a -n 20 loop of sub-microsecond operations times
-        a few microseconds, which one preemption doubles), the rest with
-        --iters. One part when --small-iters is 0 or no size is that small."""
+        a few microseconds, which one preemption doubles), sizes up to
+        --mid-max with --mid-iters (a -n 20 loop of 64 KiB calls still
+        lasts about 100 us, and the first calls on fresh buffers weigh),
+        the rest with --iters. A bucket whose -n is 0 is left out; one part
+        when no size falls in a bucket."""
         a = self.a
-        lo, hi = size_bytes(a.minbytes), size_bytes(a.maxbytes)
-        cut = size_bytes(a.small_max)
-        if a.small_iters <= 0 or lo > cut:
-            return [(a.minbytes, a.maxbytes, a.iters)]
-        s = lo
-        while s * a.factor <= min(cut, hi):
-            s *= a.factor
-        if s >= hi:
-            return [(a.minbytes, a.maxbytes, a.small_iters)]
-        return [(a.minbytes, str(s), a.small_iters), (str(s * a.factor), a.maxbytes, a.iters)]
+        buckets = [(size_bytes(cut), n) for cut, n in
+                   ((a.small_max, a.small_iters), (a.mid_max, a.mid_iters)) if n > 0]
+
+        def iters_for(size):
+            return next((n for cut, n in buckets if size <= cut), a.iters)
+
+        out = []
+        for size in self.sizes():
+            n = iters_for(size)
+            if out and out[-1][2] == n:
+                out[-1][1] = size
+            else:
+                out.append([size, size, n])
+        if len(out) == 1:
+            return [(a.minbytes, a.maxbytes, out[0][2])]
+        return [(str(lo), str(hi), n) for lo, hi, n in out]
+
+    def iters_note(self):
+        """How the sweep's -n differs by size, for the headers."""
+        a = self.a
+        notes = [f"-n {n} up to {cut}" for cut, n in
+                 ((a.small_max, a.small_iters), (a.mid_max, a.mid_iters)) if n > 0]
+        return f" ({', '.join(notes)})" if notes and len(self.parts()) > 1 else ""
 
     def sizes(self):
         """Every size of the sweep (nccl-tests' -b/-e/-f steps)."""
@@ -343,7 +359,7 @@ def cmd_run(a):
     print(f"# bench-scripts/compare: {len(configs)} configs x {len(colls)} collectives x "
           f"{a.rounds} rounds x (hetccl, OpenMPI); sizes {a.minbytes}..{a.maxbytes} x{a.factor}, "
           f"-n {a.iters} -w {a.warmup}"
-          + (f" (-n {a.small_iters} up to {a.small_max})" if len(r.parts()) > 1 else "")
+          + r.iters_note()
           + f"; started {t_start}", flush=True)
     for ci, (kind, n) in enumerate(configs):
         if kind == "tcp" and not a.ns_a:
@@ -366,6 +382,8 @@ def cmd_run(a):
         "sizes": f"{a.minbytes}..{a.maxbytes} x{a.factor}", "iters": a.iters,
         "small_iters": a.small_iters if len(r.parts()) > 1 else None,
         "small_max": a.small_max,
+        "mid_iters": a.mid_iters if len(r.parts()) > 1 else None,
+        "mid_max": a.mid_max,
         "warmup": a.warmup, "configs": a.configs, "collectives": a.colls,
         "start_utc": t_start, "end_utc": utcnow(), "host": platform.node(),
         "kernel": platform.release(), "nproc": os.cpu_count(), "cpu": cpu_model(),
@@ -439,6 +457,9 @@ def main():
     r.add_argument("--small-iters", type=int, default=0,
                    help="-n for sizes up to --small-max (0: --iters everywhere)")
     r.add_argument("--small-max", default="4K")
+    r.add_argument("--mid-iters", type=int, default=0,
+                   help="-n for sizes above --small-max up to --mid-max (0: --iters)")
+    r.add_argument("--mid-max", default="1M")
     r.add_argument("--warmup", type=int, default=1)
     r.add_argument("--timeout", type=int, default=300, help="seconds per launch")
     r.add_argument("--perf", required=True)

@@ -209,8 +209,8 @@ def report(res, outdir, plot_prefix, md_path=None):
                  f"({meta['nproc']} CPUs, {meta['cpu']}, Linux {meta['kernel']}), "
                  f"{meta['openmpi']}, git {meta['git']}. Sizes {meta['sizes']}, "
                  f"-n {meta['iters']}"
-                 + (f" (-n {meta['small_iters']} up to {meta['small_max']}, a launch of its own)"
-                    if meta.get("small_iters") else "")
+                 + "".join(f" (-n {meta[k + '_iters']} up to {meta[k + '_max']}, a launch of its own)"
+                           for k in ("small", "mid") if meta.get(k + "_iters"))
                  + f" -w {meta['warmup']}, {meta['rounds']} rounds.")
     lines.append("")
     lines.append(f"Command: `{meta['command']}`")
