@@ -5,6 +5,7 @@
 //! arguments and the communicator's topology, so their result is kept.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use hetccl_abi::DataType;
@@ -48,10 +49,48 @@ pub type Cached = (Algorithm, Arc<Plan>, Option<Layout>);
 /// The most plans kept per communicator; the cache is emptied when full.
 pub const MAX_PLANS: usize = 256;
 
+/// A multiply-rotate hash of the key's integer fields: every call looks
+/// its plan up, and SipHash's resistance to chosen keys buys nothing for
+/// keys made from the process's own calls in a map capped at
+/// [`MAX_PLANS`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl KeyHasher {
+    fn add(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u8(&mut self, x: u8) {
+        self.add(u64::from(x));
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.add(u64::from(x));
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.add(x);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.add(x as u64);
+    }
+}
+
 /// The cache.
 #[derive(Debug, Default)]
 pub struct PlanCache {
-    map: HashMap<PlanKey, Cached>,
+    map: HashMap<PlanKey, Cached, BuildHasherDefault<KeyHasher>>,
 }
 
 impl PlanCache {

@@ -79,13 +79,22 @@ pub fn make_job(a: &Call) -> Result<Job> {
         ReduceOp::Sum
     };
     let bytes = a.count * a.dtype.size();
-    let comm_filter = engine.control.algo_filter();
-    let filter = a.filter(&comm_filter);
-    let counted = super::group::depth() == 0 && engine.config.blocking;
-    let forced =
+    let p2p = matches!(coll, Collective::Send | Collective::Recv);
+    // Point-to-point plans depend on neither NCCL_ALGO nor tuning: a group
+    // of many sends skips the filter's lock.
+    let comm_filter = (!p2p).then(|| engine.control.algo_filter());
+    let unrestricted = AlgoFilter::default();
+    let filter = comm_filter
+        .as_deref()
+        .map_or(&unrestricted, |f| a.filter(f));
+    let forced = if p2p {
+        None
+    } else {
+        let counted = super::group::depth() == 0 && engine.config.blocking;
         crate::control::online::pick(engine, &a.comm, coll, bytes, filter, counted, || {
             choose(engine, coll, bytes, filter)
-        })?;
+        })?
+    };
     let key = PlanKey {
         collective: coll,
         count: a.count,
@@ -93,13 +102,13 @@ pub fn make_job(a: &Call) -> Result<Job> {
         op,
         root: a.root as u32,
         in_place: inp,
-        allowed: filter.mask(coll),
-        checked: engine.settings.check && !matches!(coll, Collective::Send | Collective::Recv),
+        allowed: if p2p { 0 } else { filter.mask(coll) },
+        checked: engine.settings.check && !p2p,
         forced,
         chunk_bytes: engine.control.chunk_bytes(),
         compress: engine.compression(),
     };
-    let self_p2p = matches!(coll, Collective::Send | Collective::Recv) && a.root == a.comm.rank;
+    let self_p2p = p2p && a.root == a.comm.rank;
     if self_p2p {
         let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
         let id = trace_id(engine, a);
@@ -159,7 +168,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
     })?;
     let seq = engine.seq.fetch_add(1, Ordering::Relaxed);
     let id = trace_id(engine, a);
-    let coll_seq = if key.collective == Collective::Send || key.collective == Collective::Recv {
+    let coll_seq = if p2p {
         0
     } else {
         engine.coll_seq.fetch_add(1, Ordering::Relaxed)
@@ -189,7 +198,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
             scratch,
             staged_send,
         },
-        p2p: matches!(coll, Collective::Send | Collective::Recv),
+        p2p,
         trace: Trace {
             comm_hash: engine.comm_hash,
             seq,
