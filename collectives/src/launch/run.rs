@@ -61,10 +61,14 @@ impl Pending {
 }
 
 /// Records completed calls in their communicators' metrics and, when it is
-/// on, the timeline: `start` is when the executor took them.
-fn observe(done: &[(Arc<Comm>, Observed)], start: u64) {
+/// on, the timeline: `start` is when the executor took them. Each call
+/// names its communicator among `comms` by address.
+fn observe(comms: &[Arc<Comm>], done: &[(*const Comm, Observed)], start: u64) {
     use crate::telemetry::{clock, metrics, trace};
-    for (c, o) in done {
+    for (at, o) in done {
+        let Some(c) = comms.iter().find(|c| Arc::as_ptr(c) == *at) else {
+            continue;
+        };
         let Ok(e) = c.engine() else { continue };
         let m = &e.links.metrics;
         let end = m.complete(
@@ -171,11 +175,12 @@ pub(super) fn run(ops: Vec<Pending>) -> Result<()> {
 fn execute(ops: Vec<Pending>) -> Result<()> {
     // Group the jobs by communicator, keeping issue order within each.
     let mut by_comm: Vec<(Arc<Comm>, Vec<Job>)> = Vec::new();
-    let mut observed: Vec<(Arc<Comm>, Observed)> = Vec::with_capacity(ops.len());
+    // Each call's communicator by address: `comms` below holds them.
+    let mut observed: Vec<(*const Comm, Observed)> = Vec::with_capacity(ops.len());
     for p in ops {
         let plan = &p.job.plan;
         observed.push((
-            p.comm.clone(),
+            Arc::as_ptr(&p.comm),
             Observed {
                 info: p.info,
                 kind: plan.collective,
@@ -227,7 +232,7 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
         return_scratch(e, b.into_jobs());
     }
     if r.is_ok() {
-        observe(&observed, start);
+        observe(&comms, &observed, start);
     }
     if let Err(e) = &r {
         for c in &comms {
