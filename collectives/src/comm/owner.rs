@@ -45,6 +45,14 @@ impl Owner {
     /// the error a second thread gets.
     pub fn claim(&self, who: impl FnOnce() -> String) -> Result<Claim<'_>> {
         let me = thread_token();
+        // Only this thread stores its own token, so a plain load that sees
+        // it is a claim this thread already holds (nested, or a group's).
+        if self.0.load(Ordering::Relaxed) == me {
+            return Ok(Claim {
+                owner: self,
+                fresh: false,
+            });
+        }
         match self
             .0
             .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
