@@ -285,6 +285,19 @@ impl<'a> Batch<'a> {
         while i < self.ready.len() {
             let g = self.ready[i];
             let (ji, si) = self.index[g as usize];
+            // A message step behind another on its link waits: most of a
+            // large group's ready steps, skipped before anything else.
+            if let Some((peer, chan, is_send)) = self.jobs[ji].plan.steps[si].kind.message() {
+                let lc = if self.jobs[ji].p2p {
+                    P2P_CHAN
+                } else {
+                    chan as usize
+                };
+                if self.queue_head((peer as usize, lc, is_send)) != Some(g) {
+                    i += 1;
+                    continue;
+                }
+            }
             let kind = self.jobs[ji].plan.steps[si].kind;
             let finished = match kind.message() {
                 None if ran_local => {
@@ -324,10 +337,6 @@ impl<'a> Batch<'a> {
                         chan as usize
                     };
                     let key = (peer as usize, lc, is_send);
-                    if self.queue_head(key) != Some(g) {
-                        i += 1;
-                        continue;
-                    }
                     let conn = &self.links.peers[peer as usize].as_ref().expect("checked")[lc];
                     let before = self.moved[g as usize];
                     if !self.started.is_empty() && self.started[g as usize] == 0 {
