@@ -311,7 +311,10 @@ impl Watch {
     /// This rank left its operation (done or failed).
     pub fn end(&self) {
         if let Some(d) = &self.doing {
-            let cur = d.current.swap(0, Ordering::AcqRel);
+            // Only the thread running the operation writes `current`
+            // (under the communicator's exec lock): no read-modify-write.
+            let cur = d.current.load(Ordering::Relaxed);
+            d.current.store(0, Ordering::Release);
             if cur != 0 {
                 d.done.store(cur, Ordering::Release);
             }
