@@ -112,6 +112,7 @@ impl Arena {
             nchan,
             cap,
         };
+        a.prefault_boards();
         a.header()[1].store((nlocal * nchan) as u64, Ordering::Relaxed);
         a.header()[2].store(cap as u64, Ordering::Relaxed);
         a.header()[0].store(MAGIC, Ordering::Release);
@@ -153,7 +154,27 @@ impl Arena {
         {
             return Err(Error::Internal(format!("{path} has an unexpected header")));
         }
+        a.prefault_boards();
         Ok(a)
+    }
+
+    /// Maps the header, doorbells and boards into this process now (best
+    /// effort): the deep broadcast lines are otherwise first touched, one
+    /// page fault each, inside a latency-bound loop. The rings stay lazy.
+    fn prefault_boards(&self) {
+        /// `MADV_POPULATE_WRITE` (Linux 5.14).
+        const POPULATE_WRITE: libc::c_int = 23;
+        let len = HDR + self.nlocal * (BELL + BOARD);
+        // SAFETY: the range is the start of this mapping; populating
+        // changes no byte.
+        let r = unsafe { libc::madvise(self.base.cast(), len, POPULATE_WRITE) };
+        if r != 0 {
+            // Older kernels: a read per page maps it.
+            for off in (0..len).step_by(4096) {
+                // SAFETY: inside the mapping; a plain read of shared memory.
+                unsafe { std::ptr::read_volatile(self.base.add(off)) };
+            }
+        }
     }
 
     /// Removes the arena's name (the mapping stays valid).
