@@ -278,6 +278,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         watch,
         metrics: metrics.clone(),
         cross_node: (0..nranks).map(|r| node_of[r] != node_of[rank]).collect(),
+        bufs: Default::default(),
     };
     let kinds: Vec<&str> = links
         .peers

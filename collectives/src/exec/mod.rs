@@ -13,6 +13,7 @@
 //! at the deadline or when the communicator is aborted.
 
 mod ahead;
+mod bufs;
 pub mod clock;
 mod coalesce;
 mod compress;
@@ -29,6 +30,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use self::bufs::BufPool;
 pub use self::clock::Patience;
 pub use self::drive::{drive, drive_with};
 use crate::algo::{BufId, Plan};
@@ -67,6 +69,8 @@ pub struct Links {
     /// By peer: whether it is on another node, so that a plan's messages
     /// to it travel in the plan's wire format ([`crate::algo::Plan::wire`]).
     pub cross_node: Vec<bool>,
+    /// The vectors of finished batches, for the next ones.
+    pub bufs: BufPool,
 }
 
 /// The buffers of one operation.
@@ -143,6 +147,8 @@ pub struct Batch<'a> {
     /// Message steps per link, in issue order (few links per batch, so a
     /// list beats a map).
     queues: Vec<(LinkKey, VecDeque<u32>)>,
+    /// Emptied link queues kept from an earlier batch.
+    spare_queues: Vec<VecDeque<u32>>,
     remaining: usize,
     /// When each step started, in `telemetry::clock` ticks; empty unless the
     /// timeline is on.
@@ -160,23 +166,22 @@ impl<'a> Batch<'a> {
     /// Builds a batch; fails if a plan needs a link the communicator lacks.
     pub fn new(links: &'a Links, jobs: Vec<Job>) -> Result<Self> {
         let total: usize = jobs.iter().map(|j| j.plan.steps.len()).sum();
+        let mut k = links.bufs.take();
+        k.reset(total, crate::telemetry::trace::on());
         let mut b = Batch {
             links,
-            index: Vec::with_capacity(total),
-            deps_left: Vec::with_capacity(total),
-            dependents: vec![Vec::new(); total],
-            moved: vec![0; total],
-            ahead: vec![false; total],
-            done: vec![false; total],
-            ready: Vec::new(),
-            queues: Vec::new(),
+            index: k.index,
+            deps_left: k.deps_left,
+            dependents: k.dependents,
+            moved: k.moved,
+            ahead: k.ahead,
+            done: k.done,
+            ready: k.ready,
+            queues: k.queues,
+            spare_queues: k.spare_queues,
             remaining: total,
             jobs: Vec::new(),
-            started: if crate::telemetry::trace::on() {
-                vec![0; total]
-            } else {
-                Vec::new()
-            },
+            started: k.started,
             stages: Vec::new(),
             spare: Vec::new(),
         };
@@ -219,7 +224,8 @@ impl<'a> Batch<'a> {
         let i = match self.queues.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
             None => {
-                self.queues.push((key, VecDeque::new()));
+                let q = self.spare_queues.pop().unwrap_or_default();
+                self.queues.push((key, q));
                 self.queues.len() - 1
             }
         };
@@ -257,9 +263,37 @@ impl<'a> Batch<'a> {
         self.remaining == 0
     }
 
-    /// The jobs (for their buffers and plans after completion).
+    /// The jobs (for their buffers and plans after completion); the
+    /// batch's vectors go back to its links for the next batch.
     pub fn into_jobs(self) -> Vec<Job> {
-        self.jobs
+        let Batch {
+            links,
+            jobs,
+            index,
+            deps_left,
+            dependents,
+            moved,
+            ahead,
+            done,
+            ready,
+            queues,
+            spare_queues,
+            started,
+            ..
+        } = self;
+        links.bufs.give(bufs::Bufs {
+            index,
+            deps_left,
+            dependents,
+            moved,
+            ahead,
+            done,
+            ready,
+            queues,
+            spare_queues,
+            started,
+        });
+        jobs
     }
 
     fn complete(&mut self, g: u32) {

@@ -22,6 +22,7 @@ fn links_to_silent_peer() -> (Links, Vec<Conn>) {
         watch: watch::Watch::none(),
         metrics: metrics(2),
         cross_node: vec![false; 2],
+        bufs: Default::default(),
     };
     (links, theirs)
 }
@@ -261,6 +262,7 @@ fn a_dead_local_peer_is_noticed_at_the_first_check_on_a_manual_clock() {
         watch: me,
         metrics: metrics(3),
         cross_node: vec![false; 3],
+        bufs: Default::default(),
     };
     let mut buf = vec![0u8; 8];
     let mut b = vec![Batch::new(&links, vec![recv_job(&mut buf)]).unwrap()];
@@ -314,6 +316,7 @@ fn a_peer_that_left_after_its_part_is_not_reported_dead() {
         watch: me,
         metrics: metrics(3),
         cross_node: vec![false; 3],
+        bufs: Default::default(),
     };
     let mut buf = vec![0u8; 16];
     let mut job = recv_job(&mut buf);
