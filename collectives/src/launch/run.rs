@@ -173,14 +173,17 @@ pub(super) fn run(ops: Vec<Pending>) -> Result<()> {
 }
 
 fn execute(ops: Vec<Pending>) -> Result<()> {
-    // Group the jobs by communicator, keeping issue order within each.
-    let mut by_comm: Vec<(Arc<Comm>, Vec<Job>)> = Vec::new();
-    // Each call's communicator by address: `comms` below holds them.
+    // The jobs by communicator, in address order (the order their locks
+    // are taken in), keeping issue order within each.
+    let mut comms: Vec<Arc<Comm>> = Vec::with_capacity(1);
+    let mut jobs: Vec<Vec<Job>> = Vec::with_capacity(1);
+    // Each call's communicator by address: `comms` holds them.
     let mut observed: Vec<(*const Comm, Observed)> = Vec::with_capacity(ops.len());
     for p in ops {
         let plan = &p.job.plan;
+        let at = Arc::as_ptr(&p.comm);
         observed.push((
-            Arc::as_ptr(&p.comm),
+            at,
             Observed {
                 info: p.info,
                 kind: plan.collective,
@@ -190,30 +193,26 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
                 id: p.job.trace.id,
             },
         ));
-        match by_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &p.comm)) {
-            Some((_, v)) => v.push(p.job),
-            None => by_comm.push((p.comm, vec![p.job])),
+        match comms.binary_search_by_key(&(at as usize), |c| Arc::as_ptr(c) as usize) {
+            Ok(i) => jobs[i].push(p.job),
+            Err(i) => {
+                comms.insert(i, p.comm);
+                jobs.insert(i, vec![p.job]);
+            }
         }
     }
-    by_comm.sort_by_key(|(c, _)| Arc::as_ptr(c) as usize);
-    let (comms, jobs): (Vec<Arc<Comm>>, Vec<Vec<Job>>) = by_comm.into_iter().unzip();
-    let engines = comms
-        .iter()
-        .map(|c| c.engine())
-        .collect::<Result<Vec<_>>>()?;
     // Every engine's patience is the same process-wide stall limit; the
     // spin is the shortest of them (0 on an oversubscribed node).
-    let mut patience = engines[0].settings.patience;
-    patience.spin = engines
-        .iter()
-        .map(|e| e.settings.patience.spin)
-        .min()
-        .unwrap_or(patience.spin);
+    let mut patience = comms[0].engine()?.settings.patience;
+    for c in &comms[1..] {
+        patience.spin = patience.spin.min(c.engine()?.settings.patience.spin);
+    }
     // An operation another thread runs on one of these communicators (a
     // nonblocking helper, the GPU proxy) ends within its own stall limit.
     let wait = patience.stall_timeout + std::time::Duration::from_secs(1);
-    let mut locks = Vec::with_capacity(engines.len());
-    for e in &engines {
+    let mut locks = Vec::with_capacity(comms.len());
+    for c in &comms {
+        let e = c.engine()?;
         let Some(l) = e.exec_lock.try_lock_for(wait) else {
             return Err(Error::Timeout(format!(
                 "an operation on another thread held communicator {:016x} for {wait:?}",
@@ -223,13 +222,13 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
         locks.push(l);
     }
     let mut batches = Vec::with_capacity(comms.len());
-    for (jobs, e) in jobs.into_iter().zip(&engines) {
-        batches.push(Batch::new(&e.links, self_p2p::pair(jobs)?)?);
+    for (jobs, c) in jobs.into_iter().zip(&comms) {
+        batches.push(Batch::new(&c.engine()?.links, self_p2p::pair(jobs)?)?);
     }
     let start = crate::telemetry::clock::ticks();
     let r = drive(&mut batches, patience);
-    for (b, e) in batches.into_iter().zip(&engines) {
-        return_scratch(e, b.into_jobs());
+    for (b, c) in batches.into_iter().zip(&comms) {
+        return_scratch(c.engine()?, b.into_jobs());
     }
     if r.is_ok() {
         observe(&comms, &observed, start);
