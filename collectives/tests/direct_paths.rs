@@ -311,9 +311,12 @@ fn the_selection_table_lists_the_direct_paths() {
         .into_owned();
     assert!(text.contains("board slots"), "{text}");
     assert!(
-        text.contains("single-copy from 32768 B (HETCCL_COPY_MIN_BYTES), available"),
+        text.contains(
+            "single-copy from 32768 B (HETCCL_COPY_MIN_BYTES; AllGather, ReduceScatter from "
+        ),
         "{text}"
     );
+    assert!(text.contains(" B), available"), "{text}");
     for c in cs {
         // SAFETY: every pointer passed is NULL where the API allows it, or memory this test owns
         // for the whole call.

@@ -247,6 +247,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
                     patience: settings.patience,
                     copy_min: settings.copy_min_bytes,
                     workers,
+                    own_cpus: local.len() <= hw.pus,
                     comm_hash,
                     label: settings.label(comm_hash),
                 },

@@ -89,6 +89,9 @@ pub struct Node {
     done_base: AtomicU64,
     /// `HETCCL_COPY_MIN_BYTES`.
     copy_min: usize,
+    /// Where AllGather and ReduceScatter take single copy in place of the
+    /// board slots (bytes of the larger buffer; 0: only past the slots).
+    gather_copy_min: usize,
     /// How many local ranks run single-copy work items, one per CPU the
     /// ranks were seen on (see `elect`); the others only help when the
     /// workers stall (`HETCCL_COPY_WORKERS`).
@@ -128,6 +131,9 @@ pub struct Options {
     pub copy_min: usize,
     /// Ranks that run single-copy work items.
     pub workers: usize,
+    /// Whether every local rank has a CPU of its own (the node is not
+    /// oversubscribed).
+    pub own_cpus: bool,
     /// The communicator's hash (logs).
     pub comm_hash: u64,
     /// The communicator in hang reports (hash and `commName`).
@@ -148,6 +154,7 @@ impl Node {
             patience,
             copy_min,
             workers,
+            own_cpus,
             comm_hash,
             label,
         } = o;
@@ -177,6 +184,10 @@ impl Node {
             bc_seq: AtomicU64::new(0),
             bc_room: AtomicU64::new(0),
             copy_min,
+            // Single copy moves each byte once where the slots move it
+            // twice; it pays from half of HETCCL_COPY_MIN_BYTES when
+            // every rank runs on its own CPU (measured: docs/benchmarks.md).
+            gather_copy_min: if own_cpus { copy_min / 2 } else { 0 },
             copy_seq: AtomicU64::new(0),
             claim_base: (0..n).map(|_| AtomicU64::new(0)).collect(),
             done_base: AtomicU64::new(0),
@@ -245,11 +256,12 @@ impl Node {
         format!(
             "# direct paths (all {} ranks on this node; blocking calls outside groups):\n\
              #   board slots, up to {} B posted per rank: {}\n\
-             #   single-copy from {} B (HETCCL_COPY_MIN_BYTES), {copy}, work items run by {} of {} ranks: {}\n",
+             #   single-copy from {} B (HETCCL_COPY_MIN_BYTES; AllGather, ReduceScatter from {} B), {copy}, work items run by {} of {} ranks: {}\n",
             self.nranks(),
             board::FAST_BYTES,
             names(&|_| true),
             self.copy_min,
+            self.gather_copy_min,
             self.workers,
             self.nranks(),
             names(&copy::serves),
@@ -269,21 +281,30 @@ enum Path {
     Copy,
 }
 
+/// The direct path of a `kind` call of `count` elements of `elem` bytes on
+/// `n` ranks: the board slots when it fits them, single copy from
+/// `copy_min` bytes of its larger buffer; AllGather and ReduceScatter take
+/// single copy already from `gather_copy_min` (0: never earlier).
 fn path_for(
     kind: Collective,
     count: usize,
     elem: usize,
     n: usize,
     copy_min: usize,
+    gather_copy_min: usize,
 ) -> Option<Path> {
     let bytes = count.checked_mul(elem)?;
-    if fastbox::fits(kind, bytes, n) {
-        return Some(Path::Fast);
-    }
     let total = match kind {
         Collective::AllGather | Collective::ReduceScatter => bytes.checked_mul(n)?,
         _ => bytes,
     };
+    let gathers = matches!(kind, Collective::AllGather | Collective::ReduceScatter);
+    if gathers && gather_copy_min > 0 && total >= gather_copy_min && copy::serves(kind) {
+        return Some(Path::Copy);
+    }
+    if fastbox::fits(kind, bytes, n) {
+        return Some(Path::Fast);
+    }
     (copy_min > 0 && total >= copy_min && copy::serves(kind)).then_some(Path::Copy)
 }
 
@@ -310,18 +331,23 @@ pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> 
     if !e.config.blocking || !allowed {
         return None;
     }
-    let path = path_for(
+    let mut path = path_for(
         a.kind,
         a.count,
         a.dtype.size(),
         node.nranks(),
         node.copy_min,
+        node.gather_copy_min,
     )?;
     let watch = &e.links.watch;
     if path == Path::Copy {
         let shape = shape::Shape::of(a).encode();
         match node.copy_usable(watch, e.seq.load(Ordering::Relaxed), shape) {
             Ok(true) => {}
+            // Every rank decides availability alike, so all fall back alike.
+            Ok(false) if fastbox::fits(a.kind, a.count * a.dtype.size(), node.nranks()) => {
+                path = Path::Fast;
+            }
             Ok(false) => return None,
             Err(err) => {
                 // A stalled peer: peers blocked on this rank fail at once.
@@ -420,28 +446,70 @@ mod tests {
     fn paths_by_size() {
         const MIN: usize = 256 << 10;
         assert_eq!(
-            path_for(Collective::AllReduce, 2, 4, 2, MIN),
+            path_for(Collective::AllReduce, 2, 4, 2, MIN, MIN / 4),
             Some(Path::Fast)
         );
         assert_eq!(
-            path_for(Collective::AllReduce, board::FAST_BYTES / 4, 4, 2, MIN),
+            path_for(
+                Collective::AllReduce,
+                board::FAST_BYTES / 4,
+                4,
+                2,
+                MIN,
+                MIN / 4
+            ),
             Some(Path::Fast)
         );
         assert_eq!(
-            path_for(Collective::ReduceScatter, board::FAST_BYTES / 4, 4, 2, MIN),
+            path_for(
+                Collective::ReduceScatter,
+                board::FAST_BYTES / 4,
+                4,
+                2,
+                MIN,
+                0
+            ),
             None,
             "the whole input must fit a slot"
         );
         assert_eq!(
-            path_for(Collective::AllReduce, MIN, 1, 2, MIN),
+            path_for(Collective::AllReduce, MIN, 1, 2, MIN, MIN / 4),
             Some(Path::Copy)
         );
         assert_eq!(
-            path_for(Collective::AllReduce, MIN, 1, 2, 0),
+            path_for(Collective::AllReduce, MIN, 1, 2, 0, 0),
             None,
             "0 turns it off"
         );
-        assert_eq!(path_for(Collective::AlltoAll, 1, 4, 2, MIN), None);
-        assert_eq!(path_for(Collective::AllReduce, usize::MAX, 8, 2, MIN), None);
+        assert_eq!(path_for(Collective::AlltoAll, 1, 4, 2, MIN, MIN / 4), None);
+        assert_eq!(
+            path_for(Collective::AllReduce, usize::MAX, 8, 2, MIN, MIN / 4),
+            None
+        );
+        // AllGather and ReduceScatter: single copy from `q` in all, when on.
+        let q = 16 << 10;
+        // Counts of 4-byte elements per rank on 2 ranks for a total of t.
+        let count = |t: usize| t / 8;
+        for k in [Collective::AllGather, Collective::ReduceScatter] {
+            assert_eq!(
+                path_for(k, count(q), 4, 2, MIN, q),
+                Some(Path::Copy),
+                "{k:?}"
+            );
+            assert_eq!(
+                path_for(k, count(q / 2), 4, 2, MIN, q),
+                Some(Path::Fast),
+                "{k:?}"
+            );
+            assert_eq!(
+                path_for(k, count(q), 4, 2, MIN, 0),
+                Some(Path::Fast),
+                "{k:?}: off"
+            );
+        }
+        assert_eq!(
+            path_for(Collective::AllReduce, q / 4, 4, 2, MIN, q),
+            Some(Path::Fast)
+        );
     }
 }
