@@ -8,6 +8,7 @@
 //! sends and receives of one group never deadlock whatever their order.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::run::{self, Init, Pending};
@@ -46,8 +47,18 @@ thread_local! {
     static GROUP: RefCell<Group> = RefCell::new(Group::default());
 }
 
+/// Threads with a group open. While it is 0 no thread is inside a group,
+/// so an ungrouped call learns its depth without a thread-local lookup (a
+/// call into the dynamic loader in a shared library). A thread counts
+/// itself before its own later calls read the counter, so it always sees
+/// its own group.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
 /// The current group nesting depth of this thread.
 pub fn depth() -> u32 {
+    if OPEN.load(Ordering::Relaxed) == 0 {
+        return 0;
+    }
     GROUP.with(|g| g.borrow().depth)
 }
 
@@ -59,6 +70,9 @@ pub fn start() -> Result<()> {
             return Err(Error::usage(format!(
                 "groups nested deeper than {MAX_DEPTH}"
             )));
+        }
+        if g.depth == 0 {
+            OPEN.fetch_add(1, Ordering::Relaxed);
         }
         g.depth += 1;
         Ok(())
@@ -75,6 +89,9 @@ pub fn end() -> Result<()> {
             )),
             n => {
                 g.depth = n - 1;
+                if n == 1 {
+                    OPEN.fetch_sub(1, Ordering::Relaxed);
+                }
                 Ok(n == 1)
             }
         }
@@ -118,6 +135,7 @@ pub fn end_discarding() -> Result<bool> {
             1 => {
                 let mut old = std::mem::take(&mut *g);
                 old.release_held();
+                OPEN.fetch_sub(1, Ordering::Relaxed);
                 Ok(true)
             }
             n => {
