@@ -45,9 +45,13 @@ unsafe fn run(
         a.filter = filter;
         if a.placement.is_device() {
             let c = a.comm.clone();
-            return claim_for_call(&c, || crate::gpu::submit(a));
+            let r = claim_for_call(&c, || crate::gpu::submit(a));
+            crate::comm::handle::give_back(comm, c);
+            return r;
         }
-        claim_for_call(&a.comm, || submit(&a))
+        let r = claim_for_call(&a.comm, || submit(&a));
+        crate::comm::handle::give_back(comm, a.comm);
+        r
     })
 }
 

@@ -44,7 +44,8 @@ pub fn validate(
     comm: ncclComm_t,
     stream: *mut c_void,
 ) -> Result<Call> {
-    let comm = handle::lookup(comm)?;
+    // Taken from the thread's cache; the caller gives it back.
+    let comm = handle::take(comm)?;
     comm.check_usable()?;
     let dtype = check::datatype(dtype)?;
     let op = if kind.reduces() {
