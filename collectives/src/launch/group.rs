@@ -113,7 +113,7 @@ pub fn end() -> Result<()> {
             if g.host.is_empty() {
                 Ok(())
             } else {
-                run::run(g.host)
+                run::run(super::few::Few::Many(g.host))
             }
         });
     for c in held {

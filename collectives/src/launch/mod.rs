@@ -11,6 +11,7 @@
 //! poisons its communicator ([`poison`]).
 
 mod call;
+mod few;
 pub mod group;
 mod job;
 mod run;
@@ -55,7 +56,7 @@ pub fn submit(a: &Call) -> Result<()> {
         // HETCCL_TEST_DELAY_US, a test hook: this algorithm is made slow.
         std::thread::sleep(d);
     }
-    let r = run::run(vec![p]);
+    let r = run::run(few::Few::One(p));
     crate::control::online::finished(engine, r.is_ok().then(|| t0.elapsed()));
     r
 }

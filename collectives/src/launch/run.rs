@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use hetccl_abi::NcclResult;
 
+use super::few::Few;
 use super::scratch::return_scratch;
 use super::Call;
 use crate::algo::Collective;
@@ -133,8 +134,9 @@ pub(super) fn run_inits(inits: Vec<Init>) -> Result<()> {
 
 /// Runs queued operations: blocking communicators on this thread, and
 /// nonblocking ones on a helper thread after returning `ncclInProgress`.
-pub(super) fn run(ops: Vec<Pending>) -> Result<()> {
+pub(super) fn run(ops: Few<Pending>) -> Result<()> {
     let nonblocking = ops
+        .as_slice()
         .iter()
         .any(|p| p.comm.engine().map(|e| !e.config.blocking).unwrap_or(false));
     if !nonblocking {
@@ -144,7 +146,7 @@ pub(super) fn run(ops: Vec<Pending>) -> Result<()> {
     // comm must publish its result once, or a late second store could
     // overwrite the `ncclInProgress` of the caller's next operation.
     let mut comms: Vec<Arc<Comm>> = Vec::new();
-    for p in &ops {
+    for p in ops.as_slice() {
         if !comms.iter().any(|c| Arc::ptr_eq(c, &p.comm)) {
             comms.push(p.comm.clone());
         }
@@ -172,14 +174,15 @@ pub(super) fn run(ops: Vec<Pending>) -> Result<()> {
     Err(Error::InProgress)
 }
 
-fn execute(ops: Vec<Pending>) -> Result<()> {
+fn execute(ops: Few<Pending>) -> Result<()> {
     // The jobs by communicator, in address order (the order their locks
-    // are taken in), keeping issue order within each.
-    let mut comms: Vec<Arc<Comm>> = Vec::with_capacity(1);
-    let mut jobs: Vec<Vec<Job>> = Vec::with_capacity(1);
+    // are taken in), keeping issue order within each. Outside a group
+    // every list holds one element and allocates nothing.
+    let mut comms: Few<Arc<Comm>> = Few::default();
+    let mut jobs: Few<Vec<Job>> = Few::default();
     // Each call's communicator by address: `comms` holds them.
-    let mut observed: Vec<(*const Comm, Observed)> = Vec::with_capacity(ops.len());
-    for p in ops {
+    let mut observed: Few<(*const Comm, Observed)> = Few::default();
+    for p in ops.into_vec_iter() {
         let plan = &p.job.plan;
         let at = Arc::as_ptr(&p.comm);
         observed.push((
@@ -193,14 +196,18 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
                 id: p.job.trace.id,
             },
         ));
-        match comms.binary_search_by_key(&(at as usize), |c| Arc::as_ptr(c) as usize) {
-            Ok(i) => jobs[i].push(p.job),
+        let found = comms
+            .as_slice()
+            .binary_search_by_key(&(at as usize), |c| Arc::as_ptr(c) as usize);
+        match found {
+            Ok(i) => jobs.as_mut_slice()[i].push(p.job),
             Err(i) => {
                 comms.insert(i, p.comm);
                 jobs.insert(i, vec![p.job]);
             }
         }
     }
+    let comms = comms.as_slice();
     // Every engine's patience is the same process-wide stall limit; the
     // spin is the shortest of them (0 on an oversubscribed node).
     let mut patience = comms[0].engine()?.settings.patience;
@@ -210,8 +217,8 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
     // An operation another thread runs on one of these communicators (a
     // nonblocking helper, the GPU proxy) ends within its own stall limit.
     let wait = patience.stall_timeout + std::time::Duration::from_secs(1);
-    let mut locks = Vec::with_capacity(comms.len());
-    for c in &comms {
+    let mut locks = Few::default();
+    for c in comms {
         let e = c.engine()?;
         let Some(l) = e.exec_lock.try_lock_for(wait) else {
             return Err(Error::Timeout(format!(
@@ -221,23 +228,24 @@ fn execute(ops: Vec<Pending>) -> Result<()> {
         };
         locks.push(l);
     }
-    let mut batches = Vec::with_capacity(comms.len());
-    for (jobs, c) in jobs.into_iter().zip(&comms) {
+    let mut batches = Few::default();
+    for (jobs, c) in jobs.into_vec_iter().zip(comms) {
         batches.push(Batch::new(&c.engine()?.links, self_p2p::pair(jobs)?)?);
     }
     let start = crate::telemetry::clock::ticks();
-    let r = drive(&mut batches, patience);
-    for (b, c) in batches.into_iter().zip(&comms) {
+    let r = drive(batches.as_mut_slice(), patience);
+    for (b, c) in batches.into_vec_iter().zip(comms) {
         return_scratch(c.engine()?, b.into_jobs());
     }
     if r.is_ok() {
-        observe(&comms, &observed, start);
+        observe(comms, observed.as_slice(), start);
     }
     if let Err(e) = &r {
-        for c in &comms {
+        for c in comms {
             poison(c, e);
         }
     }
+    drop(locks);
     r
 }
 
