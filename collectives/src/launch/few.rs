@@ -33,6 +33,15 @@ impl<T> Few<T> {
         }
     }
 
+    /// An empty list with room for `n` elements (inline for one).
+    pub fn with_capacity(n: usize) -> Self {
+        if n > 1 {
+            Self::Many(Vec::with_capacity(n))
+        } else {
+            Self::Empty
+        }
+    }
+
     /// Inserts `t` at `at` (at most the length), shifting the rest.
     pub fn insert(&mut self, at: usize, t: T) {
         match std::mem::take(self) {
@@ -83,6 +92,13 @@ mod tests {
         assert_eq!(f.as_slice(), &[1, 2, 3, 4]);
         f.as_mut_slice()[0] = 0;
         assert_eq!(f.into_vec_iter().collect::<Vec<_>>(), vec![0, 2, 3, 4]);
+        let mut m = Few::with_capacity(3);
+        m.push(1);
+        assert!(
+            matches!(&m, Few::Many(v) if v.capacity() >= 3),
+            "room reserved"
+        );
+        assert!(matches!(Few::<u8>::with_capacity(1), Few::Empty));
         let mut g = Few::default();
         g.insert(0, 'a');
         g.insert(0, 'b');

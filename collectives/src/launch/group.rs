@@ -158,7 +158,16 @@ pub fn with_queued<R>(f: impl FnOnce(&[(&Comm, &Job)]) -> R) -> R {
 
 /// Queues a host job for the group's end.
 pub(super) fn push_host(p: Pending) {
-    GROUP.with(|g| g.borrow_mut().host.push(p));
+    /// Room made for the first job of a group: its list is taken at the
+    /// group's end, so a group of many calls would otherwise regrow it.
+    const FIRST: usize = 64;
+    GROUP.with(|g| {
+        let host = &mut g.borrow_mut().host;
+        if host.capacity() == 0 {
+            host.reserve(FIRST);
+        }
+        host.push(p);
+    });
 }
 
 /// Queues a call on device buffers for the group's end.

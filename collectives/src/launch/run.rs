@@ -178,10 +178,11 @@ fn execute(ops: Few<Pending>) -> Result<()> {
     // The jobs by communicator, in address order (the order their locks
     // are taken in), keeping issue order within each. Outside a group
     // every list holds one element and allocates nothing.
+    let n = ops.as_slice().len();
     let mut comms: Few<Arc<Comm>> = Few::default();
     let mut jobs: Few<Vec<Job>> = Few::default();
     // Each call's communicator by address: `comms` holds them.
-    let mut observed: Few<(*const Comm, Observed)> = Few::default();
+    let mut observed: Few<(*const Comm, Observed)> = Few::with_capacity(n);
     for p in ops.into_vec_iter() {
         let plan = &p.job.plan;
         let at = Arc::as_ptr(&p.comm);
@@ -203,7 +204,9 @@ fn execute(ops: Few<Pending>) -> Result<()> {
             Ok(i) => jobs.as_mut_slice()[i].push(p.job),
             Err(i) => {
                 comms.insert(i, p.comm);
-                jobs.insert(i, vec![p.job]);
+                let mut v = Vec::with_capacity(n);
+                v.push(p.job);
+                jobs.insert(i, v);
             }
         }
     }
