@@ -45,13 +45,9 @@ unsafe fn run(
         a.filter = filter;
         if a.placement.is_device() {
             let c = a.comm.clone();
-            let r = claim_for_call(&c, || crate::gpu::submit(a));
-            crate::comm::handle::give_back(comm, c);
-            return r;
+            return claim_for_call(&c, || crate::gpu::submit(a));
         }
-        let r = claim_for_call(&a.comm, || submit(&a));
-        crate::comm::handle::give_back(comm, a.comm);
-        r
+        claim_for_call(&a.comm, || submit(&a))
     })
 }
 

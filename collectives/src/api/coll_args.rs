@@ -44,8 +44,7 @@ pub fn validate(
     comm: ncclComm_t,
     stream: *mut c_void,
 ) -> Result<Call> {
-    // Taken from the thread's cache; the caller gives it back.
-    let comm = handle::take(comm)?;
+    let comm = handle::lookup(comm)?;
     comm.check_usable()?;
     let dtype = check::datatype(dtype)?;
     let op = if kind.reduces() {

@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use hetccl_abi::ncclComm_t;
 use once_cell::sync::Lazy;
@@ -59,63 +59,33 @@ fn cell_id(handle: ncclComm_t) -> Result<u64> {
 }
 
 thread_local! {
-    /// The handle this thread used last and its comm, held: a hit skips
-    /// both registry locks, and a collective call takes the reference out
-    /// and gives it back ([`take`], [`give_back`]) without touching its
-    /// count. A comm destroyed by another thread stays allocated (its
-    /// links already closed) until this thread's next call or its exit.
-    static HELD: RefCell<Option<(usize, Arc<Comm>)>> = const { RefCell::new(None) };
-}
-
-/// Whether the cell behind `handle`, found in CELLS when it was cached,
-/// still belongs to a live comm.
-fn live(handle: ncclComm_t) -> bool {
-    // SAFETY: `handle` was in CELLS when it was cached, so it points to a
-    // Cell made by `register`, which is never freed.
-    unsafe { (*(handle as *const Cell)).magic.load(Ordering::Acquire) == LIVE }
-}
-
-/// The comm behind `handle` from the registry (both locks).
-fn find(handle: ncclComm_t) -> Result<Arc<Comm>> {
-    let id = cell_id(handle)?;
-    LIVE_COMMS
-        .lock()
-        .get(&id)
-        .cloned()
-        .ok_or_else(|| Error::arg(format!("comm {handle:p} was already destroyed")))
+    /// The handle this thread looked up last, and its comm: a hit skips both
+    /// registry locks (the per-call cost of a training loop's collectives).
+    static LAST: RefCell<Option<(usize, Weak<Comm>)>> = const { RefCell::new(None) };
 }
 
 /// The live comm behind `handle`.
 pub fn lookup(handle: ncclComm_t) -> Result<Arc<Comm>> {
     let key = handle as usize;
-    let hit = HELD.with(|l| match &*l.borrow() {
-        Some((h, c)) if *h == key => Some(c.clone()),
+    let hit = LAST.with(|l| match &*l.borrow() {
+        Some((h, w)) if *h == key => w.upgrade(),
         _ => None,
     });
-    if let Some(comm) = hit.filter(|_| live(handle)) {
-        return Ok(comm);
+    if let Some(comm) = hit {
+        // SAFETY: `handle` was in CELLS when it was cached, so it points to
+        // a Cell made by `register`, which is never freed.
+        if unsafe { (*(handle as *const Cell)).magic.load(Ordering::Acquire) } == LIVE {
+            return Ok(comm);
+        }
     }
-    let comm = find(handle)?;
-    give_back(handle, comm.clone());
+    let id = cell_id(handle)?;
+    let comm = LIVE_COMMS
+        .lock()
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| Error::arg(format!("comm {handle:p} was already destroyed")))?;
+    LAST.with(|l| *l.borrow_mut() = Some((key, Arc::downgrade(&comm))));
     Ok(comm)
-}
-
-/// The live comm behind `handle`, taken out of this thread's cache: hand
-/// it back with [`give_back`] when the call is done.
-pub fn take(handle: ncclComm_t) -> Result<Arc<Comm>> {
-    let key = handle as usize;
-    let held = HELD.with(|l| l.borrow_mut().take());
-    match held {
-        Some((h, comm)) if h == key && live(handle) => Ok(comm),
-        _ => find(handle),
-    }
-}
-
-/// Keeps `comm`, the comm behind `handle`, as this thread's cached one.
-pub fn give_back(handle: ncclComm_t, comm: Arc<Comm>) {
-    let old = HELD.with(|l| l.borrow_mut().replace((handle as usize, comm)));
-    // Dropped outside the borrow: a last reference runs the comm's drop.
-    drop(old);
 }
 
 /// Removes the comm behind `handle` from the registry and returns it.
@@ -132,16 +102,6 @@ pub fn unregister(handle: ncclComm_t) -> Result<Arc<Comm>> {
             .magic
             .store(DEAD, Ordering::Release)
     };
-    // This thread's cache lets go of it now (other threads' at their next
-    // call, when they see the cell dead).
-    let cached = HELD.with(|l| {
-        let mut l = l.borrow_mut();
-        match &*l {
-            Some((h, _)) if *h == handle as usize => l.take(),
-            _ => None,
-        }
-    });
-    drop(cached);
     Ok(comm)
 }
 
@@ -167,16 +127,6 @@ mod tests {
         assert!(lookup(std::ptr::null_mut()).is_err());
         let h2 = register(Arc::new(Comm::new(1, 0)));
         assert_ne!(h, h2, "a new comm never reuses a stale handle");
-        // Taken and given back: the count is untouched, the comm stays
-        // cached, and destroying it lets go of the cached reference.
-        let c = take(h2).unwrap();
-        let weak = Arc::downgrade(&c);
-        give_back(h2, c);
-        let c = take(h2).unwrap();
-        assert_eq!(Arc::strong_count(&c), 2, "the registry's and this one");
-        give_back(h2, c);
-        drop(unregister(h2).unwrap());
-        assert!(weak.upgrade().is_none(), "destroyed and no longer cached");
-        assert!(take(h2).is_err());
+        unregister(h2).unwrap();
     }
 }
