@@ -19,8 +19,8 @@ use parking_lot::Mutex;
 
 pub use connect::TcpListenComm;
 pub use linger::Lingered;
-pub use recv::{RecvBuf, RecvRequest, RecvSizes, TcpRecvComm};
-pub use send::{SendRequest, TcpSendComm};
+pub use recv::{RecvBuf, RecvPosted, RecvRequest, RecvSizes, TcpRecvComm};
+pub use send::{EagerSend, SendRequest, TcpSendComm};
 
 use crate::error::{NetError, Result};
 use crate::iface::NetDevice;

@@ -52,6 +52,29 @@ impl std::ops::Deref for RecvSizes {
     }
 }
 
+/// What [`TcpRecvComm::irecv_now`] did with a receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvPosted {
+    /// Complete at once: the size of each buffer's message.
+    Done(RecvSizes),
+    /// Posted like [`TcpRecvComm::irecv`]: test the request.
+    Posted(RecvRequest),
+}
+
+/// The sizes a completed (or, for `optional`, fully matched) receive reports.
+fn sizes_of(r: &Req) -> RecvSizes {
+    let mut sizes = RecvSizes {
+        n: r.entries.len(),
+        sizes: [0; MAX_RECVS],
+    };
+    for (i, e) in r.entries.iter().enumerate() {
+        if let EntrySt::Done(s) | EntrySt::Matched(s, _) = e.st {
+            sizes.sizes[i] = s;
+        }
+    }
+    sizes
+}
+
 /// One buffer of a grouped receive.
 #[derive(Debug, Clone, Copy)]
 pub struct RecvBuf {
@@ -118,6 +141,35 @@ struct State {
     closed: Option<NetError>,
     /// Inline payloads land here (reused; no allocation per message).
     scratch: Vec<u8>,
+    /// Emptied buffers of small unexpected inline payloads, for the next.
+    spare_inline: Vec<Vec<u8>>,
+    /// Emptied entry lists of finished requests, for the next.
+    spare_entries: Vec<Vec<Entry>>,
+}
+
+/// Most emptied unexpected-payload buffers a comm keeps, and the largest
+/// one kept: small eager messages (a root's broadcasts running ahead) then
+/// queue without an allocation each.
+const SPARE_INLINE: usize = 64;
+const SPARE_INLINE_BYTES: usize = 4096;
+
+/// Keeps the emptied entry list of a finished request `r` for a later one.
+fn recycle(st: &mut State, r: Req) {
+    let mut e = r.entries;
+    if st.spare_entries.len() < SPARE_ENTRIES {
+        e.clear();
+        st.spare_entries.push(e);
+    }
+}
+
+/// Most emptied entry lists a comm keeps.
+const SPARE_ENTRIES: usize = 8;
+
+/// Keeps `v` for a later unexpected payload, when small and room is left.
+fn keep_spare(spare: &mut Vec<Vec<u8>>, v: Vec<u8>) {
+    if spare.len() < SPARE_INLINE && v.capacity() <= SPARE_INLINE_BYTES {
+        spare.push(v);
+    }
 }
 
 /// The receiving end of a comm. Thread-safe; every call takes the comm lock.
@@ -148,6 +200,8 @@ impl TcpRecvComm {
             failed: None,
             closed: None,
             scratch: Vec::new(),
+            spare_inline: Vec::new(),
+            spare_entries: Vec::new(),
         };
         Self {
             st: Mutex::new(st),
@@ -170,6 +224,39 @@ impl TcpRecvComm {
     /// Each buffer must stay writable for `cap` bytes until the request is
     /// reported done (for `optional`, until the comm is closed).
     pub unsafe fn irecv(&self, bufs: &[RecvBuf], optional: bool) -> Result<Option<RecvRequest>> {
+        // SAFETY: the caller's contract, passed on.
+        let r = unsafe { self.post(bufs, optional, false) }?;
+        Ok(r.map(|p| match p {
+            RecvPosted::Posted(q) => q,
+            RecvPosted::Done(_) => unreachable!("post keeps every request when asked to"),
+        }))
+    }
+
+    /// As [`TcpRecvComm::irecv`], but a receive that every buffer of
+    /// completes at once, from messages that arrived inline before it was
+    /// posted, is reported [`RecvPosted::Done`] with its sizes: it has no
+    /// request, and the comm is not driven further in this call. A
+    /// receiver behind its sender (back-to-back broadcasts) then takes one
+    /// queued message per call without touching the socket.
+    ///
+    /// # Safety
+    /// As for [`TcpRecvComm::irecv`] (for a receive reported `Posted`).
+    pub unsafe fn irecv_now(&self, bufs: &[RecvBuf]) -> Result<Option<RecvPosted>> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.post(bufs, false, true) }
+    }
+
+    /// Posts a receive; with `done_now`, one that completes at once is
+    /// reported `Done` and kept nowhere (see [`TcpRecvComm::irecv_now`]).
+    ///
+    /// # Safety
+    /// As for [`TcpRecvComm::irecv`].
+    unsafe fn post(
+        &self,
+        bufs: &[RecvBuf],
+        optional: bool,
+        done_now: bool,
+    ) -> Result<Option<RecvPosted>> {
         if bufs.is_empty() || bufs.len() > MAX_RECVS {
             return Err(NetError::InvalidArgument(format!(
                 "irecv of {} buffers (1..={MAX_RECVS})",
@@ -188,13 +275,11 @@ impl TcpRecvComm {
         }
         let id = st.next_id;
         st.next_id += 1;
-        let entries = bufs
-            .iter()
-            .map(|&buf| Entry {
-                buf,
-                st: EntrySt::Open,
-            })
-            .collect();
+        let mut entries = st.spare_entries.pop().unwrap_or_default();
+        entries.extend(bufs.iter().map(|&buf| Entry {
+            buf,
+            st: EntrySt::Open,
+        }));
         st.reqs.push_back(Req {
             id,
             entries,
@@ -207,12 +292,16 @@ impl TcpRecvComm {
                 let u = st.unexpected.remove(pos).expect("position is valid");
                 st.unexpected_bytes -= u.inline.as_ref().map_or(0, Vec::len);
                 self.match_entry(&mut st, ri, idx, u.seq, u.size, u.inline.as_deref());
+                if let Some(v) = u.inline {
+                    keep_spare(&mut st.spare_inline, v);
+                }
             }
         }
         if let Some(c) = st.closed.clone() {
             let r = st.reqs.back().expect("just pushed");
             if r.entries.iter().any(|e| matches!(e.st, EntrySt::Open)) {
-                st.reqs.pop_back();
+                let r = st.reqs.pop_back().expect("just pushed");
+                recycle(&mut st, r);
                 return Err(c);
             }
         }
@@ -222,7 +311,14 @@ impl TcpRecvComm {
                 st.failed = Some(e);
             }
         }
-        Ok(Some(RecvRequest(id)))
+        let r = st.reqs.back().expect("just pushed");
+        if done_now && r.entries.iter().all(|e| matches!(e.st, EntrySt::Done(_))) {
+            let r = st.reqs.pop_back().expect("just pushed");
+            let sizes = sizes_of(&r);
+            recycle(&mut st, r);
+            return Ok(Some(RecvPosted::Done(sizes)));
+        }
+        Ok(Some(RecvPosted::Posted(RecvRequest(id))))
     }
 
     /// Tests a receive: `Ok(Some(sizes))` once done (the request is then
@@ -269,20 +365,14 @@ impl TcpRecvComm {
             }
         }
         if let Some(err) = error {
-            st.reqs.remove(pos);
+            let r = st.reqs.remove(pos).expect("position is valid");
+            recycle(&mut st, r);
             return Err(err);
         }
         if complete {
             let r = st.reqs.remove(pos).expect("position is valid");
-            let mut sizes = RecvSizes {
-                n: r.entries.len(),
-                sizes: [0; MAX_RECVS],
-            };
-            for (i, e) in r.entries.iter().enumerate() {
-                if let EntrySt::Done(s) | EntrySt::Matched(s, _) = e.st {
-                    sizes.sizes[i] = s;
-                }
-            }
+            let sizes = sizes_of(&r);
+            recycle(&mut st, r);
             return Ok(Some(sizes));
         }
         prog?;
@@ -396,11 +486,17 @@ impl TcpRecvComm {
             return Err(NetError::proto("too many unexpected messages"));
         }
         st.unexpected_bytes += bytes;
+        let inline = inline.map(|data| {
+            let mut v = st.spare_inline.pop().unwrap_or_default();
+            v.clear();
+            v.extend_from_slice(data);
+            v
+        });
         st.unexpected.push_back(Unexpected {
             seq,
             tag,
             size,
-            inline: inline.map(<[u8]>::to_vec),
+            inline,
         });
         Ok(())
     }

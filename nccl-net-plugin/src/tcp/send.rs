@@ -23,6 +23,15 @@ use crate::wire::{DataMode, Frame};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SendRequest(pub(crate) u64);
 
+/// What [`TcpSendComm::isend_eager_now`] did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EagerSend {
+    /// Written whole into the socket at once: complete, nothing to test.
+    Sent,
+    /// Posted like [`TcpSendComm::isend_eager`]: test the request.
+    Posted(SendRequest),
+}
+
 enum St {
     /// Copied into the output queue; done once the queue drains.
     Queued,
@@ -122,7 +131,30 @@ impl TcpSendComm {
     ) -> Result<Option<SendRequest>> {
         let max = self.opts.inline_max.max(MAX_EAGER);
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.isend_upto(ptr, size, tag, max) }
+        let r = unsafe { self.post(ptr, size, tag, max, false) }?;
+        Ok(r.map(|p| match p {
+            EagerSend::Posted(q) => q,
+            EagerSend::Sent => unreachable!("post keeps every request when asked to"),
+        }))
+    }
+
+    /// As [`TcpSendComm::isend_eager`], but a message that goes into the
+    /// socket whole at once (inline, with the control socket idle) is
+    /// reported [`EagerSend::Sent`]: it has no request, and the comm is not
+    /// driven further in this call. The engine's small collective steps
+    /// take this path, one `sendmsg` and no request bookkeeping each.
+    ///
+    /// # Safety
+    /// As for [`TcpSendComm::isend`] (for a message reported `Posted`).
+    pub unsafe fn isend_eager_now(
+        &self,
+        ptr: *const u8,
+        size: usize,
+        tag: i32,
+    ) -> Result<Option<EagerSend>> {
+        let max = self.opts.inline_max.max(MAX_EAGER);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.post(ptr, size, tag, max, true) }
     }
 
     /// `isend` with payloads up to `inline_max` bytes inline.
@@ -136,6 +168,28 @@ impl TcpSendComm {
         tag: i32,
         inline_max: usize,
     ) -> Result<Option<SendRequest>> {
+        // SAFETY: the caller's contract, passed on.
+        let r = unsafe { self.post(ptr, size, tag, inline_max, false) }?;
+        Ok(r.map(|p| match p {
+            EagerSend::Posted(q) => q,
+            EagerSend::Sent => unreachable!("post keeps every request when asked to"),
+        }))
+    }
+
+    /// Posts a message with payloads up to `inline_max` bytes inline; with
+    /// `done_now`, one written whole at once is reported `Sent` and kept
+    /// nowhere (see [`TcpSendComm::isend_eager_now`]).
+    ///
+    /// # Safety
+    /// As for [`TcpSendComm::isend`].
+    unsafe fn post(
+        &self,
+        ptr: *const u8,
+        size: usize,
+        tag: i32,
+        inline_max: usize,
+        done_now: bool,
+    ) -> Result<Option<EagerSend>> {
         if ptr.is_null() && size > 0 {
             return Err(NetError::InvalidArgument("isend of a NULL buffer".into()));
         }
@@ -167,6 +221,8 @@ impl TcpSendComm {
             };
             // Written at once from the caller's buffer when the socket is idle.
             match st.ctrl.send_frame(&frame, payload) {
+                // Complete: the sequence number is spent, nothing to track.
+                Ok(true) if done_now => return Ok(Some(EagerSend::Sent)),
                 Ok(true) => St::Done,
                 Ok(false) => St::Queued,
                 Err(e) => {
@@ -192,7 +248,7 @@ impl TcpSendComm {
             },
         );
         self.progress(&mut st)?;
-        Ok(Some(SendRequest(seq)))
+        Ok(Some(EagerSend::Posted(SendRequest(seq))))
     }
 
     /// Tests a send: `Ok(Some(size))` once done (the request is then gone),
