@@ -15,7 +15,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use nccl_net_plugin::tcp::{RecvBuf, RecvRequest, SendRequest, TcpNet, TcpRecvComm, TcpSendComm};
+use nccl_net_plugin::tcp::{
+    EagerSend, RecvBuf, RecvPosted, RecvRequest, SendRequest, TcpNet, TcpRecvComm, TcpSendComm,
+};
 use nccl_net_plugin::NetError;
 use parking_lot::Mutex;
 
@@ -53,6 +55,24 @@ fn net_err(e: NetError) -> Error {
     }
 }
 
+/// A message of `n` bytes where the plan expects `want`, in `elem`-byte
+/// elements: a different size means the ranks' calls differ.
+fn check_size(n: usize, want: usize, elem: usize) -> Result<usize> {
+    if n != want || n % elem != 0 {
+        return Err(mismatched(format!(
+            "tcp: received a message of {n} bytes where {want} were expected"
+        )));
+    }
+    Ok(n)
+}
+
+/// A posted receive: in flight, or complete at once with its size.
+#[derive(Debug, Clone, Copy)]
+enum Got {
+    InFlight(RecvRequest),
+    Done(usize),
+}
+
 /// The sending half of one channel.
 struct NetSend {
     comm: Arc<TcpSendComm>,
@@ -88,14 +108,14 @@ impl NetRecv {
     /// take one now. A request in flight into another range than
     /// `ptr`/`len` means an abandoned operation, which poisons the
     /// communicator, so this cannot happen on a healthy one.
-    fn post(&self, st: &mut RecvState, ptr: *mut u8, len: usize) -> Result<Option<RecvRequest>> {
+    fn post(&self, st: &mut RecvState, ptr: *mut u8, len: usize) -> Result<Option<Got>> {
         if let Some((req, want, at)) = st.req {
             if at != ptr as usize || want != len {
                 return Err(Error::Internal(format!(
                     "tcp: a receive of {want} B is in flight elsewhere; asked for {len} B"
                 )));
             }
-            return Ok(Some(req));
+            return Ok(Some(Got::InFlight(req)));
         }
         let buf = RecvBuf {
             ptr,
@@ -108,14 +128,32 @@ impl NetRecv {
         // `RecvLink::try_recv_into`); the sockets are driven only from
         // this link's calls.
         Ok(
-            match unsafe { self.comm.irecv(&[buf], false) }.map_err(net_err)? {
-                Some(req) => {
+            match unsafe { self.comm.irecv_now(&[buf]) }.map_err(net_err)? {
+                Some(RecvPosted::Posted(req)) => {
                     st.req = Some((req, len, ptr as usize));
-                    Some(req)
+                    Some(Got::InFlight(req))
+                }
+                Some(RecvPosted::Done(sizes)) => {
+                    Some(Got::Done(sizes.first().copied().unwrap_or(0)))
                 }
                 None => None,
             },
         )
+    }
+
+    /// The size of the message `got` brought, once it is done: checked
+    /// against the `want` bytes the plan expects, in `elem`-byte elements.
+    fn complete(
+        &self,
+        st: &mut RecvState,
+        got: Got,
+        want: usize,
+        elem: usize,
+    ) -> Result<Option<usize>> {
+        match got {
+            Got::InFlight(req) => self.finish(st, req, want, elem),
+            Got::Done(n) => check_size(n, want, elem).map(Some),
+        }
     }
 
     /// Tests the request in flight: the received length once it is done.
@@ -130,13 +168,7 @@ impl NetRecv {
             return Ok(None);
         };
         st.req = None;
-        let n = sizes.first().copied().unwrap_or(0);
-        if n != want || n % elem != 0 {
-            return Err(mismatched(format!(
-                "tcp: received a message of {n} bytes where {want} were expected"
-            )));
-        }
-        Ok(Some(n))
+        check_size(sizes.first().copied().unwrap_or(0), want, elem).map(Some)
     }
 }
 
@@ -168,13 +200,17 @@ impl NetSend {
             // buffer stays valid until the operation completes.
             let r = unsafe {
                 if eager {
-                    self.comm.isend_eager(src.as_ptr(), src.len(), self.tag)
+                    self.comm.isend_eager_now(src.as_ptr(), src.len(), self.tag)
                 } else {
-                    self.comm.isend(src.as_ptr(), src.len(), self.tag)
+                    self.comm
+                        .isend(src.as_ptr(), src.len(), self.tag)
+                        .map(|q| q.map(EagerSend::Posted))
                 }
             };
             match r.map_err(net_err)? {
-                Some(req) => *st = Some((req, src.len())),
+                // Written whole into the socket: nothing left to test.
+                Some(EagerSend::Sent) => return Ok(src.len()),
+                Some(EagerSend::Posted(req)) => *st = Some((req, src.len())),
                 None => return Ok(0),
             }
         }
@@ -240,10 +276,10 @@ impl RecvLink for NetRecv {
             st.stage.resize(max, 0);
         }
         let stage = st.stage.as_mut_ptr();
-        let Some(req) = self.post(st, stage, max)? else {
+        let Some(got) = self.post(st, stage, max)? else {
             return Ok(0);
         };
-        let Some(n) = self.finish(st, req, max, elem)? else {
+        let Some(n) = self.complete(st, got, max, elem)? else {
             return Ok(0);
         };
         f(&st.stage[..n]);
@@ -258,10 +294,10 @@ impl RecvLink for NetRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
+        let Some(got) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
             return Ok(0);
         };
-        Ok(self.finish(st, req, dst.len(), 1)?.unwrap_or(0))
+        Ok(self.complete(st, got, dst.len(), 1)?.unwrap_or(0))
     }
     fn try_recv_first(&self, dst: &mut [u8], _expect: usize) -> Result<(usize, bool)> {
         if self.closed.load(Ordering::Acquire) {
@@ -269,8 +305,10 @@ impl RecvLink for NetRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        let Some(req) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
-            return Ok((0, false));
+        let req = match self.post(st, dst.as_mut_ptr(), dst.len())? {
+            None => return Ok((0, false)),
+            Some(Got::Done(n)) => return Ok((n, true)),
+            Some(Got::InFlight(req)) => req,
         };
         let Some(sizes) = self.comm.test(req).map_err(net_err)? else {
             return Ok((0, false));

@@ -668,3 +668,80 @@ fn a_message_of_max_eager_bytes_is_still_eager() {
     r.close();
     net.shutdown();
 }
+
+/// `isend_eager_now` writes a small message whole at once on an idle comm
+/// (`Sent`: no request to test) and posts one over [`MAX_EAGER`] like
+/// `isend`; a small one sent while the large one waits for its CTS still
+/// arrives after it, and every message arrives whole, in order.
+#[test]
+fn eager_now_sends_at_once_and_keeps_order() {
+    let net = lo_net(0, 0);
+    let (s, r) = pair(&net);
+    let msgs = [pattern(8, 1), pattern(MAX_EAGER + 1, 2), pattern(16, 3)];
+    let mut big = None;
+    for (i, m) in msgs.iter().enumerate() {
+        // SAFETY: `msgs` outlives the comms.
+        match unsafe { s.isend_eager_now(m.as_ptr(), m.len(), 4) }.unwrap() {
+            Some(EagerSend::Sent) => assert_ne!(i, 1, "a large message went inline"),
+            Some(EagerSend::Posted(q)) => {
+                assert_eq!(i, 1, "an idle comm posted a small message");
+                big = Some(q);
+            }
+            None => panic!("the comm refused message {i}"),
+        }
+    }
+    let big = big.expect("the large message has a request");
+    for (i, want) in msgs.iter().enumerate() {
+        let mut dst = vec![0u8; want.len()];
+        let buf = RecvBuf {
+            ptr: dst.as_mut_ptr(),
+            cap: dst.len(),
+            tag: 4,
+        };
+        // SAFETY: `dst` outlives the request, which the test waits for.
+        let rq = unsafe { r.irecv(&[buf], false) }.unwrap().unwrap();
+        let waiting = [big];
+        let (sent, got) = drive(&s, if i == 1 { &waiting } else { &[] }, &r, rq);
+        assert!(sent.iter().all(|x| x.as_ref().ok() == Some(&want.len())));
+        assert_eq!(got.unwrap(), vec![want.len()], "message {i}");
+        assert!(dst == *want, "message {i} differs");
+    }
+    s.close();
+    r.close();
+    net.shutdown();
+}
+
+/// A receive posted with `irecv_now` after its message arrived inline is
+/// complete at once (`Done`, its size, the bytes in place), and such
+/// receives take the queued messages of their tag in order.
+#[test]
+fn irecv_now_takes_arrived_messages_at_once() {
+    let net = lo_net(0, 0);
+    let (s, r) = pair(&net);
+    let msgs = [pattern(8, 7), pattern(24, 8), pattern(40, 9)];
+    for m in &msgs {
+        // SAFETY: `msgs` outlives the comms.
+        let sent = unsafe { s.isend_eager_now(m.as_ptr(), m.len(), 3) }.unwrap();
+        assert_eq!(sent, Some(EagerSend::Sent));
+    }
+    for (i, want) in msgs.iter().enumerate() {
+        let mut dst = vec![0u8; 64];
+        let buf = RecvBuf {
+            ptr: dst.as_mut_ptr(),
+            cap: dst.len(),
+            tag: 3,
+        };
+        // SAFETY: `dst` outlives the request, which the test waits for.
+        let n = match unsafe { r.irecv_now(&[buf]) }.unwrap() {
+            Some(RecvPosted::Done(sizes)) => sizes[0],
+            // Nothing read yet: the first receive reads every queued frame.
+            Some(RecvPosted::Posted(q)) if i == 0 => wait_recv(&r, q).unwrap()[0],
+            other => panic!("message {i}: {other:?}, want it complete at once"),
+        };
+        assert_eq!(n, want.len(), "message {i}");
+        assert!(dst[..n] == want[..], "message {i} differs");
+    }
+    s.close();
+    r.close();
+    net.shutdown();
+}
