@@ -22,6 +22,7 @@ impl Batch<'_> {
     /// behind it when it can go ahead.
     pub(super) fn post_next(&mut self, key: LinkKey) -> Result<()> {
         let Some(g) = self
+            .k
             .queues
             .iter()
             .find(|(k, _)| *k == key)
@@ -30,10 +31,11 @@ impl Batch<'_> {
             return Ok(());
         };
         let gi = g as usize;
-        if self.ahead[gi] || self.deps_left[gi] != 0 || self.done[gi] || self.moved[gi] != 0 {
+        if self.k.ahead[gi] || self.k.deps_left[gi] != 0 || self.k.done[gi] || self.k.moved[gi] != 0
+        {
             return Ok(());
         }
-        let (ji, si) = self.index[gi];
+        let (ji, si) = self.k.index[gi];
         let kind = self.jobs[ji].plan.steps[si].kind;
         let (peer, lc, _) = key;
         let cross = self.links.cross_node.get(peer) == Some(&true);
@@ -52,7 +54,7 @@ impl Batch<'_> {
             }
             _ => false,
         };
-        self.ahead[gi] = posted;
+        self.k.ahead[gi] = posted;
         Ok(())
     }
 }

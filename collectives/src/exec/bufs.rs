@@ -33,6 +33,8 @@ pub(super) struct Bufs {
     /// Emptied link queues, for the links of the next batch.
     pub spare_queues: Vec<VecDeque<u32>>,
     pub started: Vec<u64>,
+    /// The job list of a one-job batch ([`super::Batch::one`]), emptied.
+    pub jobs: Vec<super::Job>,
 }
 
 impl Bufs {
@@ -66,22 +68,25 @@ impl Bufs {
 
     /// Whether the set is small enough to keep.
     fn keep(&self) -> bool {
-        self.index.capacity() <= KEPT_STEPS
+        self.index.capacity() <= KEPT_STEPS && self.jobs.capacity() <= KEPT_STEPS
     }
 }
 
 /// The sets a communicator keeps.
 #[derive(Debug, Default)]
-pub struct BufPool(Mutex<Vec<Bufs>>);
+// Boxed on purpose: a batch takes and gives back one pointer, not a dozen
+// vectors (a move of a few hundred bytes on every call).
+#[allow(clippy::vec_box)]
+pub struct BufPool(Mutex<Vec<Box<Bufs>>>);
 
 impl BufPool {
     /// A kept set, or a new empty one.
-    pub(super) fn take(&self) -> Bufs {
+    pub(super) fn take(&self) -> Box<Bufs> {
         self.0.lock().pop().unwrap_or_default()
     }
 
     /// Keeps `b` for a later batch (unless enough are kept or it is large).
-    pub(super) fn give(&self, b: Bufs) {
+    pub(super) fn give(&self, b: Box<Bufs>) {
         if !b.keep() {
             return;
         }
@@ -132,7 +137,7 @@ mod tests {
     fn the_pool_keeps_few_and_small_sets() {
         let pool = BufPool::default();
         for _ in 0..3 {
-            let mut b = Bufs::default();
+            let mut b = Box::<Bufs>::default();
             b.reset(1, false);
             b.index.reserve(8);
             pool.give(b);

@@ -44,10 +44,13 @@ impl Batch<'_> {
     /// is ready, not started, and small enough. The slice is the user's
     /// memory, valid while the operation runs (as in `step::slice`).
     fn pack_part<'b>(&mut self, h: u32, max_part: usize) -> Option<&'b [u8]> {
-        if self.done[h as usize] || self.deps_left[h as usize] != 0 || self.moved[h as usize] != 0 {
+        if self.k.done[h as usize]
+            || self.k.deps_left[h as usize] != 0
+            || self.k.moved[h as usize] != 0
+        {
             return None;
         }
-        let (ji, si) = self.index[h as usize];
+        let (ji, si) = self.k.index[h as usize];
         let job = &mut self.jobs[ji];
         let StepKind::Send { src, .. } = job.plan.steps[si].kind else {
             return None;
@@ -70,12 +73,12 @@ impl Batch<'_> {
         if self.queue_head(key) != Some(g) {
             return Ok(Packed::NotHead);
         }
-        let (ji, si) = self.index[g as usize];
+        let (ji, si) = self.k.index[g as usize];
         let len = self.jobs[ji].plan.steps[si].kind.message_len().unwrap_or(0);
-        if !self.started.is_empty() && self.started[g as usize] == 0 {
-            self.started[g as usize] = crate::telemetry::clock::ticks();
+        if !self.k.started.is_empty() && self.k.started[g as usize] == 0 {
+            self.k.started[g as usize] = crate::telemetry::clock::ticks();
         }
-        if self.moved[g as usize] == len {
+        if self.k.moved[g as usize] == len {
             // Sent in the pack of an earlier head; its bytes were counted then.
             self.count_link(peer, true, 0, &Ok(true));
             self.queue_mut(key).pop_front();
@@ -91,6 +94,7 @@ impl Batch<'_> {
             // No more sub-messages than 1-byte ones could fill the pack.
             let most = limits.max_pack.saturating_sub(pack::HEADER) / 5;
             let queued: Vec<u32> = self
+                .k
                 .queues
                 .iter()
                 .find(|(k, _)| *k == key)
@@ -120,15 +124,16 @@ impl Batch<'_> {
         // The first `n` steps of the queue went out whole.
         let mut bytes = 0;
         let sent: Vec<u32> = self
+            .k
             .queues
             .iter()
             .find(|(k, _)| *k == key)
             .map(|(_, q)| q.iter().take(n).copied().collect())
             .unwrap_or_default();
         for h in sent {
-            let (hj, hs) = self.index[h as usize];
+            let (hj, hs) = self.k.index[h as usize];
             let l = self.jobs[hj].plan.steps[hs].kind.message_len().unwrap_or(0);
-            self.moved[h as usize] = l;
+            self.k.moved[h as usize] = l;
             bytes += l;
         }
         self.count_link(peer, true, bytes, &Ok(true));

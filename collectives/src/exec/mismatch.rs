@@ -40,7 +40,7 @@ impl Batch<'_> {
     /// Whether step `g` moves a fingerprint: a send or receive of a slot,
     /// or the copy that fills a send slot.
     fn is_fingerprint_step(&self, g: u32) -> bool {
-        let (ji, si) = self.index[g as usize];
+        let (ji, si) = self.k.index[g as usize];
         let job = &self.jobs[ji];
         let Some(l) = job.fingerprint else {
             return false;
@@ -62,9 +62,9 @@ impl Batch<'_> {
         loop {
             let mut left = false;
             let mut i = 0;
-            while i < self.ready.len() {
-                let g = self.ready[i];
-                let (ji, si) = self.index[g as usize];
+            while i < self.k.ready.len() {
+                let g = self.k.ready[i];
+                let (ji, si) = self.k.index[g as usize];
                 let kind = self.jobs[ji].plan.steps[si].kind;
                 if !self.is_fingerprint_step(g) || matches!(kind, StepKind::Recv { .. }) {
                     i += 1;
@@ -80,7 +80,7 @@ impl Batch<'_> {
                         }
                         let conn = &self.links.peers[peer as usize].as_ref().expect("checked")
                             [chan as usize];
-                        let moved = &mut self.moved[g as usize];
+                        let moved = &mut self.k.moved[g as usize];
                         match step::run_message(&mut self.jobs[ji], &kind, conn, moved) {
                             Ok(true) => {
                                 self.queue_mut(key).pop_front();
@@ -98,7 +98,7 @@ impl Batch<'_> {
                         }
                     }
                 };
-                self.ready.swap_remove(i);
+                self.k.ready.swap_remove(i);
                 if finished {
                     self.complete(g);
                 }
@@ -115,11 +115,11 @@ impl Batch<'_> {
     /// takes what has arrived, whatever its dependencies (its slot is
     /// private scratch), and is checked.
     fn probe_fingerprints(&mut self) -> Option<Error> {
-        for g in 0..self.index.len() as u32 {
-            if self.done[g as usize] || !self.is_fingerprint_step(g) {
+        for g in 0..self.k.index.len() as u32 {
+            if self.k.done[g as usize] || !self.is_fingerprint_step(g) {
                 continue;
             }
-            let (ji, si) = self.index[g as usize];
+            let (ji, si) = self.k.index[g as usize];
             let kind = self.jobs[ji].plan.steps[si].kind;
             let Some((peer, chan, false)) = kind.message() else {
                 continue;
@@ -129,7 +129,7 @@ impl Batch<'_> {
                 continue;
             }
             let conn = &self.links.peers[peer as usize].as_ref().expect("checked")[chan as usize];
-            let moved = &mut self.moved[g as usize];
+            let moved = &mut self.k.moved[g as usize];
             if let Err(e @ Error::InvalidUsage(_)) =
                 step::run_message(&mut self.jobs[ji], &kind, conn, moved)
             {

@@ -134,25 +134,10 @@ type LinkKey = (usize, usize, bool); // (peer, link channel, is_send)
 pub struct Batch<'a> {
     links: &'a Links,
     jobs: Vec<Job>,
-    /// (job, step) of each flattened step.
-    index: Vec<(usize, usize)>,
-    deps_left: Vec<u32>,
-    dependents: Vec<Vec<u32>>,
-    /// Bytes moved so far by each message step.
-    moved: Vec<usize>,
-    /// Message steps posted ahead of their turn on their link (`ahead`).
-    ahead: Vec<bool>,
-    done: Vec<bool>,
-    ready: Vec<u32>,
-    /// Message steps per link, in issue order (few links per batch, so a
-    /// list beats a map).
-    queues: Vec<(LinkKey, VecDeque<u32>)>,
-    /// Emptied link queues kept from an earlier batch.
-    spare_queues: Vec<VecDeque<u32>>,
+    /// The per-step and per-link vectors, boxed so that a batch moves as
+    /// a few words (see [`bufs::Bufs`] for each).
+    k: Box<bufs::Bufs>,
     remaining: usize,
-    /// When each step started, in `telemetry::clock` ticks; empty unless the
-    /// timeline is on.
-    started: Vec<u64>,
     /// Staging buffers of the compressed message steps in progress (step,
     /// buffer), and emptied ones kept for reuse.
     stages: Vec<(u32, Vec<u8>)>,
@@ -165,23 +150,27 @@ const SPARE_STAGES: usize = 8;
 impl<'a> Batch<'a> {
     /// Builds a batch; fails if a plan needs a link the communicator lacks.
     pub fn new(links: &'a Links, jobs: Vec<Job>) -> Result<Self> {
-        let total: usize = jobs.iter().map(|j| j.plan.steps.len()).sum();
+        Self::build(links, links.bufs.take(), jobs)
+    }
+
+    /// Builds a batch of one job, in a job list kept by the links (no
+    /// allocation once the links have run a batch).
+    pub fn one(links: &'a Links, job: Job) -> Result<Self> {
         let mut k = links.bufs.take();
+        let mut jobs = std::mem::take(&mut k.jobs);
+        jobs.clear();
+        jobs.push(job);
+        Self::build(links, k, jobs)
+    }
+
+    fn build(links: &'a Links, mut k: Box<bufs::Bufs>, jobs: Vec<Job>) -> Result<Self> {
+        let total: usize = jobs.iter().map(|j| j.plan.steps.len()).sum();
         k.reset(total, crate::telemetry::trace::on());
         let mut b = Batch {
             links,
-            index: k.index,
-            deps_left: k.deps_left,
-            dependents: k.dependents,
-            moved: k.moved,
-            ahead: k.ahead,
-            done: k.done,
-            ready: k.ready,
-            queues: k.queues,
-            spare_queues: k.spare_queues,
+            k,
             remaining: total,
             jobs: Vec::new(),
-            started: k.started,
             stages: Vec::new(),
             spare: Vec::new(),
         };
@@ -189,13 +178,13 @@ impl<'a> Batch<'a> {
         for (ji, job) in jobs.iter().enumerate() {
             for (si, step) in job.plan.steps.iter().enumerate() {
                 let g = base + si as u32;
-                b.index.push((ji, si));
-                b.deps_left.push(step.deps.len() as u32);
+                b.k.index.push((ji, si));
+                b.k.deps_left.push(step.deps.len() as u32);
                 for &d in &step.deps {
-                    b.dependents[(base + d) as usize].push(g);
+                    b.k.dependents[(base + d) as usize].push(g);
                 }
                 if step.deps.is_empty() {
-                    b.ready.push(g);
+                    b.k.ready.push(g);
                 }
                 if let Some((peer, chan, is_send)) = step.kind.message() {
                     let lc = if job.p2p { P2P_CHAN } else { chan as usize };
@@ -221,15 +210,15 @@ impl<'a> Batch<'a> {
     }
 
     fn queue_mut(&mut self, key: LinkKey) -> &mut VecDeque<u32> {
-        let i = match self.queues.iter().position(|(k, _)| *k == key) {
+        let i = match self.k.queues.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
             None => {
-                let q = self.spare_queues.pop().unwrap_or_default();
-                self.queues.push((key, q));
-                self.queues.len() - 1
+                let q = self.k.spare_queues.pop().unwrap_or_default();
+                self.k.queues.push((key, q));
+                self.k.queues.len() - 1
             }
         };
-        &mut self.queues[i].1
+        &mut self.k.queues[i].1
     }
 
     /// The index in `stages` of step `g`'s staging buffer (made on first use).
@@ -252,7 +241,8 @@ impl<'a> Batch<'a> {
     }
 
     fn queue_head(&self, key: LinkKey) -> Option<u32> {
-        self.queues
+        self.k
+            .queues
             .iter()
             .find(|(k, _)| *k == key)
             .and_then(|(_, q)| q.front().copied())
@@ -263,47 +253,38 @@ impl<'a> Batch<'a> {
         self.remaining == 0
     }
 
+    /// Hands each job to `f` (for its buffers after completion); the
+    /// batch's vectors, its job list included, go back to its links for
+    /// the next batch.
+    pub fn finish_jobs(self, f: impl FnMut(Job)) {
+        let (links, mut jobs, mut k) = self.split();
+        jobs.drain(..).for_each(f);
+        k.jobs = jobs;
+        links.bufs.give(k);
+    }
+
     /// The jobs (for their buffers and plans after completion); the
     /// batch's vectors go back to its links for the next batch.
     pub fn into_jobs(self) -> Vec<Job> {
-        let Batch {
-            links,
-            jobs,
-            index,
-            deps_left,
-            dependents,
-            moved,
-            ahead,
-            done,
-            ready,
-            queues,
-            spare_queues,
-            started,
-            ..
-        } = self;
-        links.bufs.give(bufs::Bufs {
-            index,
-            deps_left,
-            dependents,
-            moved,
-            ahead,
-            done,
-            ready,
-            queues,
-            spare_queues,
-            started,
-        });
+        let (links, jobs, k) = self.split();
+        links.bufs.give(k);
         jobs
     }
 
+    /// The links, the jobs and the batch's vectors.
+    fn split(self) -> (&'a Links, Vec<Job>, Box<bufs::Bufs>) {
+        let Batch { links, jobs, k, .. } = self;
+        (links, jobs, k)
+    }
+
     fn complete(&mut self, g: u32) {
-        self.done[g as usize] = true;
+        self.k.done[g as usize] = true;
         self.remaining -= 1;
-        for i in 0..self.dependents[g as usize].len() {
-            let d = self.dependents[g as usize][i];
-            self.deps_left[d as usize] -= 1;
-            if self.deps_left[d as usize] == 0 {
-                self.ready.push(d);
+        for i in 0..self.k.dependents[g as usize].len() {
+            let d = self.k.dependents[g as usize][i];
+            self.k.deps_left[d as usize] -= 1;
+            if self.k.deps_left[d as usize] == 0 {
+                self.k.ready.push(d);
             }
         }
     }
@@ -316,9 +297,9 @@ impl<'a> Batch<'a> {
         // during a long run of local work.
         let mut ran_local = false;
         let mut i = 0;
-        while i < self.ready.len() {
-            let g = self.ready[i];
-            let (ji, si) = self.index[g as usize];
+        while i < self.k.ready.len() {
+            let g = self.k.ready[i];
+            let (ji, si) = self.k.index[g as usize];
             // A message step behind another on its link waits: most of a
             // large group's ready steps, skipped before anything else.
             if let Some((peer, chan, is_send)) = self.jobs[ji].plan.steps[si].kind.message() {
@@ -339,14 +320,14 @@ impl<'a> Batch<'a> {
                     continue;
                 }
                 None => {
-                    let t0 = if self.started.is_empty() {
+                    let t0 = if self.k.started.is_empty() {
                         0
                     } else {
                         crate::telemetry::clock::ticks()
                     };
                     step::run_local(&mut self.jobs[ji], &kind)?;
-                    if !self.started.is_empty() {
-                        self.started[g as usize] = t0;
+                    if !self.k.started.is_empty() {
+                        self.k.started[g as usize] = t0;
                     }
                     ran_local = true;
                     true
@@ -372,9 +353,9 @@ impl<'a> Batch<'a> {
                     };
                     let key = (peer as usize, lc, is_send);
                     let conn = &self.links.peers[peer as usize].as_ref().expect("checked")[lc];
-                    let before = self.moved[g as usize];
-                    if !self.started.is_empty() && self.started[g as usize] == 0 {
-                        self.started[g as usize] = crate::telemetry::clock::ticks();
+                    let before = self.k.moved[g as usize];
+                    if !self.k.started.is_empty() && self.k.started[g as usize] == 0 {
+                        self.k.started[g as usize] = crate::telemetry::clock::ticks();
                     }
                     let cross = self.links.cross_node.get(peer as usize) == Some(&true);
                     let c = compress::format(&self.jobs[ji], &kind, cross);
@@ -383,7 +364,7 @@ impl<'a> Batch<'a> {
                             &mut self.jobs[ji],
                             &kind,
                             conn,
-                            &mut self.moved[g as usize],
+                            &mut self.k.moved[g as usize],
                         )
                     } else {
                         let at = self.stage(g);
@@ -391,7 +372,7 @@ impl<'a> Batch<'a> {
                             &mut self.jobs[ji],
                             &kind,
                             conn,
-                            &mut self.moved[g as usize],
+                            &mut self.k.moved[g as usize],
                             c,
                             &mut self.stages[at].1,
                         );
@@ -400,7 +381,7 @@ impl<'a> Batch<'a> {
                         }
                         r
                     };
-                    let moved = self.moved[g as usize] - before;
+                    let moved = self.k.moved[g as usize] - before;
                     self.count_link(peer as usize, is_send, moved, &r);
                     progressed |= moved != 0;
                     if r? {
@@ -416,8 +397,8 @@ impl<'a> Batch<'a> {
             };
             if finished {
                 progressed = true;
-                self.ready.swap_remove(i);
-                if !self.started.is_empty() {
+                self.k.ready.swap_remove(i);
+                if !self.k.started.is_empty() {
                     self.trace_step(g);
                 }
                 self.complete(g);
@@ -454,7 +435,7 @@ impl<'a> Batch<'a> {
     /// Records the timeline slice of step `g`, just completed.
     #[cold]
     fn trace_step(&self, g: u32) {
-        let (ji, si) = self.index[g as usize];
+        let (ji, si) = self.k.index[g as usize];
         let job = &self.jobs[ji];
         let kind = &job.plan.steps[si].kind;
         let (name, bytes) = step::trace_name(kind);
@@ -471,7 +452,7 @@ impl<'a> Batch<'a> {
         };
         crate::telemetry::trace::record(crate::telemetry::trace::Event {
             what: crate::telemetry::trace::What::Step(name),
-            start: self.started[g as usize],
+            start: self.k.started[g as usize],
             end: crate::telemetry::clock::ticks(),
             id: job.trace.id,
             rank: self.links.rank as u32,
@@ -487,9 +468,9 @@ impl<'a> Batch<'a> {
     /// What to wait on: the wait sources of the links at the head of a
     /// queue whose step is ready.
     fn wait_sources(&self, out: &mut Vec<WaitSource>) {
-        for &((peer, lc, is_send), ref q) in &self.queues {
+        for &((peer, lc, is_send), ref q) in &self.k.queues {
             if let Some(&g) = q.front() {
-                if self.deps_left[g as usize] == 0 && !self.done[g as usize] {
+                if self.k.deps_left[g as usize] == 0 && !self.k.done[g as usize] {
                     let c = &self.links.peers[peer].as_ref().expect("checked")[lc];
                     out.push(if is_send {
                         c.tx.wait_source()
@@ -507,9 +488,9 @@ impl Batch<'_> {
     /// is ready (see [`crate::transport::SendLink::wait_fds`]); `false` if
     /// one of them cannot name its sockets now.
     fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
-        for &((peer, lc, is_send), ref q) in &self.queues {
+        for &((peer, lc, is_send), ref q) in &self.k.queues {
             if let Some(&g) = q.front() {
-                if self.deps_left[g as usize] == 0 && !self.done[g as usize] {
+                if self.k.deps_left[g as usize] == 0 && !self.k.done[g as usize] {
                     let c = &self.links.peers[peer].as_ref().expect("checked")[lc];
                     let ok = if is_send {
                         c.tx.wait_fds(out)
@@ -579,15 +560,15 @@ impl Batch<'_> {
     /// Every blocked message step (the head of each link's queue).
     pub fn blocked(&self) -> Vec<Blocked> {
         let mut out = Vec::new();
-        for &((peer, lc, is_send), ref q) in &self.queues {
+        for &((peer, lc, is_send), ref q) in &self.k.queues {
             let Some(&g) = q.front() else { continue };
-            if self.done[g as usize] {
+            if self.k.done[g as usize] {
                 continue;
             }
-            let (ji, si) = self.index[g as usize];
+            let (ji, si) = self.k.index[g as usize];
             let job = &self.jobs[ji];
             let len = job.plan.steps[si].kind.message_len().unwrap_or(0);
-            let (kind, what) = if self.deps_left[g as usize] > 0 {
+            let (kind, what) = if self.k.deps_left[g as usize] > 0 {
                 (3, "is not ready yet (earlier steps pending) to")
             } else if is_send {
                 (2, "waits for room to send to")
@@ -603,7 +584,7 @@ impl Batch<'_> {
                 line: format!(
                     "{}: step {si} {what} rank {peer} (channel {lc}), {}/{len} bytes moved",
                     job.label(),
-                    self.moved[g as usize]
+                    self.k.moved[g as usize]
                 ),
             });
         }

@@ -175,6 +175,10 @@ pub(super) fn run(ops: Few<Pending>) -> Result<()> {
 }
 
 fn execute(ops: Few<Pending>) -> Result<()> {
+    let ops = match ops {
+        Few::One(p) => return execute_one(p),
+        many => many,
+    };
     // The jobs by communicator, in address order (the order their locks
     // are taken in), keeping issue order within each. Outside a group
     // every list holds one element and allocates nothing.
@@ -217,19 +221,9 @@ fn execute(ops: Few<Pending>) -> Result<()> {
     for c in &comms[1..] {
         patience.spin = patience.spin.min(c.engine()?.settings.patience.spin);
     }
-    // An operation another thread runs on one of these communicators (a
-    // nonblocking helper, the GPU proxy) ends within its own stall limit.
-    let wait = patience.stall_timeout + std::time::Duration::from_secs(1);
     let mut locks = Few::default();
     for c in comms {
-        let e = c.engine()?;
-        let Some(l) = e.exec_lock.try_lock_for(wait) else {
-            return Err(Error::Timeout(format!(
-                "an operation on another thread held communicator {:016x} for {wait:?}",
-                e.comm_hash
-            )));
-        };
-        locks.push(l);
+        locks.push(exec_lock(c.engine()?, patience)?);
     }
     let mut batches = Few::default();
     for (jobs, c) in jobs.into_vec_iter().zip(comms) {
@@ -238,7 +232,8 @@ fn execute(ops: Few<Pending>) -> Result<()> {
     let start = crate::telemetry::clock::ticks();
     let r = drive(batches.as_mut_slice(), patience);
     for (b, c) in batches.into_vec_iter().zip(comms) {
-        return_scratch(c.engine()?, b.into_jobs());
+        let e = c.engine()?;
+        b.finish_jobs(|j| return_scratch(e, j));
     }
     if r.is_ok() {
         observe(comms, observed.as_slice(), start);
@@ -250,6 +245,62 @@ fn execute(ops: Few<Pending>) -> Result<()> {
     }
     drop(locks);
     r
+}
+
+/// [`execute`] of one operation: the same steps without the lists.
+fn execute_one(p: Pending) -> Result<()> {
+    let Pending { comm, job, info } = p;
+    let e = comm.engine()?;
+    let plan = &job.plan;
+    let observed = [(
+        Arc::as_ptr(&comm),
+        Observed {
+            info,
+            kind: plan.collective,
+            algorithm: plan.algorithm,
+            dtype: plan.dtype,
+            op: crate::telemetry::trace::op_name(plan.collective, &plan.op),
+            id: job.trace.id,
+        },
+    )];
+    let patience = e.settings.patience;
+    let lock = exec_lock(e, patience)?;
+    let job = if job.self_p2p {
+        // A lone send to oneself has no receive to pair with: `pair` says so.
+        self_p2p::pair(vec![job])?
+            .pop()
+            .expect("pair keeps a lone job")
+    } else {
+        job
+    };
+    let mut batch = [Batch::one(&e.links, job)?];
+    let start = crate::telemetry::clock::ticks();
+    let r = drive(&mut batch, patience);
+    let [b] = batch;
+    b.finish_jobs(|j| return_scratch(e, j));
+    let comms = std::slice::from_ref(&comm);
+    match &r {
+        Ok(()) => observe(comms, &observed, start),
+        Err(err) => poison(&comm, err),
+    }
+    drop(lock);
+    r
+}
+
+/// Takes `e`'s exec lock, waiting for an operation another thread runs on
+/// it (a nonblocking helper, the GPU proxy), which ends within its own
+/// stall limit.
+fn exec_lock(
+    e: &crate::comm::engine::Engine,
+    patience: crate::exec::Patience,
+) -> Result<parking_lot::MutexGuard<'_, ()>> {
+    let wait = patience.stall_timeout + std::time::Duration::from_secs(1);
+    e.exec_lock.try_lock_for(wait).ok_or_else(|| {
+        Error::Timeout(format!(
+            "an operation on another thread held communicator {:016x} for {wait:?}",
+            e.comm_hash
+        ))
+    })
 }
 
 /// Records a failed operation on `c`: its asynchronous error, and the reason

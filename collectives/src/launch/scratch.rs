@@ -23,12 +23,14 @@ pub(super) fn take_scratch(engine: &Engine, bytes: usize) -> Vec<u8> {
 /// The most scratch buffers a communicator keeps.
 const SCRATCH_POOL: usize = 4;
 
-/// Gives finished jobs' scratch buffers back to their communicator's pool.
-pub(super) fn return_scratch(engine: &Engine, jobs: Vec<Job>) {
+/// Gives a finished job's scratch buffer back to its communicator's pool
+/// (the pool's lock is taken only for a job that has one).
+pub(super) fn return_scratch(engine: &Engine, job: Job) {
+    if job.bufs.scratch.capacity() == 0 {
+        return;
+    }
     let mut pool = engine.scratch_pool.lock();
-    for j in jobs {
-        if j.bufs.scratch.capacity() > 0 && pool.len() < SCRATCH_POOL {
-            pool.push(j.bufs.scratch);
-        }
+    if pool.len() < SCRATCH_POOL {
+        pool.push(job.bufs.scratch);
     }
 }
