@@ -19,7 +19,7 @@ pub mod agree;
 pub mod online;
 pub mod options;
 
-use std::sync::atomic::{AtomicU16, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use hetccl_core::config::{Compression, TuneMode};
@@ -62,6 +62,9 @@ impl AlgoOptions {
 #[derive(Debug)]
 pub struct Control {
     algo: Mutex<AlgoOptions>,
+    /// Whether the filter in `algo` restricts anything (a call on an
+    /// unrestricted communicator takes neither the lock nor the `Arc`).
+    restricted: AtomicBool,
     /// Bit `i` set: the filter in force allows the direct paths for
     /// `Collective::ALL[i]` (a copy of `algo`'s answer, read per call
     /// without the lock).
@@ -102,6 +105,7 @@ impl Control {
     /// The controls of a communicator created with `settings`.
     pub fn new(settings: &Settings) -> Self {
         Self {
+            restricted: AtomicBool::new(!settings.algo_filter.is_unrestricted()),
             direct: AtomicU16::new(direct_mask(&settings.algo_filter)),
             algo: Mutex::new(AlgoOptions {
                 base: settings.algo_filter.text().to_string(),
@@ -120,6 +124,14 @@ impl Control {
     /// option, with the `algo.<collective>` options over it.
     pub fn algo_filter(&self) -> Arc<AlgoFilter> {
         self.algo.lock().effective.clone()
+    }
+
+    /// [`Self::algo_filter`] when it restricts anything; `None` (no lock
+    /// taken) when every algorithm is allowed.
+    pub fn restricted_filter(&self) -> Option<Arc<AlgoFilter>> {
+        self.restricted
+            .load(Ordering::Acquire)
+            .then(|| self.algo_filter())
     }
 
     /// Whether the filter in force allows the direct paths for `kind`: the
@@ -187,6 +199,8 @@ impl Control {
                 next.rebuild()?;
                 self.direct
                     .store(direct_mask(&next.effective), Ordering::Relaxed);
+                self.restricted
+                    .store(!next.effective.is_unrestricted(), Ordering::Release);
                 *a = next;
             }
             Setting::AlgoFor(c, v) => {
@@ -199,6 +213,8 @@ impl Control {
                 next.rebuild()?;
                 self.direct
                     .store(direct_mask(&next.effective), Ordering::Relaxed);
+                self.restricted
+                    .store(!next.effective.is_unrestricted(), Ordering::Release);
                 *a = next;
             }
             Setting::Tune(m) => {
@@ -266,6 +282,19 @@ mod tests {
             !c.algo_filter().allows(ar, Algorithm::Ring),
             "NCCL_ALGO again"
         );
+    }
+
+    #[test]
+    fn only_a_restricting_filter_is_handed_out() {
+        let c = control(None);
+        assert!(c.restricted_filter().is_none(), "nothing restricted");
+        c.apply(&parse("algo.allgather", "ring").unwrap()).unwrap();
+        let f = c.restricted_filter().expect("algo.allgather restricts");
+        assert!(!f.allows(Collective::AllGather, Algorithm::Tree));
+        c.apply(&parse("algo.allgather", "default").unwrap())
+            .unwrap();
+        assert!(c.restricted_filter().is_none(), "back to no restriction");
+        assert!(control(Some("tree")).restricted_filter().is_some());
     }
 
     #[test]

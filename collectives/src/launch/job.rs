@@ -81,12 +81,19 @@ pub fn make_job(a: &Call) -> Result<Job> {
     let bytes = a.count * a.dtype.size();
     let p2p = matches!(coll, Collective::Send | Collective::Recv);
     // Point-to-point plans depend on neither NCCL_ALGO nor tuning: a group
-    // of many sends skips the filter's lock.
-    let comm_filter = (!p2p).then(|| engine.control.algo_filter());
+    // of many sends skips the filter's lock, as does every call on a
+    // communicator whose filter restricts nothing.
+    let comm_filter = if p2p {
+        None
+    } else {
+        engine.control.restricted_filter()
+    };
     let unrestricted = AlgoFilter::default();
-    let filter = comm_filter
-        .as_deref()
-        .map_or(&unrestricted, |f| a.filter(f));
+    let filter = if p2p {
+        &unrestricted
+    } else {
+        a.filter(comm_filter.as_deref().unwrap_or(&unrestricted))
+    };
     let forced = if p2p {
         None
     } else {
