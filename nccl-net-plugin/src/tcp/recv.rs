@@ -313,6 +313,12 @@ impl TcpRecvComm {
         }
         let r = st.reqs.back().expect("just pushed");
         if done_now && r.entries.iter().all(|e| matches!(e.st, EntrySt::Done(_))) {
+            // What an earlier pass peeked leaves the kernel's queue now, as
+            // a progress pass would do first: a receiver that takes queued
+            // messages this way keeps the sender's window open.
+            if let Err(e) = st.ctrl.release() {
+                st.failed = Some(e);
+            }
             let r = st.reqs.pop_back().expect("just pushed");
             let sizes = sizes_of(&r);
             recycle(&mut st, r);
