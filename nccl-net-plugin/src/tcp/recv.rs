@@ -152,23 +152,23 @@ struct State {
 /// queue without an allocation each.
 const SPARE_INLINE: usize = 64;
 const SPARE_INLINE_BYTES: usize = 4096;
+/// Most emptied entry lists a comm keeps.
+const SPARE_ENTRIES: usize = 8;
+
+/// Keeps the buffer of a matched unexpected payload for a later one, when
+/// small and room is left.
+fn keep_inline(st: &mut State, v: Vec<u8>) {
+    if st.spare_inline.len() < SPARE_INLINE && v.capacity() <= SPARE_INLINE_BYTES {
+        st.spare_inline.push(v);
+    }
+}
 
 /// Keeps the emptied entry list of a finished request `r` for a later one.
-fn recycle(st: &mut State, r: Req) {
+fn keep_entries(st: &mut State, r: Req) {
     let mut e = r.entries;
     if st.spare_entries.len() < SPARE_ENTRIES {
         e.clear();
         st.spare_entries.push(e);
-    }
-}
-
-/// Most emptied entry lists a comm keeps.
-const SPARE_ENTRIES: usize = 8;
-
-/// Keeps `v` for a later unexpected payload, when small and room is left.
-fn keep_spare(spare: &mut Vec<Vec<u8>>, v: Vec<u8>) {
-    if spare.len() < SPARE_INLINE && v.capacity() <= SPARE_INLINE_BYTES {
-        spare.push(v);
     }
 }
 
@@ -293,7 +293,7 @@ impl TcpRecvComm {
                 st.unexpected_bytes -= u.inline.as_ref().map_or(0, Vec::len);
                 self.match_entry(&mut st, ri, idx, u.seq, u.size, u.inline.as_deref());
                 if let Some(v) = u.inline {
-                    keep_spare(&mut st.spare_inline, v);
+                    keep_inline(&mut st, v);
                 }
             }
         }
@@ -301,7 +301,7 @@ impl TcpRecvComm {
             let r = st.reqs.back().expect("just pushed");
             if r.entries.iter().any(|e| matches!(e.st, EntrySt::Open)) {
                 let r = st.reqs.pop_back().expect("just pushed");
-                recycle(&mut st, r);
+                keep_entries(&mut st, r);
                 return Err(c);
             }
         }
@@ -321,7 +321,7 @@ impl TcpRecvComm {
             }
             let r = st.reqs.pop_back().expect("just pushed");
             let sizes = sizes_of(&r);
-            recycle(&mut st, r);
+            keep_entries(&mut st, r);
             return Ok(Some(RecvPosted::Done(sizes)));
         }
         Ok(Some(RecvPosted::Posted(RecvRequest(id))))
@@ -372,13 +372,13 @@ impl TcpRecvComm {
         }
         if let Some(err) = error {
             let r = st.reqs.remove(pos).expect("position is valid");
-            recycle(&mut st, r);
+            keep_entries(&mut st, r);
             return Err(err);
         }
         if complete {
             let r = st.reqs.remove(pos).expect("position is valid");
             let sizes = sizes_of(&r);
-            recycle(&mut st, r);
+            keep_entries(&mut st, r);
             return Ok(Some(sizes));
         }
         prog?;

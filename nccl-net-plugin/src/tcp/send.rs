@@ -131,11 +131,7 @@ impl TcpSendComm {
     ) -> Result<Option<SendRequest>> {
         let max = self.opts.inline_max.max(MAX_EAGER);
         // SAFETY: the caller's contract, passed on.
-        let r = unsafe { self.post(ptr, size, tag, max, false) }?;
-        Ok(r.map(|p| match p {
-            EagerSend::Posted(q) => q,
-            EagerSend::Sent => unreachable!("post keeps every request when asked to"),
-        }))
+        unsafe { self.isend_upto(ptr, size, tag, max) }
     }
 
     /// As [`TcpSendComm::isend_eager`], but a message that goes into the

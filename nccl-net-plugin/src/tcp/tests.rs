@@ -111,9 +111,8 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 /// Checks that `eager` completes with no receive posted while `plain`
-/// waits for a CTS, then receives each `(tag, bytes)` in that order into a
-/// fresh buffer (the receive of `plain_tag` releases `plain`), asserting
-/// sizes and contents.
+/// waits for a CTS, then receives the messages in order
+/// ([`receive_in_order`]; the receive of `plain_tag` releases `plain`).
 fn eager_done_plain_waits(
     (s, r): (&TcpSendComm, &TcpRecvComm),
     (eager, plain, plain_tag): (SendRequest, SendRequest, i32),
@@ -126,7 +125,19 @@ fn eager_done_plain_waits(
     for _ in 0..100 {
         assert_eq!(s.test(plain).unwrap(), None, "a plain send needs a CTS");
     }
-    for &(tag, want) in msgs {
+    let at = msgs.iter().position(|&(tag, _)| tag == plain_tag);
+    receive_in_order((s, r), (plain, at.expect("plain's tag is listed")), msgs);
+}
+
+/// Receives each `(tag, bytes)` in order into a fresh buffer, driving the
+/// send request `waiting` together with the receive of message number
+/// `at` (the one it sends), asserting sizes and contents.
+fn receive_in_order(
+    (s, r): (&TcpSendComm, &TcpRecvComm),
+    (waiting, at): (SendRequest, usize),
+    msgs: &[(i32, &[u8])],
+) {
+    for (i, &(tag, want)) in msgs.iter().enumerate() {
         let n = want.len();
         let mut dst = vec![0u8; n];
         // SAFETY: `dst` outlives the request, which the test waits for.
@@ -142,11 +153,11 @@ fn eager_done_plain_waits(
         }
         .unwrap()
         .unwrap();
-        let waiting = [plain];
-        let (sent, got) = drive(s, if tag == plain_tag { &waiting } else { &[] }, r, rq);
+        let sends = [waiting];
+        let (sent, got) = drive(s, if i == at { &sends } else { &[] }, r, rq);
         assert!(sent.iter().all(|x| x.as_ref().ok() == Some(&n)));
-        assert_eq!(got.unwrap(), vec![n]);
-        assert!(dst == want, "tag {tag}");
+        assert_eq!(got.unwrap(), vec![n], "message {i}");
+        assert!(dst == want, "message {i} (tag {tag}) differs");
     }
 }
 
@@ -691,21 +702,8 @@ fn eager_now_sends_at_once_and_keeps_order() {
         }
     }
     let big = big.expect("the large message has a request");
-    for (i, want) in msgs.iter().enumerate() {
-        let mut dst = vec![0u8; want.len()];
-        let buf = RecvBuf {
-            ptr: dst.as_mut_ptr(),
-            cap: dst.len(),
-            tag: 4,
-        };
-        // SAFETY: `dst` outlives the request, which the test waits for.
-        let rq = unsafe { r.irecv(&[buf], false) }.unwrap().unwrap();
-        let waiting = [big];
-        let (sent, got) = drive(&s, if i == 1 { &waiting } else { &[] }, &r, rq);
-        assert!(sent.iter().all(|x| x.as_ref().ok() == Some(&want.len())));
-        assert_eq!(got.unwrap(), vec![want.len()], "message {i}");
-        assert!(dst == *want, "message {i} differs");
-    }
+    let listed: Vec<(i32, &[u8])> = msgs.iter().map(|m| (4, &m[..])).collect();
+    receive_in_order((&s, &r), (big, 1), &listed);
     s.close();
     r.close();
     net.shutdown();
