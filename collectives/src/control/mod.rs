@@ -188,6 +188,13 @@ impl Control {
         .unwrap_or_else(|| options::DEFAULT.to_string())
     }
 
+    /// Publishes what calls read of `filter` without the lock.
+    fn publish(&self, filter: &AlgoFilter) {
+        self.direct.store(direct_mask(filter), Ordering::Relaxed);
+        self.restricted
+            .store(!filter.is_unrestricted(), Ordering::Release);
+    }
+
     /// Applies a parsed, agreed setting.
     pub(crate) fn apply(&self, s: &options::Setting) -> Result<(), String> {
         use options::Setting;
@@ -197,10 +204,7 @@ impl Control {
                 let mut next = a.clone();
                 next.all = v.clone();
                 next.rebuild()?;
-                self.direct
-                    .store(direct_mask(&next.effective), Ordering::Relaxed);
-                self.restricted
-                    .store(!next.effective.is_unrestricted(), Ordering::Release);
+                self.publish(&next.effective);
                 *a = next;
             }
             Setting::AlgoFor(c, v) => {
@@ -211,10 +215,7 @@ impl Control {
                     next.per.push((*c, v.clone()));
                 }
                 next.rebuild()?;
-                self.direct
-                    .store(direct_mask(&next.effective), Ordering::Relaxed);
-                self.restricted
-                    .store(!next.effective.is_unrestricted(), Ordering::Release);
+                self.publish(&next.effective);
                 *a = next;
             }
             Setting::Tune(m) => {

@@ -111,6 +111,21 @@ struct Observed {
     id: crate::telemetry::trace::TraceId,
 }
 
+impl Observed {
+    /// The facts of `job`, issued as `info` says.
+    fn of(job: &Job, info: Info) -> Self {
+        let plan = &job.plan;
+        Self {
+            info,
+            kind: plan.collective,
+            algorithm: plan.algorithm,
+            dtype: plan.dtype,
+            op: crate::telemetry::trace::op_name(plan.collective, &plan.op),
+            id: job.trace.id,
+        }
+    }
+}
+
 /// A communicator init queued by a group.
 pub(super) type Init = Box<dyn FnOnce() -> Result<()> + Send>;
 
@@ -188,19 +203,8 @@ fn execute(ops: Few<Pending>) -> Result<()> {
     // Each call's communicator by address: `comms` holds them.
     let mut observed: Few<(*const Comm, Observed)> = Few::with_capacity(n);
     for p in ops.into_vec_iter() {
-        let plan = &p.job.plan;
         let at = Arc::as_ptr(&p.comm);
-        observed.push((
-            at,
-            Observed {
-                info: p.info,
-                kind: plan.collective,
-                algorithm: plan.algorithm,
-                dtype: plan.dtype,
-                op: crate::telemetry::trace::op_name(plan.collective, &plan.op),
-                id: p.job.trace.id,
-            },
-        ));
+        observed.push((at, Observed::of(&p.job, p.info)));
         let found = comms
             .as_slice()
             .binary_search_by_key(&(at as usize), |c| Arc::as_ptr(c) as usize);
@@ -251,18 +255,7 @@ fn execute(ops: Few<Pending>) -> Result<()> {
 fn execute_one(p: Pending) -> Result<()> {
     let Pending { comm, job, info } = p;
     let e = comm.engine()?;
-    let plan = &job.plan;
-    let observed = [(
-        Arc::as_ptr(&comm),
-        Observed {
-            info,
-            kind: plan.collective,
-            algorithm: plan.algorithm,
-            dtype: plan.dtype,
-            op: crate::telemetry::trace::op_name(plan.collective, &plan.op),
-            id: job.trace.id,
-        },
-    )];
+    let observed = [(Arc::as_ptr(&comm), Observed::of(&job, info))];
     let patience = e.settings.patience;
     let lock = exec_lock(e, patience)?;
     let job = if job.self_p2p {
