@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use crate::{repo_root, tmp_dir};
+use crate::{cc_cache, repo_root, tmp_dir};
 
 /// NVIDIA's headers and library, as `scripts/fetch-nvidia-headers.sh` reports them.
 #[derive(Debug, Clone)]
@@ -91,25 +91,38 @@ pub struct CcOpts {
 
 /// Compiles `src` (relative to the repo root, e.g. `tests/c/x.c`) with gcc
 /// against NVIDIA's real headers, warnings as errors, into
-/// [`tmp_dir`]`/<name>`, and returns the executable's path.
+/// [`tmp_dir`]`/<name>`, and returns the executable's path. A program
+/// compiled before from the same arguments and sources comes from the
+/// cache ([`cc_cache`]).
 /// Panics with gcc's output on failure.
 pub fn compile_c(src: &str, name: &str, opts: &CcOpts) -> PathBuf {
     let nv = nvidia();
     let src = repo_root().join(src);
     let out = tmp_dir().join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".to_string());
-    let mut cmd = Command::new(&cc);
-    cmd.args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"]);
+    let mut args: Vec<String> = ["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"]
+        .map(String::from)
+        .to_vec();
     for d in &nv.include_dirs {
-        cmd.arg("-I").arg(d);
+        args.push("-I".into());
+        args.push(d.display().to_string());
     }
-    cmd.arg(&src).arg("-o").arg(&out);
+    args.push(src.display().to_string());
     if opts.link_nvidia_nccl {
         // The wheel has only libnccl.so.2 (no libnccl.so dev symlink).
-        cmd.arg("-L").arg(&nv.lib_dir).arg("-l:libnccl.so.2");
-        cmd.arg(format!("-Wl,-rpath,{}", nv.lib_dir.display()));
+        args.extend(["-L".into(), nv.lib_dir.display().to_string()]);
+        args.push("-l:libnccl.so.2".into());
+        args.push(format!("-Wl,-rpath,{}", nv.lib_dir.display()));
     }
-    cmd.args(&opts.extra);
+    args.extend(opts.extra.iter().cloned());
+    // The output's name is no part of the key: programs that differ only
+    // in their name share one entry.
+    let key = cc_cache::key(&[std::slice::from_ref(&cc), &args[..]].concat());
+    if cc_cache::fetch(&key, &out) {
+        return out;
+    }
+    let mut cmd = Command::new(&cc);
+    cmd.args(&args).arg("-o").arg(&out);
     let o = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
@@ -121,6 +134,7 @@ pub fn compile_c(src: &str, name: &str, opts: &CcOpts) -> PathBuf {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
+    cc_cache::store(&key, &out);
     out
 }
 

@@ -25,6 +25,7 @@
 //!   its nccl-tests output.
 
 pub mod cc;
+pub mod cc_cache;
 pub mod coll;
 pub mod fake_cuda;
 pub mod fake_verbs;
