@@ -13,8 +13,6 @@ use super::{base, Batch, P2P_CHAN};
 
 /// What [`Batch::poll_packed`] did with a step.
 pub(super) enum Packed {
-    /// The step is not the head of its link's queue yet.
-    NotHead,
     /// Its pack is in flight (bytes moved, or not).
     Pending(bool),
     /// The step is complete.
@@ -66,13 +64,11 @@ impl Batch<'_> {
         Some(unsafe { std::slice::from_raw_parts(base(job, src.buf).add(src.offset), src.len) })
     }
 
-    /// Runs send step `g` to `peer` through its link's packer (see
-    /// [`Batch::packable`]).
+    /// Runs send step `g`, the ready head of its link's queue, to `peer`
+    /// through the link's packer (see [`Batch::packable`]). The caller
+    /// takes a completed step off the queue.
     pub(super) fn poll_packed(&mut self, g: u32, peer: usize) -> Result<Packed> {
         let key = (peer, P2P_CHAN, true);
-        if self.queue_head(key) != Some(g) {
-            return Ok(Packed::NotHead);
-        }
         let (ji, si) = self.k.index[g as usize];
         let len = self.jobs[ji].plan.steps[si].kind.message_len().unwrap_or(0);
         if !self.k.started.is_empty() && self.k.started[g as usize] == 0 {
@@ -81,7 +77,6 @@ impl Batch<'_> {
         if self.k.moved[g as usize] == len {
             // Sent in the pack of an earlier head; its bytes were counted then.
             self.count_link(peer, true, 0, &Ok(true));
-            self.queue_mut(key).pop_front();
             return Ok(Packed::Done);
         }
         let links = self.links;
@@ -140,7 +135,6 @@ impl Batch<'_> {
         if let Some(l) = self.links.metrics.link(peer) {
             crate::telemetry::metrics::bump(&l.packs_sent, 1);
         }
-        self.queue_mut(key).pop_front();
         Ok(Packed::Done)
     }
 }

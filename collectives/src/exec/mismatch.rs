@@ -61,46 +61,52 @@ impl Batch<'_> {
     fn flush_fingerprints(&mut self, deadline: Instant) {
         loop {
             let mut left = false;
+            // The copies that fill send slots (local steps: the ready list).
             let mut i = 0;
             while i < self.k.ready.len() {
                 let g = self.k.ready[i];
                 let (ji, si) = self.k.index[g as usize];
                 let kind = self.jobs[ji].plan.steps[si].kind;
-                if !self.is_fingerprint_step(g) || matches!(kind, StepKind::Recv { .. }) {
+                if !self.is_fingerprint_step(g) {
                     i += 1;
                     continue;
                 }
-                let finished = match kind.message() {
-                    None => step::run_local(&mut self.jobs[ji], &kind).is_ok(),
-                    Some((peer, chan, _)) => {
-                        let key = (peer as usize, chan as usize, true);
-                        if self.queue_head(key) != Some(g) {
-                            i += 1;
-                            continue;
-                        }
-                        let conn = &self.links.peers[peer as usize].as_ref().expect("checked")
-                            [chan as usize];
-                        let moved = &mut self.k.moved[g as usize];
-                        match step::run_message(&mut self.jobs[ji], &kind, conn, moved) {
-                            Ok(true) => {
-                                self.queue_mut(key).pop_front();
-                                true
-                            }
-                            Ok(false) => {
-                                left = true;
-                                i += 1;
-                                continue;
-                            }
-                            Err(_) => {
-                                i += 1;
-                                continue;
-                            }
-                        }
-                    }
-                };
                 self.k.ready.swap_remove(i);
-                if finished {
+                if step::run_local(&mut self.jobs[ji], &kind).is_ok() {
                     self.complete(g);
+                }
+            }
+            // The sends: each send queue's ready head while it is one.
+            let mut qi = 0;
+            while qi < self.k.queues.len() {
+                let (key, q) = &self.k.queues[qi];
+                let (key, Some(&g)) = (*key, q.front()) else {
+                    qi += 1;
+                    continue;
+                };
+                let (peer, lc, is_send) = key;
+                if !is_send
+                    || self.k.deps_left[g as usize] != 0
+                    || self.k.done[g as usize]
+                    || !self.is_fingerprint_step(g)
+                {
+                    qi += 1;
+                    continue;
+                }
+                let (ji, si) = self.k.index[g as usize];
+                let kind = self.jobs[ji].plan.steps[si].kind;
+                let conn = &self.links.peers[peer].as_ref().expect("checked")[lc];
+                let moved = &mut self.k.moved[g as usize];
+                match step::run_message(&mut self.jobs[ji], &kind, conn, moved) {
+                    Ok(true) => {
+                        self.k.queues[qi].1.pop_front();
+                        self.complete(g);
+                    }
+                    Ok(false) => {
+                        left = true;
+                        qi += 1;
+                    }
+                    Err(_) => qi += 1,
                 }
             }
             if !left || Instant::now() >= deadline {

@@ -183,7 +183,7 @@ impl<'a> Batch<'a> {
                 for &d in &step.deps {
                     b.k.dependents[(base + d) as usize].push(g);
                 }
-                if step.deps.is_empty() {
+                if step.deps.is_empty() && step.kind.message().is_none() {
                     b.k.ready.push(g);
                 }
                 if let Some((peer, chan, is_send)) = step.kind.message() {
@@ -277,136 +277,145 @@ impl<'a> Batch<'a> {
         (links, jobs, k)
     }
 
+    /// Whether step `g` is a message (run from its link's queue, never
+    /// from the ready list).
+    fn is_message(&self, g: u32) -> bool {
+        let (ji, si) = self.k.index[g as usize];
+        self.jobs[ji].plan.steps[si].kind.message().is_some()
+    }
+
     fn complete(&mut self, g: u32) {
         self.k.done[g as usize] = true;
         self.remaining -= 1;
         for i in 0..self.k.dependents[g as usize].len() {
             let d = self.k.dependents[g as usize][i];
             self.k.deps_left[d as usize] -= 1;
-            if self.k.deps_left[d as usize] == 0 {
+            if self.k.deps_left[d as usize] == 0 && !self.is_message(d) {
                 self.k.ready.push(d);
             }
         }
     }
 
     /// Runs every step that can run now; returns whether anything moved.
+    ///
+    /// Message steps run from their links' queues: each queue's head runs
+    /// when its dependencies are done, and a head that completes lets the
+    /// next one run in the same pass, so a group of many messages to one
+    /// peer costs one visit per message, not one scan of the group. Local
+    /// steps (copies, reductions) run from the ready list, at most one per
+    /// pass, so that links, which move only when polled, keep moving
+    /// during a long run of local work.
     pub fn poll(&mut self) -> Result<bool> {
-        let mut progressed = false;
-        // At most one local step (one piece of a copy or reduction) per
-        // pass, so that links, which move only when polled, keep moving
-        // during a long run of local work.
-        let mut ran_local = false;
-        let mut i = 0;
-        while i < self.k.ready.len() {
-            let g = self.k.ready[i];
+        let mut progressed = self.poll_links()?;
+        if let Some(g) = self.next_local() {
             let (ji, si) = self.k.index[g as usize];
-            // A message step behind another on its link waits: most of a
-            // large group's ready steps, skipped before anything else.
-            if let Some((peer, chan, is_send)) = self.jobs[ji].plan.steps[si].kind.message() {
-                let lc = if self.jobs[ji].p2p {
-                    P2P_CHAN
-                } else {
-                    chan as usize
-                };
-                if self.queue_head((peer as usize, lc, is_send)) != Some(g) {
-                    i += 1;
-                    continue;
-                }
-            }
             let kind = self.jobs[ji].plan.steps[si].kind;
-            let finished = match kind.message() {
-                None if ran_local => {
-                    i += 1;
-                    continue;
-                }
-                None => {
-                    let t0 = if self.k.started.is_empty() {
-                        0
-                    } else {
-                        crate::telemetry::clock::ticks()
-                    };
-                    step::run_local(&mut self.jobs[ji], &kind)?;
-                    if !self.k.started.is_empty() {
-                        self.k.started[g as usize] = t0;
-                    }
-                    ran_local = true;
-                    true
-                }
-                Some((peer, _, true)) if self.packable(ji, &kind, peer) => {
-                    match self.poll_packed(g, peer as usize)? {
-                        coalesce::Packed::NotHead => {
-                            i += 1;
-                            continue;
-                        }
-                        coalesce::Packed::Pending(moved) => {
-                            progressed |= moved;
-                            false
-                        }
-                        coalesce::Packed::Done => true,
-                    }
-                }
-                Some((peer, chan, is_send)) => {
-                    let lc = if self.jobs[ji].p2p {
-                        P2P_CHAN
-                    } else {
-                        chan as usize
-                    };
-                    let key = (peer as usize, lc, is_send);
-                    let conn = &self.links.peers[peer as usize].as_ref().expect("checked")[lc];
-                    let before = self.k.moved[g as usize];
-                    if !self.k.started.is_empty() && self.k.started[g as usize] == 0 {
-                        self.k.started[g as usize] = crate::telemetry::clock::ticks();
-                    }
-                    let cross = self.links.cross_node.get(peer as usize) == Some(&true);
-                    let c = compress::format(&self.jobs[ji], &kind, cross);
-                    let r = if c == hetccl_core::config::Compression::Off {
-                        step::run_message(
-                            &mut self.jobs[ji],
-                            &kind,
-                            conn,
-                            &mut self.k.moved[g as usize],
-                        )
-                    } else {
-                        let at = self.stage(g);
-                        let r = compress::run_message(
-                            &mut self.jobs[ji],
-                            &kind,
-                            conn,
-                            &mut self.k.moved[g as usize],
-                            c,
-                            &mut self.stages[at].1,
-                        );
-                        if matches!(r, Ok(true)) {
-                            self.release_stage(at);
-                        }
-                        r
-                    };
-                    let moved = self.k.moved[g as usize] - before;
-                    self.count_link(peer as usize, is_send, moved, &r);
-                    progressed |= moved != 0;
-                    if r? {
-                        self.queue_mut(key).pop_front();
-                        true
-                    } else {
-                        if conn.transport == crate::transport::TransportKind::Verbs {
-                            self.post_next(key)?;
-                        }
-                        false
-                    }
-                }
+            let t0 = if self.k.started.is_empty() {
+                0
+            } else {
+                crate::telemetry::clock::ticks()
             };
+            step::run_local(&mut self.jobs[ji], &kind)?;
+            if !self.k.started.is_empty() {
+                self.k.started[g as usize] = t0;
+                self.trace_step(g);
+            }
+            self.complete(g);
+            progressed = true;
+            // What the local step fed (a send of the sum) goes now.
+            self.poll_links()?;
+        }
+        Ok(progressed)
+    }
+
+    /// Takes the oldest ready local step off the ready list.
+    fn next_local(&mut self) -> Option<u32> {
+        if self.k.ready.is_empty() {
+            None
+        } else {
+            Some(self.k.ready.remove(0))
+        }
+    }
+
+    /// Runs the ready head of every link queue, and each next head while
+    /// they complete; returns whether anything moved.
+    fn poll_links(&mut self) -> Result<bool> {
+        let mut progressed = false;
+        let mut qi = 0;
+        while qi < self.k.queues.len() {
+            let (key, q) = &self.k.queues[qi];
+            let (key, Some(&g)) = (*key, q.front()) else {
+                qi += 1;
+                continue;
+            };
+            if self.k.deps_left[g as usize] != 0 {
+                qi += 1;
+                continue;
+            }
+            let (finished, moved) = self.run_head(g, key)?;
+            progressed |= moved;
             if finished {
                 progressed = true;
-                self.k.ready.swap_remove(i);
+                self.k.queues[qi].1.pop_front();
                 if !self.k.started.is_empty() {
                     self.trace_step(g);
                 }
                 self.complete(g);
             } else {
-                i += 1;
+                qi += 1;
             }
         }
         Ok(progressed)
+    }
+
+    /// Moves message step `g`, the ready head of link `key`'s queue:
+    /// (whether it completed, whether bytes moved).
+    fn run_head(&mut self, g: u32, key: LinkKey) -> Result<(bool, bool)> {
+        let (ji, si) = self.k.index[g as usize];
+        let kind = self.jobs[ji].plan.steps[si].kind;
+        let (peer, lc, is_send) = key;
+        if is_send && self.packable(ji, &kind, peer as u32) {
+            return Ok(match self.poll_packed(g, peer)? {
+                coalesce::Packed::Pending(moved) => (false, moved),
+                coalesce::Packed::Done => (true, true),
+            });
+        }
+        let conn = &self.links.peers[peer].as_ref().expect("checked")[lc];
+        let before = self.k.moved[g as usize];
+        if !self.k.started.is_empty() && self.k.started[g as usize] == 0 {
+            self.k.started[g as usize] = crate::telemetry::clock::ticks();
+        }
+        let cross = self.links.cross_node.get(peer) == Some(&true);
+        let c = compress::format(&self.jobs[ji], &kind, cross);
+        let r = if c == hetccl_core::config::Compression::Off {
+            step::run_message(
+                &mut self.jobs[ji],
+                &kind,
+                conn,
+                &mut self.k.moved[g as usize],
+            )
+        } else {
+            let at = self.stage(g);
+            let r = compress::run_message(
+                &mut self.jobs[ji],
+                &kind,
+                conn,
+                &mut self.k.moved[g as usize],
+                c,
+                &mut self.stages[at].1,
+            );
+            if matches!(r, Ok(true)) {
+                self.release_stage(at);
+            }
+            r
+        };
+        let moved = self.k.moved[g as usize] - before;
+        self.count_link(peer, is_send, moved, &r);
+        let done = r?;
+        if !done && conn.transport == crate::transport::TransportKind::Verbs {
+            self.post_next(key)?;
+        }
+        Ok((done, moved != 0))
     }
 
     /// Counts a message step's progress on its link: the bytes it moved,
