@@ -91,7 +91,16 @@ impl Hasher for KeyHasher {
 #[derive(Debug, Default)]
 pub struct PlanCache {
     map: HashMap<PlanKey, Cached, BuildHasherDefault<KeyHasher>>,
+    /// The entries looked up last, compared before hashing: a group of
+    /// sends and receives of one size, or a loop of a few collectives,
+    /// asks for the same plans call after call.
+    recent: [Option<(PlanKey, Cached)>; RECENT],
+    /// The slot of `recent` the next miss fills.
+    next: usize,
 }
+
+/// Entries [`PlanCache`] compares before hashing.
+const RECENT: usize = 4;
 
 impl PlanCache {
     /// The cached entry for `key`, or the one `make` builds (then cached).
@@ -100,16 +109,26 @@ impl PlanCache {
         key: PlanKey,
         make: impl FnOnce() -> Result<(Algorithm, Plan, Option<Layout>), E>,
     ) -> Result<Cached, E> {
-        if let Some((a, p, l)) = self.map.get(&key) {
-            return Ok((*a, p.clone(), *l));
+        for (k, (a, p, l)) in self.recent.iter().flatten() {
+            if *k == key {
+                return Ok((*a, p.clone(), *l));
+            }
         }
-        let (a, p, l) = make()?;
-        if self.map.len() >= MAX_PLANS {
-            self.map.clear();
-        }
-        let p = Arc::new(p);
-        self.map.insert(key, (a, p.clone(), l));
-        Ok((a, p, l))
+        let hit = match self.map.get(&key) {
+            Some((a, p, l)) => (*a, p.clone(), *l),
+            None => {
+                let (a, p, l) = make()?;
+                if self.map.len() >= MAX_PLANS {
+                    self.map.clear();
+                }
+                let p = Arc::new(p);
+                self.map.insert(key, (a, p.clone(), l));
+                (a, p, l)
+            }
+        };
+        self.recent[self.next] = Some((key, (hit.0, hit.1.clone(), hit.2)));
+        self.next = (self.next + 1) % RECENT;
+        Ok(hit)
     }
 
     /// Cached entries.
@@ -120,5 +139,65 @@ impl PlanCache {
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(collective: Collective, count: usize) -> PlanKey {
+        PlanKey {
+            collective,
+            count,
+            dtype: DataType::Float32,
+            op: ReduceOp::Sum,
+            root: 1,
+            in_place: false,
+            allowed: 0,
+            checked: false,
+            forced: None,
+            chunk_bytes: 1 << 19,
+            compress: hetccl_core::config::Compression::Off,
+        }
+    }
+
+    fn plan(k: &PlanKey) -> Plan {
+        crate::exec::self_p2p::half(k.collective, 0, 2, k.dtype, k.count * 4)
+    }
+
+    /// The plan of `k` from `c`, counting in `made` the plans it made.
+    fn get(c: &mut PlanCache, k: PlanKey, made: &mut usize) -> Arc<Plan> {
+        c.get_or_try_insert(k, || {
+            *made += 1;
+            Ok::<_, ()>((Algorithm::Direct, plan(&k), None))
+        })
+        .unwrap()
+        .1
+    }
+
+    /// Alternating keys (a group's sends and receives) hit the recent
+    /// entries; every key keeps its own plan, also once the map was
+    /// emptied for being full.
+    #[test]
+    fn each_key_keeps_its_plan_and_makes_it_once() {
+        let mut c = PlanCache::default();
+        let mut made = 0;
+        let (s, r) = (key(Collective::Send, 16), key(Collective::Recv, 16));
+        let (ps, pr) = (get(&mut c, s, &mut made), get(&mut c, r, &mut made));
+        for _ in 0..10 {
+            assert!(Arc::ptr_eq(&get(&mut c, s, &mut made), &ps));
+            assert!(Arc::ptr_eq(&get(&mut c, r, &mut made), &pr));
+        }
+        assert_eq!(ps.collective, Collective::Send);
+        assert_eq!(pr.collective, Collective::Recv);
+        assert_eq!(made, 2);
+        made = 0;
+        for n in 0..(MAX_PLANS + 8) {
+            let k = key(Collective::Send, 100 + n);
+            assert_eq!(*get(&mut c, k, &mut made), plan(&k));
+        }
+        assert_eq!(made, MAX_PLANS + 8);
+        assert!(c.len() <= MAX_PLANS);
     }
 }
