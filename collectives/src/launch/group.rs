@@ -33,6 +33,10 @@ struct Group {
     host: Vec<Pending>,
     /// Communicators this thread claimed for the group.
     held: Vec<Arc<Comm>>,
+    /// How many host jobs the thread's last group queued: the room the
+    /// next group's list starts with, so a loop of large groups does not
+    /// regrow it every time.
+    host_hint: usize,
 }
 
 impl Group {
@@ -99,7 +103,13 @@ pub fn end() -> Result<()> {
     if !outermost {
         return Ok(());
     }
-    let mut g = GROUP.with(|g| std::mem::take(&mut *g.borrow_mut()));
+    let mut g = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        let hint = g.host.len();
+        let taken = std::mem::take(&mut *g);
+        g.host_hint = hint;
+        taken
+    });
     let held = std::mem::take(&mut g.held);
     let r = run::run_inits(g.inits)
         .and_then(|()| {
@@ -158,15 +168,16 @@ pub fn with_queued<R>(f: impl FnOnce(&[(&Comm, &Job)]) -> R) -> R {
 
 /// Queues a host job for the group's end.
 pub(super) fn push_host(p: Pending) {
-    /// Room made for the first job of a group: its list is taken at the
-    /// group's end, so a group of many calls would otherwise regrow it.
+    /// The least room made for the first job of a group: its list is
+    /// taken at the group's end, so a group of many calls would otherwise
+    /// regrow it.
     const FIRST: usize = 64;
     GROUP.with(|g| {
-        let host = &mut g.borrow_mut().host;
-        if host.capacity() == 0 {
-            host.reserve(FIRST);
+        let g = &mut *g.borrow_mut();
+        if g.host.capacity() == 0 {
+            g.host.reserve(FIRST.max(g.host_hint));
         }
-        host.push(p);
+        g.host.push(p);
     });
 }
 
