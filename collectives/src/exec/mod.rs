@@ -21,6 +21,7 @@ mod drive;
 pub mod fingerprint;
 mod mismatch;
 pub mod self_p2p;
+pub mod single;
 mod step;
 pub mod stop;
 pub mod watch;
@@ -154,13 +155,18 @@ impl<'a> Batch<'a> {
     }
 
     /// Builds a batch of one job, in a job list kept by the links (no
-    /// allocation once the links have run a batch).
-    pub fn one(links: &'a Links, job: Job) -> Result<Self> {
+    /// allocation once the links have run a batch). `moved`: the bytes its
+    /// first step moved already ([`single::try_once`]).
+    pub fn one(links: &'a Links, job: Job, moved: usize) -> Result<Self> {
         let mut k = links.bufs.take();
         let mut jobs = std::mem::take(&mut k.jobs);
         jobs.clear();
         jobs.push(job);
-        Self::build(links, k, jobs)
+        let mut b = Self::build(links, k, jobs)?;
+        if let Some(m) = b.k.moved.first_mut() {
+            *m = moved;
+        }
+        Ok(b)
     }
 
     fn build(links: &'a Links, mut k: Box<bufs::Bufs>, jobs: Vec<Job>) -> Result<Self> {
@@ -418,27 +424,10 @@ impl<'a> Batch<'a> {
         Ok((done, moved != 0))
     }
 
-    /// Counts a message step's progress on its link: the bytes it moved,
-    /// one message when it completed, one error when it failed.
+    /// Counts a message step's progress on its link ([`Links::count_link`]).
     #[inline]
     fn count_link(&self, peer: usize, is_send: bool, moved: usize, r: &Result<bool>) {
-        use crate::telemetry::metrics::bump;
-        let Some(l) = self.links.metrics.link(peer) else {
-            return;
-        };
-        let (bytes, msgs) = if is_send {
-            (&l.bytes_sent, &l.msgs_sent)
-        } else {
-            (&l.bytes_recv, &l.msgs_recv)
-        };
-        if moved != 0 {
-            bump(bytes, moved as u64);
-        }
-        match r {
-            Ok(true) => bump(msgs, 1),
-            Ok(false) => {}
-            Err(_) => bump(&l.errors, 1),
-        }
+        self.links.count_link(peer, is_send, moved, r);
     }
 
     /// Records the timeline slice of step `g`, just completed.
@@ -517,6 +506,29 @@ impl Batch<'_> {
 }
 
 impl Links {
+    /// Counts a message step's progress on its link to `peer`: the bytes
+    /// it moved, one message when it completed, one error when it failed.
+    #[inline]
+    fn count_link(&self, peer: usize, is_send: bool, moved: usize, r: &Result<bool>) {
+        use crate::telemetry::metrics::bump;
+        let Some(l) = self.metrics.link(peer) else {
+            return;
+        };
+        let (bytes, msgs) = if is_send {
+            (&l.bytes_sent, &l.msgs_sent)
+        } else {
+            (&l.bytes_recv, &l.msgs_recv)
+        };
+        if moved != 0 {
+            bump(bytes, moved as u64);
+        }
+        match r {
+            Ok(true) => bump(msgs, 1),
+            Ok(false) => {}
+            Err(_) => bump(&l.errors, 1),
+        }
+    }
+
     /// Marks every link dead (abort): this rank's waits end and peers see
     /// the links closed.
     pub fn close_all(&self) {

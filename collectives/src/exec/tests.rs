@@ -353,3 +353,99 @@ fn a_peer_that_left_after_its_part_is_not_reported_dead() {
     assert!(e.contains("no progress from rank(s) 2"), "{e}");
     one.fake_pid_for_tests(std::process::id());
 }
+
+/// Sends `msg` on `conn` whole (the peer's side of a test link).
+fn send_all(conn: &Conn, msg: &[u8]) {
+    let mut off = 0;
+    while off < msg.len() {
+        off += conn.tx.try_send(&msg[off..]).unwrap();
+    }
+}
+
+/// The shortcut of one message: a receive whose message is already there
+/// completes in `try_once`; one that is not goes on in a batch from the
+/// bytes it moved; the bytes are right either way.
+#[test]
+fn one_message_completes_at_once_or_goes_on_in_a_batch() {
+    let (links, theirs) = links_to_silent_peer();
+    let msg: Vec<u8> = (0..100u8).collect();
+    let p = Patience {
+        spin: Duration::ZERO,
+        hang_report: None,
+        stall_timeout: Duration::from_secs(5),
+    };
+    // Nothing sent yet: the receive starts and goes on in a batch.
+    let mut buf = vec![0u8; 100];
+    let mut job = recv_job(&mut buf);
+    let Ok(single::Once::Started(moved)) = single::try_once(&links, &mut job) else {
+        panic!("a receive with nothing sent completed or was refused");
+    };
+    send_all(&theirs[P2P_CHAN], &msg);
+    let mut b = [Batch::one(&links, job, moved).unwrap()];
+    drive(&mut b, p).unwrap();
+    drop(b);
+    assert_eq!(buf, msg);
+    // Sent first: once it has arrived, the receive completes at once.
+    let mut done_at_once = false;
+    for _ in 0..20 {
+        send_all(&theirs[P2P_CHAN], &msg);
+        std::thread::sleep(Duration::from_millis(20));
+        let mut buf = vec![0u8; 100];
+        let mut job = recv_job(&mut buf);
+        match single::try_once(&links, &mut job).unwrap() {
+            single::Once::Done => done_at_once = true,
+            single::Once::Started(moved) => {
+                let mut b = [Batch::one(&links, job, moved).unwrap()];
+                drive(&mut b, p).unwrap();
+            }
+            single::Once::Unfit => panic!("a plain receive was refused"),
+        }
+        assert_eq!(buf, msg);
+        if done_at_once {
+            break;
+        }
+    }
+    assert!(done_at_once, "an arrived message never completed at once");
+}
+
+/// Plans the shortcut leaves to the batch: more than one step, or a
+/// receive from this rank itself; nothing moves.
+#[test]
+fn the_shortcut_refuses_what_it_does_not_take() {
+    let (links, theirs) = links_to_silent_peer();
+    send_all(&theirs[P2P_CHAN], &[7u8; 16]);
+    std::thread::sleep(Duration::from_millis(20));
+    let mut buf = vec![0u8; 16];
+    let mut two = recv_job(&mut buf);
+    let mut plan = (*two.plan).clone();
+    plan.steps.push(plan.steps[0].clone());
+    two.plan = Arc::new(plan);
+    assert_eq!(
+        single::try_once(&links, &mut two).unwrap(),
+        single::Once::Unfit
+    );
+    let mut own = recv_job(&mut buf);
+    let mut plan = (*own.plan).clone();
+    if let StepKind::Recv { peer, .. } = &mut plan.steps[0].kind {
+        *peer = 0;
+    }
+    own.plan = Arc::new(plan);
+    assert_eq!(
+        single::try_once(&links, &mut own).unwrap(),
+        single::Once::Unfit
+    );
+    assert_eq!(buf, vec![0u8; 16]);
+    // The message is still there for a plain receive.
+    let mut job = recv_job(&mut buf);
+    let r = single::try_once(&links, &mut job).unwrap();
+    if let single::Once::Started(moved) = r {
+        let p = Patience {
+            spin: Duration::ZERO,
+            hang_report: None,
+            stall_timeout: Duration::from_secs(5),
+        };
+        let mut b = [Batch::one(&links, job, moved).unwrap()];
+        drive(&mut b, p).unwrap();
+    }
+    assert_eq!(buf, vec![7u8; 16]);
+}

@@ -14,6 +14,7 @@ use super::Call;
 use crate::algo::Collective;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::exec::single::{self, Once};
 use crate::exec::{drive, self_p2p, Batch, Job};
 
 /// A queued operation: its communicator and its job.
@@ -251,14 +252,15 @@ fn execute(ops: Few<Pending>) -> Result<()> {
     r
 }
 
-/// [`execute`] of one operation: the same steps without the lists.
+/// [`execute`] of one operation: the same steps without the lists. An
+/// operation of one message is tried once first (`exec::single`).
 fn execute_one(p: Pending) -> Result<()> {
     let Pending { comm, job, info } = p;
     let e = comm.engine()?;
     let observed = [(Arc::as_ptr(&comm), Observed::of(&job, info))];
     let patience = e.settings.patience;
     let lock = exec_lock(e, patience)?;
-    let job = if job.self_p2p {
+    let mut job = if job.self_p2p {
         // A lone send to oneself has no receive to pair with: `pair` says so.
         self_p2p::pair(vec![job])?
             .pop()
@@ -266,12 +268,31 @@ fn execute_one(p: Pending) -> Result<()> {
     } else {
         job
     };
-    let mut batch = [Batch::one(&e.links, job)?];
+    let comms = std::slice::from_ref(&comm);
     let start = crate::telemetry::clock::ticks();
+    let moved = match single::try_once(&e.links, &mut job) {
+        Ok(Once::Done) => {
+            // Done at once: the progress board still sees it begin and end.
+            e.links.watch.begin_op(job.trace.seq, job.plan.collective);
+            e.links.watch.end();
+            return_scratch(e, job);
+            observe(comms, &observed, start);
+            drop(lock);
+            return Ok(());
+        }
+        Ok(Once::Started(moved)) => moved,
+        Ok(Once::Unfit) => 0,
+        Err(err) => {
+            return_scratch(e, job);
+            poison(&comm, &err);
+            drop(lock);
+            return Err(err);
+        }
+    };
+    let mut batch = [Batch::one(&e.links, job, moved)?];
     let r = drive(&mut batch, patience);
     let [b] = batch;
     b.finish_jobs(|j| return_scratch(e, j));
-    let comms = std::slice::from_ref(&comm);
     match &r {
         Ok(()) => observe(comms, &observed, start),
         Err(err) => poison(&comm, err),
