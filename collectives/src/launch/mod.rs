@@ -51,12 +51,17 @@ pub fn submit(a: &Call) -> Result<()> {
         group::push_host(p);
         return Ok(());
     }
-    let t0 = std::time::Instant::now();
+    // Only online adaptation reads the call's time (two clock reads and a
+    // lock otherwise spent on every call).
+    let online = engine.control.tune() == hetccl_core::config::TuneMode::Online;
+    let t0 = online.then(std::time::Instant::now);
     if let Some(d) = delay {
         // HETCCL_TEST_DELAY_US, a test hook: this algorithm is made slow.
         std::thread::sleep(d);
     }
     let r = run::run(few::Few::One(p));
-    crate::control::online::finished(engine, r.is_ok().then(|| t0.elapsed()));
+    if let Some(t0) = t0 {
+        crate::control::online::finished(engine, r.is_ok().then(|| t0.elapsed()));
+    }
     r
 }
