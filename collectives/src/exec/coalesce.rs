@@ -76,7 +76,7 @@ impl Batch<'_> {
         }
         if self.k.moved[g as usize] == len {
             // Sent in the pack of an earlier head; its bytes were counted then.
-            self.count_link(peer, true, 0, &Ok(true));
+            self.links.count_link(peer, true, 0, &Ok(true));
             return Ok(Packed::Done);
         }
         let links = self.links;
@@ -131,7 +131,7 @@ impl Batch<'_> {
             self.k.moved[h as usize] = l;
             bytes += l;
         }
-        self.count_link(peer, true, bytes, &Ok(true));
+        self.links.count_link(peer, true, bytes, &Ok(true));
         if let Some(l) = self.links.metrics.link(peer) {
             crate::telemetry::metrics::bump(&l.packs_sent, 1);
         }

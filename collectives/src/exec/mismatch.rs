@@ -79,17 +79,11 @@ impl Batch<'_> {
             // The sends: each send queue's ready head while it is one.
             let mut qi = 0;
             while qi < self.k.queues.len() {
-                let (key, q) = &self.k.queues[qi];
-                let (key, Some(&g)) = (*key, q.front()) else {
+                let Some(((peer, lc, true), g)) = self.ready_head(qi) else {
                     qi += 1;
                     continue;
                 };
-                let (peer, lc, is_send) = key;
-                if !is_send
-                    || self.k.deps_left[g as usize] != 0
-                    || self.k.done[g as usize]
-                    || !self.is_fingerprint_step(g)
-                {
+                if !self.is_fingerprint_step(g) {
                     qi += 1;
                     continue;
                 }

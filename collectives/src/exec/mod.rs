@@ -343,21 +343,24 @@ impl<'a> Batch<'a> {
         }
     }
 
+    /// Link queue `qi`'s key and head step, when that step is ready to run
+    /// (every step it depends on done, itself not).
+    fn ready_head(&self, qi: usize) -> Option<(LinkKey, u32)> {
+        let (key, q) = &self.k.queues[qi];
+        let g = *q.front()?;
+        (self.k.deps_left[g as usize] == 0 && !self.k.done[g as usize]).then_some((*key, g))
+    }
+
     /// Runs the ready head of every link queue, and each next head while
     /// they complete; returns whether anything moved.
     fn poll_links(&mut self) -> Result<bool> {
         let mut progressed = false;
         let mut qi = 0;
         while qi < self.k.queues.len() {
-            let (key, q) = &self.k.queues[qi];
-            let (key, Some(&g)) = (*key, q.front()) else {
+            let Some((key, g)) = self.ready_head(qi) else {
                 qi += 1;
                 continue;
             };
-            if self.k.deps_left[g as usize] != 0 {
-                qi += 1;
-                continue;
-            }
             let (finished, moved) = self.run_head(g, key)?;
             progressed |= moved;
             if finished {
@@ -416,18 +419,12 @@ impl<'a> Batch<'a> {
             r
         };
         let moved = self.k.moved[g as usize] - before;
-        self.count_link(peer, is_send, moved, &r);
+        self.links.count_link(peer, is_send, moved, &r);
         let done = r?;
         if !done && conn.transport == crate::transport::TransportKind::Verbs {
             self.post_next(key)?;
         }
         Ok((done, moved != 0))
-    }
-
-    /// Counts a message step's progress on its link ([`Links::count_link`]).
-    #[inline]
-    fn count_link(&self, peer: usize, is_send: bool, moved: usize, r: &Result<bool>) {
-        self.links.count_link(peer, is_send, moved, r);
     }
 
     /// Records the timeline slice of step `g`, just completed.
@@ -466,16 +463,14 @@ impl<'a> Batch<'a> {
     /// What to wait on: the wait sources of the links at the head of a
     /// queue whose step is ready.
     fn wait_sources(&self, out: &mut Vec<WaitSource>) {
-        for &((peer, lc, is_send), ref q) in &self.k.queues {
-            if let Some(&g) = q.front() {
-                if self.k.deps_left[g as usize] == 0 && !self.k.done[g as usize] {
-                    let c = &self.links.peers[peer].as_ref().expect("checked")[lc];
-                    out.push(if is_send {
-                        c.tx.wait_source()
-                    } else {
-                        c.rx.wait_source()
-                    });
-                }
+        for qi in 0..self.k.queues.len() {
+            if let Some(((peer, lc, is_send), _)) = self.ready_head(qi) {
+                let c = &self.links.peers[peer].as_ref().expect("checked")[lc];
+                out.push(if is_send {
+                    c.tx.wait_source()
+                } else {
+                    c.rx.wait_source()
+                });
             }
         }
     }
@@ -486,18 +481,16 @@ impl Batch<'_> {
     /// is ready (see [`crate::transport::SendLink::wait_fds`]); `false` if
     /// one of them cannot name its sockets now.
     fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
-        for &((peer, lc, is_send), ref q) in &self.k.queues {
-            if let Some(&g) = q.front() {
-                if self.k.deps_left[g as usize] == 0 && !self.k.done[g as usize] {
-                    let c = &self.links.peers[peer].as_ref().expect("checked")[lc];
-                    let ok = if is_send {
-                        c.tx.wait_fds(out)
-                    } else {
-                        c.rx.wait_fds(out)
-                    };
-                    if !ok {
-                        return false;
-                    }
+        for qi in 0..self.k.queues.len() {
+            if let Some(((peer, lc, is_send), _)) = self.ready_head(qi) {
+                let c = &self.links.peers[peer].as_ref().expect("checked")[lc];
+                let ok = if is_send {
+                    c.tx.wait_fds(out)
+                } else {
+                    c.rx.wait_fds(out)
+                };
+                if !ok {
+                    return false;
                 }
             }
         }
