@@ -27,12 +27,7 @@ pub fn drive_with(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clo
             .map_or(crate::algo::Collective::Send, |j| j.plan.collective);
         b.links.watch.begin_op(b.seq(), kind);
     }
-    let r = drive_loop(batches, patience, clock).map_err(|e| match e {
-        // Transport-level stalls are peer failures too; ncclTimeout is kept
-        // for bootstrap deadlines.
-        Error::Timeout(m) => Error::Remote(m),
-        e => e,
-    });
+    let r = drive_loop(batches, patience, clock).map_err(as_remote);
     for b in batches.iter() {
         b.links.watch.end();
         if r.is_err() && !b.finished() {
@@ -40,6 +35,15 @@ pub fn drive_with(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clo
         }
     }
     r
+}
+
+/// An operation's failure as the caller sees it: transport-level stalls
+/// are peer failures too (ncclTimeout is kept for bootstrap deadlines).
+pub(super) fn as_remote(e: Error) -> Error {
+    match e {
+        Error::Timeout(m) => Error::Remote(m),
+        e => e,
+    }
 }
 
 fn drive_loop(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clock) -> Result<()> {

@@ -14,9 +14,9 @@
 
 use hetccl_core::config::Compression;
 
-use super::{compress, step, Job, Links, NCHAN, P2P_CHAN};
+use super::{compress, drive, step, Job, Links, NCHAN, P2P_CHAN};
 use crate::algo::StepKind;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// What [`try_once`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,10 +78,7 @@ pub fn try_once(links: &Links, job: &mut Job) -> Result<Once> {
         Err(e) => {
             let e = links.stop.error().unwrap_or(e);
             links.close_links();
-            Err(match e {
-                Error::Timeout(m) => Error::Remote(m),
-                e => e,
-            })
+            Err(drive::as_remote(e))
         }
     }
 }

@@ -270,29 +270,27 @@ fn execute_one(p: Pending) -> Result<()> {
     };
     let comms = std::slice::from_ref(&comm);
     let start = crate::telemetry::clock::ticks();
-    let moved = match single::try_once(&e.links, &mut job) {
+    let r = match single::try_once(&e.links, &mut job) {
         Ok(Once::Done) => {
             // Done at once: the progress board still sees it begin and end.
             e.links.watch.begin_op(job.trace.seq, job.plan.collective);
             e.links.watch.end();
             return_scratch(e, job);
-            observe(comms, &observed, start);
-            drop(lock);
-            return Ok(());
+            Ok(())
         }
-        Ok(Once::Started(moved)) => moved,
-        Ok(Once::Unfit) => 0,
+        Ok(once) => {
+            let moved = if let Once::Started(m) = once { m } else { 0 };
+            let mut batch = [Batch::one(&e.links, job, moved)?];
+            let r = drive(&mut batch, patience);
+            let [b] = batch;
+            b.finish_jobs(|j| return_scratch(e, j));
+            r
+        }
         Err(err) => {
             return_scratch(e, job);
-            poison(&comm, &err);
-            drop(lock);
-            return Err(err);
+            Err(err)
         }
     };
-    let mut batch = [Batch::one(&e.links, job, moved)?];
-    let r = drive(&mut batch, patience);
-    let [b] = batch;
-    b.finish_jobs(|j| return_scratch(e, j));
     match &r {
         Ok(()) => observe(comms, &observed, start),
         Err(err) => poison(&comm, err),
