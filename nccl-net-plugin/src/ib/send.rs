@@ -686,7 +686,14 @@ impl IbSendComm {
 
     /// Waits (up to `deadline`) until every posted work request has
     /// completed, so that nothing sent is lost when the QPs are destroyed.
+    ///
+    /// It stops waiting when the peer closes its end of the setup socket:
+    /// the peer closes it once its receives are done (or it died), so what
+    /// is left are acknowledgements of bytes it already has. Waiting for
+    /// them would last until this QP's retries ran out, since the peer's
+    /// QP may be gone.
     pub fn finish(&self, deadline: Instant) {
+        let mut polls = 0u32;
         loop {
             let mut st = self.st.lock();
             let _ = self.drive(&mut st);
@@ -701,6 +708,14 @@ impl IbSendComm {
                 break;
             }
             drop(st);
+            polls = polls.wrapping_add(1);
+            if polls % wr::IDLE_CHECK_EVERY == 0 {
+                if let Err(e) = wr::check_peer(&self.sock, &self.peer) {
+                    tracing::debug!(target: "hetccl::NET",
+                        "NET/IB: send comm to {} closes with work in flight: {e}", self.peer);
+                    break;
+                }
+            }
             std::thread::yield_now();
         }
         if let Some(s) = self.sock.lock().take() {

@@ -657,3 +657,48 @@ fn unsignaled_sends_before_close_are_delivered() {
         assert_eq!(&b[..n], &m[..]);
     }
 }
+
+/// The receiver takes every message, then closes (its QP goes): the
+/// sender's close, which still has a flush in flight that nothing will
+/// acknowledge, ends when it sees the peer's setup socket close, not when
+/// the QP's retries (about 30 s) or the close's time limit (10 s) run out.
+#[test]
+fn a_close_after_the_peer_closed_does_not_wait_for_acks() {
+    let Some((s, r)) = pair(IbOptions::default()) else {
+        return;
+    };
+    let msgs: Vec<Vec<u8>> = (0..5).map(|i| pattern(10 + i, i as u8)).collect();
+    for m in &msgs {
+        // SAFETY: `msgs` outlives the requests (eager: done at post).
+        let q = unsafe { s.isend(m.as_ptr(), m.len(), 2, None) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.test(q).unwrap(), Some(m.len()));
+    }
+    for m in &msgs {
+        let mut b = vec![0u8; 64];
+        let rb = RecvBuf {
+            ptr: b.as_mut_ptr(),
+            cap: b.len(),
+            tag: 2,
+        };
+        // SAFETY: `b` outlives the request (waited for below).
+        let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+        let t0 = Instant::now();
+        let n = loop {
+            assert!(t0.elapsed() < Duration::from_secs(30), "not delivered");
+            if let Some(sz) = r.test(q).unwrap() {
+                break sz[0];
+            }
+        };
+        assert_eq!(&b[..n], &m[..]);
+    }
+    r.close();
+    let t0 = Instant::now();
+    s.close();
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the sender's close took {took:?} after its peer had closed"
+    );
+}
