@@ -65,8 +65,8 @@ impl List {
 /// writes apart, since a read-only step need only look at the writes.
 #[derive(Debug, Default)]
 struct Live {
-    reads: [List; 3],
-    writes: [List; 3],
+    reads: [List; 4],
+    writes: [List; 4],
 }
 
 fn slot(b: BufId) -> usize {
@@ -74,6 +74,7 @@ fn slot(b: BufId) -> usize {
         BufId::Send => 0,
         BufId::Recv => 1,
         BufId::Scratch => 2,
+        BufId::Addr => 3,
     }
 }
 

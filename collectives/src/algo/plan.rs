@@ -29,6 +29,11 @@ pub enum BufId {
     Recv,
     /// Scratch memory the executor allocates: [`Plan::scratch_bytes`] bytes.
     Scratch,
+    /// Memory named by its address: the range's offset is the address
+    /// (exposed by the call that passed it). Only the plans of a group's
+    /// point-to-point runs use it, one caller buffer per step; generated
+    /// plans never do.
+    Addr,
 }
 
 /// A byte range of one buffer.
@@ -285,6 +290,8 @@ impl Plan {
             BufId::Send => self.send_bytes,
             BufId::Recv => self.recv_bytes,
             BufId::Scratch => self.scratch_bytes,
+            // Each call's range was checked when it was made.
+            BufId::Addr => usize::MAX,
         }
     }
 
@@ -340,6 +347,7 @@ impl fmt::Display for BufRange {
             BufId::Send => "send",
             BufId::Recv => "recv",
             BufId::Scratch => "scratch",
+            BufId::Addr => "addr",
         };
         write!(f, "{b}[{}..{}]", self.offset, self.end())
     }

@@ -165,6 +165,7 @@ fn buffer<'b>(bufs: &'b mut RankBuffers, scratch: &'b mut Vec<u8>, id: BufId) ->
         BufId::Send => &mut bufs.send,
         BufId::Recv => &mut bufs.recv,
         BufId::Scratch => scratch,
+        BufId::Addr => unreachable!("generated plans never address memory by address"),
     }
 }
 

@@ -8,24 +8,16 @@ use hetccl_abi::{ncclResult_t, ncclSimInfo_t, NCCL_SIM_INFO_MAGIC};
 use super::check;
 use super::guard::guard;
 use crate::algo::estimate_us;
-use crate::comm::Comm;
 use crate::error::Error;
-use crate::exec::Job;
 use crate::export;
 use crate::launch::group;
 
-/// The cost model's time for one queued job, in microseconds.
-fn estimate(comm: &Comm, job: &Job) -> f64 {
-    let Ok(e) = comm.engine() else { return 0.0 };
-    let bytes = job.plan.send_bytes.max(job.plan.recv_bytes);
-    estimate_us(
-        job.plan.collective,
-        job.plan.algorithm,
-        bytes,
-        &e.topo,
-        &e.costs,
-    )
-    .unwrap_or(0.0)
+/// The cost model's time for one queued call, in microseconds.
+fn estimate(q: &group::Queued<'_>) -> f64 {
+    let Ok(e) = q.comm.engine() else {
+        return 0.0;
+    };
+    estimate_us(q.kind, q.algorithm, q.bytes, &e.topo, &e.costs).unwrap_or(0.0)
 }
 
 export! {
@@ -61,7 +53,7 @@ export! {
                 return Err(Error::arg(format!("simInfo has implausible size {size}")));
             }
             let est = group::with_queued(|ops| {
-                ops.iter().map(|(c, j)| estimate(c, j)).sum::<f64>()
+                ops.iter().map(estimate).sum::<f64>()
             });
             group::end_discarding()?;
             // SAFETY: checked non-NULL and size.

@@ -9,7 +9,7 @@ use crate::algo::StepKind;
 use crate::error::Result;
 use crate::transport::pack;
 
-use super::{base, Batch, P2P_CHAN};
+use super::{at, Batch, P2P_CHAN};
 
 /// What [`Batch::poll_packed`] did with a step.
 pub(super) enum Packed {
@@ -61,7 +61,7 @@ impl Batch<'_> {
         // until the operation completes, which outlasts this pack: the
         // bytes are copied into the pack before this call returns to
         // `poll_packed`'s caller.
-        Some(unsafe { std::slice::from_raw_parts(base(job, src.buf).add(src.offset), src.len) })
+        Some(unsafe { std::slice::from_raw_parts(at(job, &src), src.len) })
     }
 
     /// Runs send step `g`, the ready head of its link's queue, to `peer`

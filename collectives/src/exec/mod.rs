@@ -34,7 +34,7 @@ use std::time::Instant;
 pub use self::bufs::BufPool;
 pub use self::clock::Patience;
 pub use self::drive::{drive, drive_with};
-use crate::algo::{BufId, Plan};
+use crate::algo::{BufId, BufRange, Plan};
 use crate::error::{Error, Result};
 use crate::transport::doorbell::Doorbell;
 use crate::transport::{Conn, WaitSource};
@@ -640,13 +640,25 @@ impl Batch<'_> {
     }
 }
 
-/// Resolves a plan buffer of `job` to its base pointer.
-fn base(job: &mut Job, buf: BufId) -> *mut u8 {
-    match buf {
+/// The address of `r`'s first byte in `job`'s buffers.
+///
+/// # Safety
+/// `r` lies inside its buffer: plans only address ranges inside their
+/// buffers (checked by `Plan::validate` in debug builds and by the
+/// generator's tests), and an [`BufId::Addr`] range is a call's own
+/// buffer, checked when the call was made.
+unsafe fn at(job: &mut Job, r: &BufRange) -> *mut u8 {
+    let base = match r.buf {
         BufId::Send => job.bufs.send.bytes(),
         BufId::Recv => job.bufs.recv.bytes(),
         BufId::Scratch => job.bufs.scratch.as_mut_ptr(),
-    }
+        // The call's own buffer, by its address: C's memory, with the
+        // provenance the call exposed when it queued the address.
+        BufId::Addr => return std::ptr::with_exposed_provenance_mut(r.offset),
+    };
+    // SAFETY: the range is inside the buffer, as the caller guarantees, so
+    // the offset stays in the buffer's allocation.
+    unsafe { base.add(r.offset) }
 }
 
 #[cfg(test)]

@@ -10,12 +10,11 @@ use crate::error::{Error, Result};
 use crate::reduce;
 use crate::transport::Conn;
 
-use super::{base, fingerprint, Job};
+use super::{at, fingerprint, Job};
 
 fn ptr(job: &mut Job, r: &BufRange) -> *mut u8 {
-    // SAFETY: plans only address ranges inside their buffers (checked by
-    // `Plan::validate` in debug builds and by the generator's tests).
-    unsafe { base(job, r.buf).add(r.offset) }
+    // SAFETY: plans only address ranges inside their buffers (see `at`).
+    unsafe { at(job, r) }
 }
 
 pub(super) fn slice<'a>(job: &mut Job, r: &BufRange) -> &'a [u8] {

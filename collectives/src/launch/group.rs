@@ -6,16 +6,19 @@
 //! queued: the inits in parallel, then the device calls as one batch on the
 //! GPU path, then every communicator's host jobs in one `drive` loop, so
 //! sends and receives of one group never deadlock whatever their order.
+//! Point-to-point calls on host buffers queue as runs (`p2p_run`), which
+//! become jobs in their place among a communicator's jobs.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::p2p_run::{Run, RunCall};
 use super::run::{self, Init, Pending};
 use super::Call;
+use crate::algo::{Algorithm, Collective};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::exec::Job;
 
 /// The deepest nesting accepted: deeper is surely a missing group end.
 const MAX_DEPTH: u32 = 1 << 16;
@@ -31,15 +34,58 @@ struct Group {
     device: Vec<Call>,
     /// Host jobs, run together.
     host: Vec<Pending>,
+    /// Open point-to-point runs, at most one per communicator: each
+    /// becomes a host job when its communicator queues another job, or at
+    /// the group's end.
+    runs: Vec<Run>,
     /// Communicators this thread claimed for the group.
     held: Vec<Arc<Comm>>,
     /// How many host jobs the thread's last group queued: the room the
     /// next group's list starts with, so a loop of large groups does not
     /// regrow it every time.
     host_hint: usize,
+    /// How many calls the longest run of the thread's last group held:
+    /// the room a new run starts with.
+    run_hint: usize,
 }
 
 impl Group {
+    /// Makes `comm`'s open run a host job (it goes before what `comm`
+    /// queues next).
+    fn close_run(&mut self, comm: &Arc<Comm>) -> Result<()> {
+        if let Some(i) = self.runs.iter().position(|r| Arc::ptr_eq(&r.comm, comm)) {
+            let r = self.runs.swap_remove(i);
+            self.push(r.into_pending()?);
+        }
+        Ok(())
+    }
+
+    /// Makes every open run a host job.
+    fn close_runs(&mut self) -> Result<()> {
+        let mut first_err = None;
+        for r in std::mem::take(&mut self.runs) {
+            match r.into_pending() {
+                Ok(p) => self.push(p),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Queues a host job.
+    fn push(&mut self, p: Pending) {
+        /// The least room made for the first job of a group: its list is
+        /// taken at the group's end, so a group of many calls would
+        /// otherwise regrow it.
+        const FIRST: usize = 64;
+        if self.host.capacity() == 0 {
+            self.host.reserve(FIRST.max(self.host_hint));
+        }
+        self.host.push(p);
+    }
+
     fn release_held(&mut self) {
         for c in self.held.drain(..) {
             c.owner.release();
@@ -103,15 +149,19 @@ pub fn end() -> Result<()> {
     if !outermost {
         return Ok(());
     }
-    let mut g = GROUP.with(|g| {
+    let (mut g, closed) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
+        let run_hint = g.runs.iter().map(|r| r.calls().len()).max().unwrap_or(0);
+        let closed = g.close_runs();
         let hint = g.host.len();
         let taken = std::mem::take(&mut *g);
         g.host_hint = hint;
-        taken
+        g.run_hint = run_hint;
+        (taken, closed)
     });
     let held = std::mem::take(&mut g.held);
-    let r = run::run_inits(g.inits)
+    let r = closed
+        .and_then(|()| run::run_inits(g.inits))
         .and_then(|()| {
             if g.device.is_empty() {
                 Ok(())
@@ -156,29 +206,84 @@ pub fn end_discarding() -> Result<bool> {
     })
 }
 
-/// Runs `f` over the host jobs the open group queued (for
+/// One host call the open group queued, as the cost model sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Queued<'a> {
+    /// Its communicator.
+    pub comm: &'a Comm,
+    /// The operation.
+    pub kind: Collective,
+    /// The algorithm its plan uses.
+    pub algorithm: Algorithm,
+    /// The larger of the bytes it reads and writes.
+    pub bytes: usize,
+}
+
+/// Runs `f` over the host calls the open group queued (for
 /// `ncclGroupSimulateEnd`).
-pub fn with_queued<R>(f: impl FnOnce(&[(&Comm, &Job)]) -> R) -> R {
+pub fn with_queued<R>(f: impl FnOnce(&[Queued<'_>]) -> R) -> R {
     GROUP.with(|g| {
         let g = g.borrow();
-        let v: Vec<(&Comm, &Job)> = g.host.iter().map(|p| (&*p.comm, &p.job)).collect();
+        let mut v = Vec::new();
+        fn run_calls<'a>(comm: &'a Comm, calls: &[RunCall], v: &mut Vec<Queued<'a>>) {
+            v.extend(calls.iter().map(|c| Queued {
+                comm,
+                kind: c.kind,
+                algorithm: Algorithm::Direct,
+                bytes: c.bytes,
+            }));
+        }
+        for p in &g.host {
+            if p.run.is_empty() {
+                let plan = &p.job.plan;
+                v.push(Queued {
+                    comm: &p.comm,
+                    kind: plan.collective,
+                    algorithm: plan.algorithm,
+                    bytes: plan.send_bytes.max(plan.recv_bytes),
+                });
+            } else {
+                run_calls(&p.comm, &p.run, &mut v);
+            }
+        }
+        for r in &g.runs {
+            run_calls(&r.comm, r.calls(), &mut v);
+        }
         f(&v)
     })
 }
 
-/// Queues a host job for the group's end.
-pub(super) fn push_host(p: Pending) {
-    /// The least room made for the first job of a group: its list is
-    /// taken at the group's end, so a group of many calls would otherwise
-    /// regrow it.
-    const FIRST: usize = 64;
+/// Queues a host job for the group's end, after the open run of its
+/// communicator.
+pub(super) fn push_host(p: Pending) -> Result<()> {
     GROUP.with(|g| {
         let g = &mut *g.borrow_mut();
-        if g.host.capacity() == 0 {
-            g.host.reserve(FIRST.max(g.host_hint));
+        if !g.runs.is_empty() {
+            g.close_run(&p.comm)?;
         }
-        g.host.push(p);
-    });
+        g.push(p);
+        Ok(())
+    })
+}
+
+/// Queues point-to-point call `a` (see `p2p_run::fits`), made at tick
+/// `called`, in its communicator's open run.
+pub(super) fn push_p2p(a: &Call, called: u64) -> Result<()> {
+    GROUP.with(|g| {
+        let g = &mut *g.borrow_mut();
+        // Usually the only run, or the last one opened.
+        if let Some(r) = g
+            .runs
+            .iter_mut()
+            .rev()
+            .find(|r| Arc::ptr_eq(&r.comm, &a.comm))
+        {
+            return r.push(a, called);
+        }
+        let room = g.run_hint.max(16);
+        g.runs.push(Run::start(a, called, room)?);
+        Ok(())
+    })
 }
 
 /// Queues a call on device buffers for the group's end.

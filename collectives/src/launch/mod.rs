@@ -14,6 +14,7 @@ mod call;
 mod few;
 pub mod group;
 mod job;
+mod p2p_run;
 mod run;
 mod scratch;
 
@@ -31,13 +32,16 @@ pub fn submit(a: &Call) -> Result<()> {
         .engine
         .get()
         .map_or(0, |e| e.links.metrics.issue(a.kind));
-    if group::depth() == 0 {
+    let grouped = group::depth() > 0;
+    if !grouped {
         if let Some(r) = crate::intranode::try_run(a, called, || reduce_op(a)) {
             if let Err(e) = &r {
                 poison(&a.comm, e);
             }
             return r;
         }
+    } else if p2p_run::fits(a) {
+        return group::push_p2p(a, called);
     }
     let job = make_job(a)?;
     let engine = a.comm.engine()?;
@@ -47,9 +51,8 @@ pub fn submit(a: &Call) -> Result<()> {
         .filter(|(algo, _)| *algo == job.plan.algorithm && !job.p2p)
         .map(|(_, d)| d);
     let p = run::Pending::new(a, job, called);
-    if group::depth() > 0 {
-        group::push_host(p);
-        return Ok(());
+    if grouped {
+        return group::push_host(p);
     }
     // Only online adaptation reads the call's time (two clock reads and a
     // lock otherwise spent on every call).

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use hetccl_abi::NcclResult;
 
 use super::few::Few;
+use super::p2p_run::RunCall;
 use super::scratch::return_scratch;
 use super::Call;
 use crate::algo::Collective;
@@ -25,6 +26,9 @@ pub(super) struct Pending {
     pub job: Job,
     /// What the metrics and the timeline say about it.
     pub info: Info,
+    /// The calls of a point-to-point run (`p2p_run`), each recorded on its
+    /// own; empty for a job of one call.
+    pub run: Vec<RunCall>,
 }
 
 /// What the metrics and the timeline record of a call.
@@ -58,7 +62,14 @@ impl Pending {
                 bytes: a.count * a.dtype.size(),
                 peer: if rooted { a.root as i32 } else { -1 },
             },
+            run: Vec::new(),
         }
+    }
+
+    /// What [`observe`] records of it once it is done (the calls of a run
+    /// move there).
+    fn observed(&mut self) -> Observed {
+        Observed::of(&self.job, self.info, std::mem::take(&mut self.run))
     }
 }
 
@@ -73,6 +84,18 @@ fn observe(comms: &[Arc<Comm>], done: &[(*const Comm, Observed)], start: u64) {
         };
         let Ok(e) = c.engine() else { continue };
         let m = &e.links.metrics;
+        if !o.run.is_empty() {
+            // A point-to-point run (never on the timeline): each call.
+            let algo = metrics::algo_index(o.algorithm);
+            for r in &o.run {
+                m.complete(r.kind, r.bytes, algo, r.called);
+                if r.called != 0 {
+                    m.queue_wait
+                        .record(clock::to_ns(start.saturating_sub(r.called)));
+                }
+            }
+            continue;
+        }
         let end = m.complete(
             o.kind,
             o.info.bytes,
@@ -110,11 +133,14 @@ struct Observed {
     dtype: hetccl_abi::DataType,
     op: &'static str,
     id: crate::telemetry::trace::TraceId,
+    /// The calls of a point-to-point run, recorded one by one.
+    run: Vec<RunCall>,
 }
 
 impl Observed {
-    /// The facts of `job`, issued as `info` says.
-    fn of(job: &Job, info: Info) -> Self {
+    /// The facts of `job`, issued as `info` says, with the calls of a
+    /// point-to-point run (empty otherwise).
+    fn of(job: &Job, info: Info, run: Vec<RunCall>) -> Self {
         let plan = &job.plan;
         Self {
             info,
@@ -123,6 +149,7 @@ impl Observed {
             dtype: plan.dtype,
             op: crate::telemetry::trace::op_name(plan.collective, &plan.op),
             id: job.trace.id,
+            run,
         }
     }
 }
@@ -203,9 +230,9 @@ fn execute(ops: Few<Pending>) -> Result<()> {
     let mut jobs: Few<Vec<Job>> = Few::default();
     // Each call's communicator by address: `comms` holds them.
     let mut observed: Few<(*const Comm, Observed)> = Few::with_capacity(n);
-    for p in ops.into_vec_iter() {
+    for mut p in ops.into_vec_iter() {
         let at = Arc::as_ptr(&p.comm);
-        observed.push((at, Observed::of(&p.job, p.info)));
+        observed.push((at, p.observed()));
         let found = comms
             .as_slice()
             .binary_search_by_key(&(at as usize), |c| Arc::as_ptr(c) as usize);
@@ -254,10 +281,10 @@ fn execute(ops: Few<Pending>) -> Result<()> {
 
 /// [`execute`] of one operation: the same steps without the lists. An
 /// operation of one message is tried once first (`exec::single`).
-fn execute_one(p: Pending) -> Result<()> {
-    let Pending { comm, job, info } = p;
+fn execute_one(mut p: Pending) -> Result<()> {
+    let observed = [(Arc::as_ptr(&p.comm), p.observed())];
+    let Pending { comm, job, .. } = p;
     let e = comm.engine()?;
-    let observed = [(Arc::as_ptr(&comm), Observed::of(&job, info))];
     let patience = e.settings.patience;
     let lock = exec_lock(e, patience)?;
     let mut job = if job.self_p2p {
