@@ -7,7 +7,10 @@
 //! - a collective queued between point-to-point calls on the same
 //!   communicator closes the run before it, and every byte of both lands;
 //! - `ncclGroupSimulateEnd` estimates every call of a run, not the run once;
-//! - the metrics count every call of a run.
+//! - the metrics count every call of a run;
+//! - a call that joins an open run without a lookup of its own is
+//!   checked like any other (same codes and messages), and a send to the
+//!   calling rank itself still pairs with its receive.
 //!
 //! The ranks talk over TCP (`NCCL_SHM_DISABLE=1` for this binary): TCP
 //! messages keep their boundaries, so a piece of another size fails,
@@ -212,5 +215,61 @@ fn the_simulated_time_counts_every_call_of_a_run() {
         (three - 3.0 * one).abs() <= 1e-3 * three,
         "three sends {three} µs, one {one} µs"
     );
+    destroy(cs);
+}
+
+/// `ncclSend` on `c` of `count` elements of `buf` (NULL when `None`);
+/// its result and the last error.
+fn raw_send(buf: Option<&[u8]>, count: usize, dtype: i32, peer: i32, c: Comm) -> (i32, String) {
+    let p = buf.map_or(std::ptr::null(), |b| b.as_ptr());
+    // SAFETY: a live communicator; `buf` is NULL or holds `count` bytes
+    // until the group ends.
+    let rc = unsafe { ncclSend(p.cast(), count, dtype, peer, c.0, null_mut()) };
+    (rc, hetccl_testkit::threads::last_error())
+}
+
+#[test]
+fn a_call_that_joins_a_run_is_checked_like_any_other() {
+    tcp();
+    let cs = comms(2);
+    let good = bytes(5, 100);
+    let bad: [(Option<&[u8]>, usize, i32, i32); 3] = [
+        (Some(&good), 100, INT8, 7), // peer out of range
+        (Some(&good), 100, 99, 1),   // no such datatype
+        (None, 100, INT8, 1),        // NULL buffer with bytes to send
+    ];
+    // Each bad call on its own (no run open), then the same calls after a
+    // send opened rank 0's run: the same codes and messages.
+    let alone: Vec<(i32, String)> = bad
+        .iter()
+        .map(|&(b, n, d, p)| raw_send(b, n, d, p, cs[0]))
+        .collect();
+    let outs = on_all(&cs, |r, c| {
+        let mut got = vec![0u8; 100];
+        let mut mine = vec![0u8; 100];
+        let mut errors = Vec::new();
+        // SAFETY: no arguments.
+        check(unsafe { ncclGroupStart() });
+        if r == 0 {
+            send(&good, 1, c);
+            for &(b, n, d, p) in &bad {
+                errors.push(raw_send(b, n, d, p, c));
+            }
+            // To itself: not a run's call, paired with its receive.
+            send(&good, 0, c);
+            recv(&mut mine, 0, c);
+        } else {
+            recv(&mut got, 0, c);
+        }
+        // SAFETY: no arguments.
+        check(unsafe { ncclGroupEnd() });
+        (got, mine, errors)
+    });
+    assert_eq!(outs[0].2, alone, "errors inside a run and alone");
+    for (rc, msg) in &alone {
+        assert_eq!(*rc, 4, "ncclInvalidArgument: {msg}");
+    }
+    assert_eq!(outs[1].0, good, "the run's message");
+    assert_eq!(outs[0].1, good, "the send to itself");
     destroy(cs);
 }

@@ -34,6 +34,21 @@ unsafe fn run(
     config: *const ncclCollConfig_t,
 ) -> ncclResult_t {
     guard(name, || {
+        if config.is_null() {
+            // A send or receive after another on the same communicator in
+            // an open group: queued in that group's run.
+            let buf = if kind == Collective::Send {
+                send
+            } else {
+                recv.cast_const()
+            };
+            let queued = crate::launch::queue_in_run(kind, comm as usize, |c| {
+                super::coll_args::p2p(kind, buf, count, dtype, root, c)
+            });
+            if let Some(r) = queued {
+                return r;
+            }
+        }
         let filter = if config.is_null() {
             None
         } else {

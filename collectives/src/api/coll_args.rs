@@ -8,9 +8,10 @@ use hetccl_abi::{ncclComm_t, RedOp};
 use super::check;
 use crate::algo::Collective;
 use crate::comm::handle;
+use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::gpu::memory;
-use crate::launch::Call;
+use crate::launch::{Call, P2p};
 use crate::user_ptr::UserPtr;
 
 /// What each rank's buffers must hold for `coll`, in elements: (send,
@@ -44,7 +45,8 @@ pub fn validate(
     comm: ncclComm_t,
     stream: *mut c_void,
 ) -> Result<Call> {
-    let comm = handle::lookup(comm)?;
+    let handle = comm;
+    let comm = handle::lookup(handle)?;
     comm.check_usable()?;
     let dtype = check::datatype(dtype)?;
     let op = if kind.reduces() {
@@ -80,6 +82,7 @@ pub fn validate(
     Ok(Call {
         kind,
         comm,
+        handle: handle as usize,
         send: UserPtr::new(send),
         recv: UserPtr::new(recv),
         count,
@@ -91,5 +94,42 @@ pub fn validate(
         stream: UserPtr::new(stream),
         placement,
         filter: None,
+    })
+}
+
+/// Checks a send (`buf` is its send buffer) or receive (its receive
+/// buffer) against `comm`, which the calling thread's open group already
+/// holds: the checks [`validate`] makes of such a call, in its order.
+pub fn p2p(
+    kind: Collective,
+    buf: *const c_void,
+    count: usize,
+    dtype: i32,
+    peer: i32,
+    comm: &Comm,
+) -> Result<P2p> {
+    comm.check_usable()?;
+    let dtype = check::datatype(dtype)?;
+    let peer = check::rank_in(peer, comm.nranks as i32, "peer")?;
+    let what = if kind == Collective::Send {
+        "sendbuff"
+    } else {
+        "recvbuff"
+    };
+    let bytes = check::bytes(count, dtype, what)?;
+    check::buffer(buf, bytes, what)?;
+    let null = std::ptr::null();
+    let placement = if kind == Collective::Send {
+        memory::classify_call(buf, bytes, null, 0)?
+    } else {
+        memory::classify_call(null, 0, buf, bytes)?
+    };
+    Ok(P2p {
+        kind,
+        peer,
+        buf: UserPtr::new(buf),
+        bytes,
+        dtype,
+        placement,
     })
 }

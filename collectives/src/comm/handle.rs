@@ -64,6 +64,17 @@ thread_local! {
     static LAST: RefCell<Option<(usize, Weak<Comm>)>> = const { RefCell::new(None) };
 }
 
+/// Whether `handle`, which [`lookup`] resolved before, still names a live
+/// communicator (not destroyed since).
+///
+/// # Safety
+/// [`lookup`] resolved `handle` earlier: it points to a cell made by
+/// [`register`], which is never freed.
+pub unsafe fn still_live(handle: usize) -> bool {
+    // SAFETY: see the contract: a cell that is never freed.
+    unsafe { (*(handle as *const Cell)).magic.load(Ordering::Acquire) == LIVE }
+}
+
 /// The live comm behind `handle`.
 pub fn lookup(handle: ncclComm_t) -> Result<Arc<Comm>> {
     let key = handle as usize;

@@ -78,14 +78,16 @@ struct Cache {
     generation: u64,
     /// The slot the next learned range takes.
     next: usize,
-    /// The slot of the last hit, tried first (calls reuse their buffers).
-    last: usize,
+    /// The slot of the last hit of each side (send, receive), tried
+    /// first: calls reuse their buffers, and a group alternates sends and
+    /// receives.
+    last: [usize; 2],
     entries: [Entry; SLOTS],
 }
 
 thread_local! {
     static CACHE: RefCell<Cache> = const {
-        RefCell::new(Cache { generation: 0, next: 0, last: 0, entries: [EMPTY; SLOTS] })
+        RefCell::new(Cache { generation: 0, next: 0, last: [0; 2], entries: [EMPTY; SLOTS] })
     };
 }
 
@@ -144,19 +146,23 @@ impl Cache {
             self.entries = [EMPTY; SLOTS];
             return (None, None);
         }
-        (x.and_then(|x| self.hit(x)), y.and_then(|y| self.hit(y)))
+        (
+            x.and_then(|x| self.hit(x, 0)),
+            y.and_then(|y| self.hit(y, 1)),
+        )
     }
 
-    /// The placement of the cached range holding `(start, end)`.
+    /// The placement of the cached range holding `(start, end)`, a buffer
+    /// of `side` (0 send, 1 receive).
     #[inline]
-    fn hit(&mut self, (start, end): (usize, usize)) -> Option<Placement> {
+    fn hit(&mut self, (start, end): (usize, usize), side: usize) -> Option<Placement> {
         let holds = |e: &Entry| e.start <= start && end <= e.end;
-        let last = &self.entries[self.last % SLOTS];
+        let last = &self.entries[self.last[side] % SLOTS];
         if holds(last) {
             return Some(last.placement);
         }
         let i = self.entries.iter().position(holds)?;
-        self.last = i;
+        self.last[side] = i;
         Some(self.entries[i].placement)
     }
 }
@@ -168,7 +174,7 @@ fn learn(span: (usize, usize), what: &str) -> Result<Placement> {
         let mut c = c.borrow_mut();
         let i = c.next;
         c.entries[i] = e;
-        c.last = i;
+        c.last = [i; 2];
         c.next = (i + 1) % SLOTS;
     });
     Ok(e.placement)

@@ -381,6 +381,7 @@ mod tests {
             stream: UserPtr::NULL,
             placement: Placement::Device(0),
             filter: None,
+            handle: 0,
         };
         let ps = pieces(&a);
         assert_eq!(ps, vec![(0, a.count)]);
@@ -408,6 +409,7 @@ mod tests {
             stream: UserPtr::NULL,
             placement: Placement::Device(0),
             filter: None,
+            handle: 0,
         };
         let ps = pieces(&a);
         for &p in &ps {

@@ -17,6 +17,10 @@ pub struct Call {
     pub kind: Collective,
     /// The communicator.
     pub comm: Arc<Comm>,
+    /// The C handle the caller named it by (0 for calls made inside the
+    /// library): a group's open run of this handle takes the next
+    /// point-to-point call without a lookup (`launch::group::queue_in_run`).
+    pub handle: usize,
     /// Send buffer (may be NULL where nothing is sent).
     pub send: UserPtr,
     /// Receive buffer (may be NULL where nothing is received).
@@ -48,4 +52,23 @@ impl Call {
     pub fn filter<'a>(&'a self, comm_default: &'a AlgoFilter) -> &'a AlgoFilter {
         self.filter.as_deref().unwrap_or(comm_default)
     }
+}
+
+/// A point-to-point call checked against a communicator that a group's
+/// open run already holds (`launch::group::queue_in_run`): what the run
+/// needs of it.
+#[derive(Debug, Clone, Copy)]
+pub struct P2p {
+    /// `Send` or `Recv`.
+    pub kind: Collective,
+    /// The peer.
+    pub peer: usize,
+    /// The buffer (send buffer of a send, receive buffer of a receive).
+    pub buf: UserPtr,
+    /// Its bytes.
+    pub bytes: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Where the buffer lives.
+    pub placement: Placement,
 }

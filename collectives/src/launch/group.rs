@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::p2p_run::{Run, RunCall};
 use super::run::{self, Init, Pending};
-use super::Call;
+use super::{Call, P2p};
 use crate::algo::{Algorithm, Collective};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -263,6 +263,44 @@ pub(super) fn push_host(p: Pending) -> Result<()> {
         }
         g.push(p);
         Ok(())
+    })
+}
+
+/// Queues a send or receive on `handle` in this thread's open run of that
+/// handle, without the lookup, claim and job of a full call: `check`
+/// checks the call's arguments against the run's communicator. `None` when
+/// no open group holds such a run, or the call is not one a run takes (to
+/// this rank itself, on device memory) or the timeline is on: the caller
+/// then takes the full path, which starts or closes runs.
+pub fn queue_in_run(
+    kind: Collective,
+    handle: usize,
+    check: impl FnOnce(&Comm) -> Result<P2p>,
+) -> Option<Result<()>> {
+    if !matches!(kind, Collective::Send | Collective::Recv)
+        || OPEN.load(Ordering::Relaxed) == 0
+        || crate::telemetry::trace::on()
+    {
+        return None;
+    }
+    GROUP.with(|g| {
+        let g = &mut *g.borrow_mut();
+        if g.depth == 0 || handle == 0 {
+            return None;
+        }
+        let run = g.runs.iter_mut().rev().find(|r| r.handle == handle)?;
+        // SAFETY: the run's first call resolved `handle` with a full lookup.
+        if !unsafe { crate::comm::handle::still_live(handle) } {
+            return None;
+        }
+        let p = match check(&run.comm) {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        if p.peer == run.comm.rank || p.placement.is_device() {
+            return None;
+        }
+        Some(run.add(&p))
     })
 }
 

@@ -18,8 +18,8 @@ mod p2p_run;
 mod run;
 mod scratch;
 
-pub use call::Call;
-pub use group::{claim_for_call, submit_init};
+pub use call::{Call, P2p};
+pub use group::{claim_for_call, queue_in_run, submit_init};
 pub use job::{make_job, reduce_op};
 pub use run::poison;
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use hetccl_abi::DataType;
 
 use super::run::{Info, Pending};
-use super::Call;
+use super::{Call, P2p};
 use crate::algo::{Algorithm, BufId, BufRange, Collective, Plan, Step, StepKind};
 use crate::comm::engine::Engine;
 use crate::comm::Comm;
@@ -63,6 +63,8 @@ impl RunCall {
 pub(super) struct Run {
     /// The communicator.
     pub comm: Arc<Comm>,
+    /// The C handle its first call named it by (0 inside the library).
+    pub handle: usize,
     /// The calls, in call order.
     calls: Vec<RunCall>,
     /// The sequence number of the first call (`Engine::seq`).
@@ -84,6 +86,7 @@ impl Run {
         calls.push(call(a, e, called));
         Ok(Self {
             comm: a.comm.clone(),
+            handle: a.handle,
             calls,
             seq: e.seq.fetch_add(1, Ordering::Relaxed),
         })
@@ -94,6 +97,23 @@ impl Run {
         let e = self.comm.engine()?;
         e.seq.fetch_add(1, Ordering::Relaxed);
         self.calls.push(call(a, e, called));
+        Ok(())
+    }
+
+    /// Adds `p`, a call checked against this run's communicator, to
+    /// another rank, on host memory; counts it as issued.
+    pub fn add(&mut self, p: &P2p) -> Result<()> {
+        let e = self.comm.engine()?;
+        let called = e.links.metrics.issue(p.kind);
+        e.seq.fetch_add(1, Ordering::Relaxed);
+        self.calls.push(RunCall {
+            kind: p.kind,
+            peer: p.peer as u32,
+            addr: p.buf.bytes().expose_provenance(),
+            bytes: p.bytes,
+            piece: piece(e, p.dtype.size()),
+            called,
+        });
         Ok(())
     }
 
@@ -177,13 +197,18 @@ fn call(a: &Call, e: &Engine, called: u64) -> RunCall {
     } else {
         (a.recv, a.recv_bytes)
     };
-    let esize = a.dtype.size();
     RunCall {
         kind: a.kind,
         peer: a.root as u32,
         addr: buf.bytes().expose_provenance(),
         bytes,
-        piece: (e.control.chunk_bytes() / esize).max(1) * esize,
+        piece: piece(e, a.dtype.size()),
         called,
     }
+}
+
+/// The largest message of a call of `esize`-byte elements: the chunk size
+/// in whole elements, as `algo::builder` splits a call's plan.
+fn piece(e: &Engine, esize: usize) -> usize {
+    (e.control.chunk_bytes() / esize).max(1) * esize
 }
