@@ -198,6 +198,10 @@ impl SendLink for PackSend {
     fn wait_source(&self) -> WaitSource {
         self.inner.wait_source()
     }
+    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        // A pack or a plain message in flight is the inner link's.
+        self.inner.wait_fds(out)
+    }
     fn close(&self) {
         self.inner.close();
     }
@@ -396,6 +400,12 @@ impl RecvLink for PackRecv {
     fn wait_source(&self) -> WaitSource {
         // Sub-messages left over are ready at once: the executor polls.
         self.inner.wait_source()
+    }
+    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
+        // With sub-messages left over nothing is awaited on the socket
+        // (the owner naps and polls again); otherwise the next pack or
+        // plain message comes through the inner link.
+        self.st.lock().pending() == 0 && self.inner.wait_fds(out)
     }
     fn close(&self) {
         self.inner.close();

@@ -265,3 +265,35 @@ fn limits_and_agreement() {
     assert!(p.start(&[&[0u8; 10]]).is_err(), "a second pack in flight");
     assert!(a.tx.try_send(&[0u8; 1000]).is_err(), "plain while packing");
 }
+
+/// A coalescing link's waits are its inner link's: a receive that waits
+/// for the next pack sleeps on the TCP socket (not in a nap), and one
+/// with sub-messages of a pack left over does not wait on it.
+#[test]
+fn waits_go_to_the_inner_links_sockets() {
+    let (a, b) = tcp_pair();
+    let mut dst = [0u8; 7];
+    assert_eq!(b.rx.try_recv_into(&mut dst).unwrap(), 0, "nothing sent yet");
+    let mut fds = Vec::new();
+    assert!(
+        b.rx.wait_fds(&mut fds),
+        "a receive in flight waits on its socket"
+    );
+    assert!(!fds.is_empty(), "the socket to wait on");
+    let (one, two) = (pattern(7, 1), pattern(9, 2));
+    let p = a.tx.packer().expect("coalescing link");
+    p.start(&[&one, &two]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.poll().unwrap().1.is_none() {
+        assert!(Instant::now() < deadline, "the pack was not sent");
+    }
+    while b.rx.try_recv_into(&mut dst).unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the pack did not arrive");
+    }
+    assert_eq!(dst[..], one[..]);
+    let mut fds = Vec::new();
+    assert!(
+        !b.rx.wait_fds(&mut fds),
+        "a sub-message left over is ready: nothing to wait for"
+    );
+}
