@@ -72,3 +72,22 @@ pub struct P2p {
     /// Where the buffer lives.
     pub placement: Placement,
 }
+
+impl P2p {
+    /// The point-to-point part of `a`, a validated `Send` or `Recv`.
+    pub fn of(a: &Call) -> Self {
+        let (buf, bytes) = if a.kind == Collective::Send {
+            (a.send, a.send_bytes)
+        } else {
+            (a.recv, a.recv_bytes)
+        };
+        Self {
+            kind: a.kind,
+            peer: a.root,
+            buf,
+            bytes,
+            dtype: a.dtype,
+            placement: a.placement,
+        }
+    }
+}

@@ -160,8 +160,7 @@ pub fn end() -> Result<()> {
         (taken, closed)
     });
     let held = std::mem::take(&mut g.held);
-    let r = closed
-        .and_then(|()| run::run_inits(g.inits))
+    let r = run::run_inits(g.inits)
         .and_then(|()| {
             if g.device.is_empty() {
                 Ok(())
@@ -179,7 +178,9 @@ pub fn end() -> Result<()> {
     for c in held {
         c.owner.release();
     }
-    r
+    // A run that could not become a job (its communicator has no engine)
+    // is reported; the rest of the group ran as its peers' did.
+    closed.and(r)
 }
 
 /// Closes one level without running anything: the outermost close drops

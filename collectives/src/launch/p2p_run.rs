@@ -21,7 +21,6 @@ use hetccl_abi::DataType;
 use super::run::{Info, Pending};
 use super::{Call, P2p};
 use crate::algo::{Algorithm, BufId, BufRange, Collective, Plan, Step, StepKind};
-use crate::comm::engine::Engine;
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::exec::{Job, OpBuffers, Trace};
@@ -81,37 +80,44 @@ pub(super) fn fits(a: &Call) -> bool {
 impl Run {
     /// A run that starts with `a` (see [`fits`]), called at tick `called`.
     pub fn start(a: &Call, called: u64, capacity: usize) -> Result<Self> {
-        let e = a.comm.engine()?;
-        let mut calls = Vec::with_capacity(capacity.max(1));
-        calls.push(call(a, e, called));
-        Ok(Self {
+        let mut run = Self {
             comm: a.comm.clone(),
             handle: a.handle,
-            calls,
-            seq: e.seq.fetch_add(1, Ordering::Relaxed),
-        })
+            calls: Vec::with_capacity(capacity.max(1)),
+            seq: 0, // the first call's, set when it is recorded
+        };
+        run.push(a, called)?;
+        Ok(run)
     }
 
-    /// Adds `a`, a call on this run's communicator (see [`fits`]).
+    /// Adds `a`, a call on this run's communicator (see [`fits`]), called
+    /// at tick `called`.
     pub fn push(&mut self, a: &Call, called: u64) -> Result<()> {
-        let e = self.comm.engine()?;
-        e.seq.fetch_add(1, Ordering::Relaxed);
-        self.calls.push(call(a, e, called));
-        Ok(())
+        self.record(&P2p::of(a), called)
     }
 
     /// Adds `p`, a call checked against this run's communicator, to
     /// another rank, on host memory; counts it as issued.
     pub fn add(&mut self, p: &P2p) -> Result<()> {
+        let called = self.comm.engine()?.links.metrics.issue(p.kind);
+        self.record(p, called)
+    }
+
+    fn record(&mut self, p: &P2p, called: u64) -> Result<()> {
         let e = self.comm.engine()?;
-        let called = e.links.metrics.issue(p.kind);
-        e.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = e.seq.fetch_add(1, Ordering::Relaxed);
+        if self.calls.is_empty() {
+            self.seq = seq;
+        }
+        let esize = p.dtype.size();
         self.calls.push(RunCall {
             kind: p.kind,
             peer: p.peer as u32,
             addr: p.buf.bytes().expose_provenance(),
             bytes: p.bytes,
-            piece: piece(e, p.dtype.size()),
+            // The chunk size in whole elements, as `algo::builder` splits
+            // a call's plan.
+            piece: (e.control.chunk_bytes() / esize).max(1) * esize,
             called,
         });
         Ok(())
@@ -189,26 +195,4 @@ impl Run {
             run: self.calls,
         })
     }
-}
-
-fn call(a: &Call, e: &Engine, called: u64) -> RunCall {
-    let (buf, bytes) = if a.kind == Collective::Send {
-        (a.send, a.send_bytes)
-    } else {
-        (a.recv, a.recv_bytes)
-    };
-    RunCall {
-        kind: a.kind,
-        peer: a.root as u32,
-        addr: buf.bytes().expose_provenance(),
-        bytes,
-        piece: piece(e, a.dtype.size()),
-        called,
-    }
-}
-
-/// The largest message of a call of `esize`-byte elements: the chunk size
-/// in whole elements, as `algo::builder` splits a call's plan.
-fn piece(e: &Engine, esize: usize) -> usize {
-    (e.control.chunk_bytes() / esize).max(1) * esize
 }
