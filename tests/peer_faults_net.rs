@@ -52,6 +52,11 @@ fn exchange(api: &Api, s: P, r: P, out: &[u8], buf: &mut [u8]) -> Result<(), i32
 
 /// Survivor and victim differ only in who listens first.
 fn role_loop(survivor: bool) {
+    // The message and the buffer first: made after connecting, 128 MiB
+    // each in a debug build on a loaded machine, they could keep one side
+    // from moving bytes for longer than the peer's stall limit (3 s).
+    let out = pattern(MSG, 9);
+    let mut buf = vec![0u8; MSG];
     let api = Api::v12_of(net::lib());
     let (h, l) = api.listen();
     println!("HANDLE {}", hex(&h));
@@ -61,8 +66,6 @@ fn role_loop(survivor: bool) {
         unhex(&std::env::var("HETCCL_NET_HANDLE").expect("HETCCL_NET_HANDLE"))
     };
     let (s, r) = cross_connect(&api, l, &peer);
-    let out = pattern(MSG, 9);
-    let mut buf = vec![0u8; MSG];
     let mut wrong = 0;
     let mut iter = 0u64;
     let code = loop {

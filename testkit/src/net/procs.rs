@@ -62,22 +62,29 @@ impl Proc {
         }
     }
 
-    /// Waits for a line containing `prefix`; returns what follows it.
+    /// Waits for a line containing `prefix`; returns what follows it. A
+    /// child that exits or stays silent fails the test with the lines it
+    /// printed meanwhile.
     pub fn expect(&self, prefix: &str, timeout: Duration) -> String {
         let t0 = Instant::now();
+        let mut seen: Vec<String> = Vec::new();
         loop {
-            let left = timeout
-                .checked_sub(t0.elapsed())
-                .unwrap_or_else(|| panic!("{}: no `{prefix}` line within {timeout:?}", self.name));
+            let left = timeout.checked_sub(t0.elapsed()).unwrap_or_else(|| {
+                panic!(
+                    "{}: no `{prefix}` line within {timeout:?}; it printed {seen:?}",
+                    self.name
+                )
+            });
             match self.lines.recv_timeout(left) {
                 Ok(l) => {
                     // libtest may print "test child_role ... " before the first line.
                     if let Some(i) = l.find(prefix) {
                         return l[i + prefix.len()..].trim().to_string();
                     }
+                    seen.push(l);
                 }
                 Err(_) => panic!(
-                    "{}: no `{prefix}` line within {timeout:?} (or it exited)",
+                    "{}: no `{prefix}` line within {timeout:?} (or it exited); it printed {seen:?}",
                     self.name
                 ),
             }
