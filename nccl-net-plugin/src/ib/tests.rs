@@ -622,13 +622,9 @@ fn inline_and_copied_sends_interleave() {
     exchange(&s, &r, &msgs, (None, None));
 }
 
-/// A few small sends (all unsignaled), then close: the close flushes them
-/// so they are delivered before the QP goes.
-#[test]
-fn unsignaled_sends_before_close_are_delivered() {
-    let Some((s, r)) = pair(IbOptions::default()) else {
-        return;
-    };
+/// Five small messages of tag 2, each sent eagerly (unsignaled) and
+/// complete at once.
+fn send_small(s: &IbSendComm) -> Vec<Vec<u8>> {
     let msgs: Vec<Vec<u8>> = (0..5).map(|i| pattern(10 + i, i as u8)).collect();
     for m in &msgs {
         // SAFETY: `msgs` outlives the requests (eager: done at post).
@@ -637,8 +633,12 @@ fn unsignaled_sends_before_close_are_delivered() {
             .unwrap();
         assert_eq!(s.test(q).unwrap(), Some(m.len()));
     }
-    s.close();
-    for m in &msgs {
+    msgs
+}
+
+/// Receives `msgs` (tag 2) one at a time and checks every byte.
+fn receive_small(r: &IbRecvComm, msgs: &[Vec<u8>]) {
+    for m in msgs {
         let mut b = vec![0u8; 64];
         let rb = RecvBuf {
             ptr: b.as_mut_ptr(),
@@ -658,6 +658,18 @@ fn unsignaled_sends_before_close_are_delivered() {
     }
 }
 
+/// A few small sends (all unsignaled), then close: the close flushes them
+/// so they are delivered before the QP goes.
+#[test]
+fn unsignaled_sends_before_close_are_delivered() {
+    let Some((s, r)) = pair(IbOptions::default()) else {
+        return;
+    };
+    let msgs = send_small(&s);
+    s.close();
+    receive_small(&r, &msgs);
+}
+
 /// The receiver takes every message, then closes (its QP goes): the
 /// sender's close, which still has a flush in flight that nothing will
 /// acknowledge, ends when it sees the peer's setup socket close, not when
@@ -667,32 +679,8 @@ fn a_close_after_the_peer_closed_does_not_wait_for_acks() {
     let Some((s, r)) = pair(IbOptions::default()) else {
         return;
     };
-    let msgs: Vec<Vec<u8>> = (0..5).map(|i| pattern(10 + i, i as u8)).collect();
-    for m in &msgs {
-        // SAFETY: `msgs` outlives the requests (eager: done at post).
-        let q = unsafe { s.isend(m.as_ptr(), m.len(), 2, None) }
-            .unwrap()
-            .unwrap();
-        assert_eq!(s.test(q).unwrap(), Some(m.len()));
-    }
-    for m in &msgs {
-        let mut b = vec![0u8; 64];
-        let rb = RecvBuf {
-            ptr: b.as_mut_ptr(),
-            cap: b.len(),
-            tag: 2,
-        };
-        // SAFETY: `b` outlives the request (waited for below).
-        let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
-        let t0 = Instant::now();
-        let n = loop {
-            assert!(t0.elapsed() < Duration::from_secs(30), "not delivered");
-            if let Some(sz) = r.test(q).unwrap() {
-                break sz[0];
-            }
-        };
-        assert_eq!(&b[..n], &m[..]);
-    }
+    let msgs = send_small(&s);
+    receive_small(&r, &msgs);
     r.close();
     let t0 = Instant::now();
     s.close();
