@@ -27,7 +27,7 @@ pub fn redop(raw: i32) -> Result<RedOp> {
 
 /// The byte size of `count` elements of `dt`, or an error on overflow
 /// (bounded by `isize::MAX`, the most any buffer can hold).
-#[inline]
+#[inline(always)]
 pub fn bytes(count: usize, dt: DataType, what: &str) -> Result<usize> {
     match dt.bytes(count) {
         Some(b) if b <= isize::MAX as usize => Ok(b),

@@ -34,7 +34,7 @@ unsafe fn run(
     config: *const ncclCollConfig_t,
 ) -> ncclResult_t {
     guard(name, || {
-        if config.is_null() {
+        if config.is_null() && matches!(kind, Collective::Send | Collective::Recv) {
             // A send or receive after another on the same communicator in
             // an open group: queued in that group's run.
             let buf = if kind == Collective::Send {
@@ -42,7 +42,7 @@ unsafe fn run(
             } else {
                 recv.cast_const()
             };
-            let queued = crate::launch::queue_in_run(kind, comm as usize, |c| {
+            let queued = crate::launch::queue_in_run(comm as usize, |c| {
                 super::coll_args::p2p(kind, buf, count, dtype, root, c)
             });
             if let Some(r) = queued {

@@ -16,6 +16,7 @@ use crate::user_ptr::UserPtr;
 
 /// What each rank's buffers must hold for `coll`, in elements: (send,
 /// recv), at the root for rooted kinds.
+#[inline(always)]
 fn extents(coll: Collective, count: usize, nranks: usize, is_root: bool) -> Option<(usize, usize)> {
     let n = |x: usize| x.checked_mul(nranks);
     Some(match coll {
@@ -47,6 +48,14 @@ pub fn validate(
 ) -> Result<Call> {
     let handle = comm;
     let comm = handle::lookup(handle)?;
+    if matches!(kind, Collective::Send | Collective::Recv) {
+        let buf = if kind == Collective::Send {
+            send
+        } else {
+            recv.cast_const()
+        };
+        return validate_p2p(kind, buf, count, dtype, root, comm, handle, stream);
+    }
     comm.check_usable()?;
     let dtype = check::datatype(dtype)?;
     let op = if kind.reduces() {
@@ -66,10 +75,10 @@ pub fn validate(
         RedOp::Sum
     };
     let nranks = comm.nranks;
-    let root = match kind {
-        Collective::Send | Collective::Recv => check::rank_in(root, nranks as i32, "peer")?,
-        k if k.rooted() => check::rank_in(root, nranks as i32, "root")?,
-        _ => 0,
+    let root = if kind.rooted() {
+        check::rank_in(root, nranks as i32, "root")?
+    } else {
+        0
     };
     let is_root = kind.rooted() && root == comm.rank;
     let (se, re) = extents(kind, count, nranks, is_root)
@@ -97,9 +106,33 @@ pub fn validate(
     })
 }
 
+/// [`validate`] of a send or receive (`buf` is its buffer). Not inlined:
+/// the collectives' path would carry its frame.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn validate_p2p(
+    kind: Collective,
+    buf: *const c_void,
+    count: usize,
+    dtype: i32,
+    peer: i32,
+    comm: std::sync::Arc<Comm>,
+    handle: ncclComm_t,
+    stream: *mut c_void,
+) -> Result<Call> {
+    let p = p2p(kind, buf, count, dtype, peer, &comm)?;
+    Ok(Call::of_p2p(
+        &p,
+        comm,
+        handle as usize,
+        count,
+        UserPtr::new(stream),
+    ))
+}
+
 /// Checks a send (`buf` is its send buffer) or receive (its receive
-/// buffer) against `comm`, which the calling thread's open group already
-/// holds: the checks [`validate`] makes of such a call, in its order.
+/// buffer) against `comm`: [`validate`]'s checks of such a call, also
+/// made alone for a call that joins a group's open run.
 pub fn p2p(
     kind: Collective,
     buf: *const c_void,

@@ -48,6 +48,32 @@ pub struct Call {
 }
 
 impl Call {
+    /// The validated call of `p`, on `comm` by C handle `handle`, of
+    /// `count` elements, on `stream`.
+    pub fn of_p2p(p: &P2p, comm: Arc<Comm>, handle: usize, count: usize, stream: UserPtr) -> Self {
+        let (send, recv, send_bytes, recv_bytes) = if p.kind == Collective::Send {
+            (p.buf, UserPtr::NULL, p.bytes, 0)
+        } else {
+            (UserPtr::NULL, p.buf, 0, p.bytes)
+        };
+        Self {
+            kind: p.kind,
+            comm,
+            handle,
+            send,
+            recv,
+            count,
+            dtype: p.dtype,
+            op: RedOp::Sum,
+            root: p.peer,
+            send_bytes,
+            recv_bytes,
+            stream,
+            placement: p.placement,
+            filter: None,
+        }
+    }
+
     /// The algorithm restriction in force for this call.
     pub fn filter<'a>(&'a self, comm_default: &'a AlgoFilter) -> &'a AlgoFilter {
         self.filter.as_deref().unwrap_or(comm_default)

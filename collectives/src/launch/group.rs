@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::p2p_run::{Run, RunCall};
+use super::p2p_run::{self, Run, RunCall};
 use super::run::{self, Init, Pending};
 use super::{Call, P2p};
 use crate::algo::{Algorithm, Collective};
@@ -270,23 +270,16 @@ pub(super) fn push_host(p: Pending) -> Result<()> {
 /// Queues a send or receive on `handle` in this thread's open run of that
 /// handle, without the lookup, claim and job of a full call: `check`
 /// checks the call's arguments against the run's communicator. `None` when
-/// no open group holds such a run, or the call is not one a run takes (to
-/// this rank itself, on device memory) or the timeline is on: the caller
-/// then takes the full path, which starts or closes runs.
-pub fn queue_in_run(
-    kind: Collective,
-    handle: usize,
-    check: impl FnOnce(&Comm) -> Result<P2p>,
-) -> Option<Result<()>> {
-    if !matches!(kind, Collective::Send | Collective::Recv)
-        || OPEN.load(Ordering::Relaxed) == 0
-        || crate::telemetry::trace::on()
-    {
+/// no open group holds such a run, or the call is not one a run takes
+/// (`p2p_run::takes`): the caller then takes the full path, which starts
+/// or closes runs.
+pub fn queue_in_run(handle: usize, check: impl FnOnce(&Comm) -> Result<P2p>) -> Option<Result<()>> {
+    if OPEN.load(Ordering::Relaxed) == 0 || handle == 0 {
         return None;
     }
     GROUP.with(|g| {
         let g = &mut *g.borrow_mut();
-        if g.depth == 0 || handle == 0 {
+        if g.depth == 0 {
             return None;
         }
         let run = g.runs.iter_mut().rev().find(|r| r.handle == handle)?;
@@ -298,16 +291,16 @@ pub fn queue_in_run(
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
-        if p.peer == run.comm.rank || p.placement.is_device() {
+        if !p2p_run::takes(&p, run.comm.rank) {
             return None;
         }
         Some(run.add(&p))
     })
 }
 
-/// Queues point-to-point call `a` (see `p2p_run::fits`), made at tick
-/// `called`, in its communicator's open run.
-pub(super) fn push_p2p(a: &Call, called: u64) -> Result<()> {
+/// Queues `p`, the point-to-point part of `a` (see `p2p_run::takes`),
+/// made at tick `called`, in its communicator's open run.
+pub(super) fn push_p2p(a: &Call, p: &P2p, called: u64) -> Result<()> {
     GROUP.with(|g| {
         let g = &mut *g.borrow_mut();
         // Usually the only run, or the last one opened.
@@ -317,10 +310,10 @@ pub(super) fn push_p2p(a: &Call, called: u64) -> Result<()> {
             .rev()
             .find(|r| Arc::ptr_eq(&r.comm, &a.comm))
         {
-            return r.push(a, called);
+            return r.push(p, called);
         }
         let room = g.run_hint.max(16);
-        g.runs.push(Run::start(a, called, room)?);
+        g.runs.push(Run::start(&a.comm, a.handle, p, called, room)?);
         Ok(())
     })
 }

@@ -23,6 +23,7 @@ pub use group::{claim_for_call, queue_in_run, submit_init};
 pub use job::{make_job, reduce_op};
 pub use run::poison;
 
+use crate::algo::Collective;
 use crate::error::Result;
 
 /// Runs (or queues, inside a group) one validated call on host buffers.
@@ -40,8 +41,11 @@ pub fn submit(a: &Call) -> Result<()> {
             }
             return r;
         }
-    } else if p2p_run::fits(a) {
-        return group::push_p2p(a, called);
+    } else if matches!(a.kind, Collective::Send | Collective::Recv) {
+        let p = P2p::of(a);
+        if p2p_run::takes(&p, a.comm.rank) {
+            return group::push_p2p(a, &p, called);
+        }
     }
     let job = make_job(a)?;
     let engine = a.comm.engine()?;

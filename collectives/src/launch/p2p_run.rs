@@ -19,8 +19,9 @@ use std::sync::Arc;
 use hetccl_abi::DataType;
 
 use super::run::{Info, Pending};
-use super::{Call, P2p};
+use super::P2p;
 use crate::algo::{Algorithm, BufId, BufRange, Collective, Plan, Step, StepKind};
+use crate::comm::engine::Engine;
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::exec::{Job, OpBuffers, Trace};
@@ -70,56 +71,49 @@ pub(super) struct Run {
     seq: u64,
 }
 
-/// Whether `a` (a host call inside a group) may join a run.
-pub(super) fn fits(a: &Call) -> bool {
-    matches!(a.kind, Collective::Send | Collective::Recv)
-        && a.root != a.comm.rank
+/// Whether a run takes `p`, a call of rank `me` inside a group: a send or
+/// receive on host memory to another rank, while the timeline is off.
+pub(super) fn takes(p: &P2p, me: usize) -> bool {
+    matches!(p.kind, Collective::Send | Collective::Recv)
+        && p.peer != me
+        && !p.placement.is_device()
         && !crate::telemetry::trace::on()
 }
 
 impl Run {
-    /// A run that starts with `a` (see [`fits`]), called at tick `called`.
-    pub fn start(a: &Call, called: u64, capacity: usize) -> Result<Self> {
+    /// A run that starts with `p` (see [`takes`]), a call on `comm` by C
+    /// handle `handle` (0 inside the library), called at tick `called`.
+    pub fn start(
+        comm: &Arc<Comm>,
+        handle: usize,
+        p: &P2p,
+        called: u64,
+        capacity: usize,
+    ) -> Result<Self> {
         let mut run = Self {
-            comm: a.comm.clone(),
-            handle: a.handle,
+            comm: comm.clone(),
+            handle,
             calls: Vec::with_capacity(capacity.max(1)),
             seq: 0, // the first call's, set when it is recorded
         };
-        run.push(a, called)?;
+        run.push(p, called)?;
         Ok(run)
     }
 
-    /// Adds `a`, a call on this run's communicator (see [`fits`]), called
-    /// at tick `called`.
-    pub fn push(&mut self, a: &Call, called: u64) -> Result<()> {
-        self.record(&P2p::of(a), called)
-    }
-
-    /// Adds `p`, a call checked against this run's communicator, to
-    /// another rank, on host memory; counts it as issued.
-    pub fn add(&mut self, p: &P2p) -> Result<()> {
-        let called = self.comm.engine()?.links.metrics.issue(p.kind);
-        self.record(p, called)
-    }
-
-    fn record(&mut self, p: &P2p, called: u64) -> Result<()> {
+    /// Adds `p`, a call on this run's communicator (see [`takes`]) called
+    /// at tick `called` (0 when not sampled).
+    pub fn push(&mut self, p: &P2p, called: u64) -> Result<()> {
         let e = self.comm.engine()?;
-        let seq = e.seq.fetch_add(1, Ordering::Relaxed);
-        if self.calls.is_empty() {
-            self.seq = seq;
-        }
-        let esize = p.dtype.size();
-        self.calls.push(RunCall {
-            kind: p.kind,
-            peer: p.peer as u32,
-            addr: p.buf.bytes().expose_provenance(),
-            bytes: p.bytes,
-            // The chunk size in whole elements, as `algo::builder` splits
-            // a call's plan.
-            piece: (e.control.chunk_bytes() / esize).max(1) * esize,
-            called,
-        });
+        record(&mut self.calls, &mut self.seq, e, p, called);
+        Ok(())
+    }
+
+    /// Adds `p` as [`Run::push`] does, counting it as issued first (a call
+    /// that did not pass through `launch::submit`).
+    pub fn add(&mut self, p: &P2p) -> Result<()> {
+        let e = self.comm.engine()?;
+        let called = e.links.metrics.issue(p.kind);
+        record(&mut self.calls, &mut self.seq, e, p, called);
         Ok(())
     }
 
@@ -195,4 +189,24 @@ impl Run {
             run: self.calls,
         })
     }
+}
+
+/// Appends `p` to a run's `calls`, taking its sequence number from `e`
+/// (the run's `seq` is its first call's).
+fn record(calls: &mut Vec<RunCall>, seq: &mut u64, e: &Engine, p: &P2p, called: u64) {
+    let n = e.seq.fetch_add(1, Ordering::Relaxed);
+    if calls.is_empty() {
+        *seq = n;
+    }
+    let esize = p.dtype.size();
+    calls.push(RunCall {
+        kind: p.kind,
+        peer: p.peer as u32,
+        addr: p.buf.bytes().expose_provenance(),
+        bytes: p.bytes,
+        // The chunk size in whole elements, as `algo::builder` splits a
+        // call's plan.
+        piece: (e.control.chunk_bytes() / esize).max(1) * esize,
+        called,
+    });
 }
