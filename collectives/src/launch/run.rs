@@ -77,36 +77,25 @@ impl Pending {
 /// on, the timeline: `start` is when the executor took them. Each call
 /// names its communicator among `comms` by address.
 fn observe(comms: &[Arc<Comm>], done: &[(*const Comm, Observed)], start: u64) {
-    use crate::telemetry::{clock, metrics, trace};
+    use crate::telemetry::{metrics, trace};
     for (at, o) in done {
         let Some(c) = comms.iter().find(|c| Arc::as_ptr(c) == *at) else {
             continue;
         };
         let Ok(e) = c.engine() else { continue };
         let m = &e.links.metrics;
+        let algo = metrics::algo_index(o.algorithm);
+        // A point-to-point run (never on the timeline): each of its calls.
+        for r in &o.run {
+            count_call(m, r.kind, r.bytes, algo, r.called, start);
+        }
         if !o.run.is_empty() {
-            // A point-to-point run (never on the timeline): each call.
-            let algo = metrics::algo_index(o.algorithm);
-            for r in &o.run {
-                m.complete(r.kind, r.bytes, algo, r.called);
-                if r.called != 0 {
-                    m.queue_wait
-                        .record(clock::to_ns(start.saturating_sub(r.called)));
-                }
-            }
             continue;
         }
-        let end = m.complete(
-            o.kind,
-            o.info.bytes,
-            metrics::algo_index(o.algorithm),
-            o.info.called,
-        );
+        let end = count_call(m, o.kind, o.info.bytes, algo, o.info.called, start);
         if o.info.called == 0 {
             continue;
         }
-        m.queue_wait
-            .record(clock::to_ns(start.saturating_sub(o.info.called)));
         if trace::on() {
             trace::record(trace::Event {
                 what: trace::What::Call(o.kind),
@@ -123,6 +112,25 @@ fn observe(comms: &[Arc<Comm>], done: &[(*const Comm, Observed)], start: u64) {
             });
         }
     }
+}
+
+/// Counts a completed call of `bytes` in `m`, with its latency and its
+/// wait in the queue when it was sampled (`called` is not 0); returns the
+/// end tick (0 if not read). `start` is when the executor took it.
+fn count_call(
+    m: &crate::telemetry::metrics::Metrics,
+    kind: Collective,
+    bytes: usize,
+    algo: usize,
+    called: u64,
+    start: u64,
+) -> u64 {
+    let end = m.complete(kind, bytes, algo, called);
+    if called != 0 {
+        m.queue_wait
+            .record(crate::telemetry::clock::to_ns(start.saturating_sub(called)));
+    }
+    end
 }
 
 /// A job's facts, kept for [`observe`] while the job runs.
