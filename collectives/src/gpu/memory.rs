@@ -7,6 +7,8 @@
 //! when it is loaded (`cuPointerGetAttributes`: memory type, managed flag,
 //! device, and the whole allocation's range, which is what gets cached) and
 //! otherwise checks with `mincore` that the range is mapped in this process.
+//! A buffer inside a host `ncclMemAlloc` allocation is cached as the whole
+//! allocation, so that calls on successive windows of one buffer hit.
 //! A pointer that is neither host-mapped nor known to CUDA is refused with
 //! `ncclInvalidArgument`; without the driver the message says that device
 //! buffers need it.
@@ -167,8 +169,16 @@ impl Cache {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Slow lookups this thread made (tests count cache misses with it).
+    static LOOKUPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Looks a range up the slow way and caches it.
 fn learn(span: (usize, usize), what: &str) -> Result<Placement> {
+    #[cfg(test)]
+    LOOKUPS.with(|n| n.set(n.get() + 1));
     let e = lookup(span.0, span.1, what)?;
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
@@ -233,6 +243,17 @@ fn lookup(start: usize, end: usize, what: &str) -> Result<Entry> {
                 e.end
             )));
         }
+    }
+    // A buffer from this library's host `ncclMemAlloc` is cached as its
+    // whole allocation, so that calls on successive windows of one large
+    // buffer (as nccl-tests and hetccl-perf run them) keep hitting one
+    // entry instead of evicting each other with a `mincore` per call.
+    if let Some(r) = crate::intranode::region::find(start, end - start) {
+        return Ok(Entry {
+            start: r.base,
+            end: r.base + r.len,
+            placement: Placement::Host,
+        });
     }
     let page = page_size();
     let lo = start & !(page - 1);
@@ -362,6 +383,40 @@ mod tests {
         assert_eq!(classify(std::ptr::null(), 8, "b").unwrap(), Placement::Host);
         forget_all();
         assert_eq!(classify(p, v.len(), "b").unwrap(), Placement::Host);
+    }
+
+    #[test]
+    fn windows_of_one_allocation_share_one_entry() {
+        let len = 1 << 20;
+        let p = crate::intranode::region::alloc(len).unwrap();
+        let at = |k: usize| (p as usize + k * (16 << 10)) as *const c_void;
+        let before = LOOKUPS.with(|n| n.get());
+        let gen = GENERATION.load(Ordering::Acquire);
+        // 64 windows of 16 KiB, send and receive from the two halves, twice
+        // over: more distinct ranges than the cache has slots.
+        for _ in 0..2 {
+            for k in 0..32 {
+                assert_eq!(
+                    classify_call(at(k), 16 << 10, at(k + 32), 16 << 10).unwrap(),
+                    Placement::Host
+                );
+            }
+        }
+        let lookups = LOOKUPS.with(|n| n.get()) - before;
+        // One per buffer on the first call. Other tests' frees clear every
+        // thread's cache: each costs the two buffers a lookup again.
+        let cleared = GENERATION.load(Ordering::Acquire) - gen;
+        assert!(
+            lookups <= 2 + 2 * cleared,
+            "{lookups} slow lookups for windows of one allocation"
+        );
+        // Past the allocation's end is not vouched for by it.
+        let tail = (p as usize + len - 8) as *const c_void;
+        let _ = classify(tail, 16, "b");
+        assert!(LOOKUPS.with(|n| n.get()) - before > lookups);
+        // SAFETY: allocated above, not used afterwards.
+        unsafe { crate::intranode::region::free(p).unwrap() };
+        forget_all();
     }
 
     #[test]
