@@ -115,9 +115,6 @@ pub(crate) fn broadcast(b: &mut Builder, g: &Group, root: Rank, input: BufRange,
     let n = g.n();
     let pos = (g.me + n - root as usize) % n;
     let (next, prev) = (g.at(g.rel(1)), g.at(g.rel(-1)));
-    if pos == 0 {
-        b.copy(input, output);
-    }
     for (o, l) in b.pieces(output.len).collect::<Vec<_>>() {
         let chunk = output.sub(o, l);
         if pos > 0 {
@@ -127,6 +124,11 @@ pub(crate) fn broadcast(b: &mut Builder, g: &Group, root: Rank, input: BufRange,
             let src = if pos == 0 { input.sub(o, l) } else { chunk };
             b.send(next, 0, src);
         }
+    }
+    // The root's own copy after its sends: the data leaves first, and a
+    // one-message plan plus a copy takes the executor's shortcut.
+    if pos == 0 {
+        b.copy(input, output);
     }
 }
 

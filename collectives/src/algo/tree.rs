@@ -111,14 +111,15 @@ fn rooted(g: &Group, root: Rank) -> Node {
 /// Tree broadcast from `root`, chunk by chunk.
 pub(crate) fn broadcast(b: &mut Builder, g: &Group, root: Rank, input: BufRange, output: BufRange) {
     let t = rooted(g, root);
-    if t.parent.is_none() {
-        b.copy(input, output);
-    }
     let outs = chunks(b, output);
     let ins = chunks(b, input);
     for (c, &o) in outs.iter().enumerate() {
         let src = if t.parent.is_none() { ins[c] } else { o };
         broadcast_down(b, &t, 0, src, o);
+    }
+    // The root's own copy after its sends (see `ring::broadcast`).
+    if t.parent.is_none() {
+        b.copy(input, output);
     }
 }
 

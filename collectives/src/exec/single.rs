@@ -7,7 +7,11 @@
 //! it moved ([`super::Batch::one`]), so the link sees one message either
 //! way.
 //!
-//! Not taken: plans of several steps, collective fingerprints, compressed
+//! The message may be followed by copies that depend on no step (an
+//! out-of-place broadcast root's own copy): they run once the message is
+//! done, or in the batch with everything else.
+//!
+//! Not taken: other plans of several steps, collective fingerprints, compressed
 //! messages, sends a coalescing link packs, sends to oneself, and any
 //! operation while the timeline records steps (its step slices come from
 //! the batch).
@@ -34,7 +38,14 @@ pub enum Once {
 /// the communicator was stopped when it was, a stall as a remote error,
 /// and the links closed so that peers waiting on this rank fail too.
 pub fn try_once(links: &Links, job: &mut Job) -> Result<Once> {
-    if job.plan.steps.len() != 1 || job.fingerprint.is_some() || job.self_p2p {
+    let Some((_, rest)) = job.plan.steps.split_first() else {
+        return Ok(Once::Unfit);
+    };
+    // Copies that wait for nothing (a broadcast root's own copy) may follow.
+    let copies_only = rest
+        .iter()
+        .all(|s| s.deps.is_empty() && matches!(s.kind, StepKind::Copy { .. }));
+    if !copies_only || job.fingerprint.is_some() || job.self_p2p {
         return Ok(Once::Unfit);
     }
     if crate::telemetry::trace::on() {
@@ -73,7 +84,13 @@ pub fn try_once(links: &Links, job: &mut Job) -> Result<Once> {
     let r = step::run_message(job, &kind, conn, &mut moved);
     links.count_link(peer, is_send, moved, &r);
     match r {
-        Ok(true) => Ok(Once::Done),
+        Ok(true) => {
+            for i in 1..job.plan.steps.len() {
+                let kind = job.plan.steps[i].kind;
+                step::run_local(job, &kind)?;
+            }
+            Ok(Once::Done)
+        }
         Ok(false) => Ok(Once::Started(moved)),
         Err(e) => {
             let e = links.stop.error().unwrap_or(e);

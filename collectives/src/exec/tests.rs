@@ -449,3 +449,78 @@ fn the_shortcut_refuses_what_it_does_not_take() {
     }
     assert_eq!(buf, vec![7u8; 16]);
 }
+
+/// A message followed by copies that wait for nothing (an out-of-place
+/// broadcast root's own copy): the copies run once the message is done,
+/// at once or in the batch; a copy with a dependency leaves the plan to
+/// the batch.
+#[test]
+fn a_message_and_free_copies_take_the_shortcut() {
+    let (links, theirs) = links_to_silent_peer();
+    let p = Patience {
+        spin: Duration::ZERO,
+        hang_report: None,
+        stall_timeout: Duration::from_secs(5),
+    };
+    let input: Vec<u8> = (100..108u8).collect();
+    let with_copy = |buf: &mut [u8], deps: Vec<u32>| {
+        let mut job = recv_job(&mut buf[..]);
+        let mut plan = (*job.plan).clone();
+        if let StepKind::Recv { dst, .. } = &mut plan.steps[0].kind {
+            *dst = BufRange::new(BufId::Recv, 0, 16);
+        }
+        plan.send_bytes = input.len();
+        plan.steps.push(Step {
+            kind: StepKind::Copy {
+                src: BufRange::new(BufId::Send, 0, 8),
+                dst: BufRange::new(BufId::Recv, 16, 8),
+            },
+            deps,
+        });
+        job.plan = Arc::new(plan);
+        job.bufs.send = crate::user_ptr::UserPtr::new(input.as_ptr().cast_mut());
+        job
+    };
+    let mut want = vec![7u8; 16];
+    want.extend_from_slice(&input);
+    // A copy that depends on the message: refused, nothing moves.
+    let mut buf = vec![0u8; 24];
+    let mut job = with_copy(&mut buf, vec![0]);
+    assert_eq!(
+        single::try_once(&links, &mut job).unwrap(),
+        single::Once::Unfit
+    );
+    drop(job);
+    assert_eq!(buf, vec![0u8; 24]);
+    // Nothing sent yet: started, and the batch runs the copy.
+    let mut job = with_copy(&mut buf, vec![]);
+    let Ok(single::Once::Started(moved)) = single::try_once(&links, &mut job) else {
+        panic!("a receive with nothing sent completed or was refused");
+    };
+    send_all(&theirs[P2P_CHAN], &[7u8; 16]);
+    let mut b = [Batch::one(&links, job, moved).unwrap()];
+    drive(&mut b, p).unwrap();
+    drop(b);
+    assert_eq!(buf, want);
+    // Arrived first: done at once, copy included.
+    let mut done_at_once = false;
+    for _ in 0..20 {
+        send_all(&theirs[P2P_CHAN], &[7u8; 16]);
+        std::thread::sleep(Duration::from_millis(20));
+        let mut buf = vec![0u8; 24];
+        let mut job = with_copy(&mut buf, vec![]);
+        match single::try_once(&links, &mut job).unwrap() {
+            single::Once::Done => done_at_once = true,
+            single::Once::Started(moved) => {
+                let mut b = [Batch::one(&links, job, moved).unwrap()];
+                drive(&mut b, p).unwrap();
+            }
+            single::Once::Unfit => panic!("a receive and a free copy were refused"),
+        }
+        assert_eq!(buf, want);
+        if done_at_once {
+            break;
+        }
+    }
+    assert!(done_at_once, "an arrived message never completed at once");
+}
