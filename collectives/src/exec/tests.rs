@@ -362,50 +362,57 @@ fn send_all(conn: &Conn, msg: &[u8]) {
     }
 }
 
-/// The shortcut of one message: a receive whose message is already there
-/// completes in `try_once`; one that is not goes on in a batch from the
-/// bytes it moved; the bytes are right either way.
-#[test]
-fn one_message_completes_at_once_or_goes_on_in_a_batch() {
+/// Drives jobs that `make` builds on fresh `len`-byte receive buffers
+/// through the one-message shortcut, with `msg` sent by the silent peer:
+/// first with nothing sent yet (the job must start and finish in a batch
+/// from the bytes it moved), then with the message already there (within
+/// 20 tries, one must complete at once). Every buffer must end as `want`.
+fn shortcut_both_ways(msg: &[u8], len: usize, want: &[u8], make: impl Fn(&mut [u8]) -> Job) {
     let (links, theirs) = links_to_silent_peer();
-    let msg: Vec<u8> = (0..100u8).collect();
     let p = Patience {
         spin: Duration::ZERO,
         hang_report: None,
         stall_timeout: Duration::from_secs(5),
     };
-    // Nothing sent yet: the receive starts and goes on in a batch.
-    let mut buf = vec![0u8; 100];
-    let mut job = recv_job(&mut buf);
+    let mut buf = vec![0u8; len];
+    let mut job = make(&mut buf);
     let Ok(single::Once::Started(moved)) = single::try_once(&links, &mut job) else {
-        panic!("a receive with nothing sent completed or was refused");
+        panic!("a job with nothing sent completed or was refused");
     };
-    send_all(&theirs[P2P_CHAN], &msg);
+    send_all(&theirs[P2P_CHAN], msg);
     let mut b = [Batch::one(&links, job, moved).unwrap()];
     drive(&mut b, p).unwrap();
     drop(b);
-    assert_eq!(buf, msg);
-    // Sent first: once it has arrived, the receive completes at once.
+    assert_eq!(buf, want);
     let mut done_at_once = false;
     for _ in 0..20 {
-        send_all(&theirs[P2P_CHAN], &msg);
+        send_all(&theirs[P2P_CHAN], msg);
         std::thread::sleep(Duration::from_millis(20));
-        let mut buf = vec![0u8; 100];
-        let mut job = recv_job(&mut buf);
+        let mut buf = vec![0u8; len];
+        let mut job = make(&mut buf);
         match single::try_once(&links, &mut job).unwrap() {
             single::Once::Done => done_at_once = true,
             single::Once::Started(moved) => {
                 let mut b = [Batch::one(&links, job, moved).unwrap()];
                 drive(&mut b, p).unwrap();
             }
-            single::Once::Unfit => panic!("a plain receive was refused"),
+            single::Once::Unfit => panic!("the shortcut refused the job"),
         }
-        assert_eq!(buf, msg);
+        assert_eq!(buf, want);
         if done_at_once {
             break;
         }
     }
     assert!(done_at_once, "an arrived message never completed at once");
+}
+
+/// The shortcut of one message: a receive whose message is already there
+/// completes in `try_once`; one that is not goes on in a batch from the
+/// bytes it moved; the bytes are right either way.
+#[test]
+fn one_message_completes_at_once_or_goes_on_in_a_batch() {
+    let msg: Vec<u8> = (0..100u8).collect();
+    shortcut_both_ways(&msg, 100, &msg, recv_job);
 }
 
 /// Plans the shortcut leaves to the batch: more than one step, or a
@@ -456,15 +463,9 @@ fn the_shortcut_refuses_what_it_does_not_take() {
 /// the batch.
 #[test]
 fn a_message_and_free_copies_take_the_shortcut() {
-    let (links, theirs) = links_to_silent_peer();
-    let p = Patience {
-        spin: Duration::ZERO,
-        hang_report: None,
-        stall_timeout: Duration::from_secs(5),
-    };
     let input: Vec<u8> = (100..108u8).collect();
     let with_copy = |buf: &mut [u8], deps: Vec<u32>| {
-        let mut job = recv_job(&mut buf[..]);
+        let mut job = recv_job(buf);
         let mut plan = (*job.plan).clone();
         if let StepKind::Recv { dst, .. } = &mut plan.steps[0].kind {
             *dst = BufRange::new(BufId::Recv, 0, 16);
@@ -481,9 +482,8 @@ fn a_message_and_free_copies_take_the_shortcut() {
         job.bufs.send = crate::user_ptr::UserPtr::new(input.as_ptr().cast_mut());
         job
     };
-    let mut want = vec![7u8; 16];
-    want.extend_from_slice(&input);
     // A copy that depends on the message: refused, nothing moves.
+    let (links, _theirs) = links_to_silent_peer();
     let mut buf = vec![0u8; 24];
     let mut job = with_copy(&mut buf, vec![0]);
     assert_eq!(
@@ -492,35 +492,8 @@ fn a_message_and_free_copies_take_the_shortcut() {
     );
     drop(job);
     assert_eq!(buf, vec![0u8; 24]);
-    // Nothing sent yet: started, and the batch runs the copy.
-    let mut job = with_copy(&mut buf, vec![]);
-    let Ok(single::Once::Started(moved)) = single::try_once(&links, &mut job) else {
-        panic!("a receive with nothing sent completed or was refused");
-    };
-    send_all(&theirs[P2P_CHAN], &[7u8; 16]);
-    let mut b = [Batch::one(&links, job, moved).unwrap()];
-    drive(&mut b, p).unwrap();
-    drop(b);
-    assert_eq!(buf, want);
-    // Arrived first: done at once, copy included.
-    let mut done_at_once = false;
-    for _ in 0..20 {
-        send_all(&theirs[P2P_CHAN], &[7u8; 16]);
-        std::thread::sleep(Duration::from_millis(20));
-        let mut buf = vec![0u8; 24];
-        let mut job = with_copy(&mut buf, vec![]);
-        match single::try_once(&links, &mut job).unwrap() {
-            single::Once::Done => done_at_once = true,
-            single::Once::Started(moved) => {
-                let mut b = [Batch::one(&links, job, moved).unwrap()];
-                drive(&mut b, p).unwrap();
-            }
-            single::Once::Unfit => panic!("a receive and a free copy were refused"),
-        }
-        assert_eq!(buf, want);
-        if done_at_once {
-            break;
-        }
-    }
-    assert!(done_at_once, "an arrived message never completed at once");
+    // Free copies: run with the message, at once or in the batch.
+    let mut want = vec![7u8; 16];
+    want.extend_from_slice(&input);
+    shortcut_both_ways(&[7u8; 16], 24, &want, |b| with_copy(b, vec![]));
 }
