@@ -109,8 +109,8 @@ pub fn classify(ptr: *const c_void, len: usize, what: &str) -> Result<Placement>
         .with(|c| c.borrow_mut().find(generation, Some(span), None))
         .0
     {
-        Some(p) => Ok(p),
-        None => learn(span, what),
+        Some(e) => Ok(e.placement),
+        None => learn(span, what).map(|e| e.placement),
     }
 }
 
@@ -135,14 +135,14 @@ fn wraps(ptr: *const c_void, len: usize, what: &str) -> Error {
 }
 
 impl Cache {
-    /// The cached placements of up to two ranges (one thread-local access
+    /// The cached ranges holding up to two ranges (one thread-local access
     /// per call); clears the cache when [`forget_all`] ran since.
     fn find(
         &mut self,
         generation: u64,
         x: Option<(usize, usize)>,
         y: Option<(usize, usize)>,
-    ) -> (Option<Placement>, Option<Placement>) {
+    ) -> (Option<Entry>, Option<Entry>) {
         if self.generation != generation {
             self.generation = generation;
             self.entries = [EMPTY; SLOTS];
@@ -154,19 +154,105 @@ impl Cache {
         )
     }
 
-    /// The placement of the cached range holding `(start, end)`, a buffer
-    /// of `side` (0 send, 1 receive).
+    /// The placement of a call whose buffers (when not empty) each lie in
+    /// the range their side hit last, and agree; `None` otherwise (the
+    /// caller then takes [`Cache::find`]).
     #[inline]
-    fn hit(&mut self, (start, end): (usize, usize), side: usize) -> Option<Placement> {
-        let holds = |e: &Entry| e.start <= start && end <= e.end;
-        let last = &self.entries[self.last[side] % SLOTS];
-        if holds(last) {
-            return Some(last.placement);
+    fn last_hits(
+        &self,
+        generation: u64,
+        x: Option<(usize, usize)>,
+        y: Option<(usize, usize)>,
+    ) -> Option<Placement> {
+        if self.generation != generation {
+            return None;
         }
-        let i = self.entries.iter().position(holds)?;
-        self.last[side] = i;
-        Some(self.entries[i].placement)
+        let side = |span: Option<(usize, usize)>, side: usize| match span {
+            None => Some(None),
+            Some((start, end)) => {
+                let e = &self.entries[self.last[side] % SLOTS];
+                e.holds(start, end).then_some(Some(e.placement))
+            }
+        };
+        match (side(x, 0)?, side(y, 1)?) {
+            (Some(s), Some(r)) => (s.is_device() == r.is_device()).then_some(s),
+            (Some(p), None) | (None, Some(p)) => Some(p),
+            (None, None) => Some(Placement::Host),
+        }
     }
+
+    /// The cached range holding `(start, end)`, a buffer of `side` (0
+    /// send, 1 receive).
+    #[inline]
+    fn hit(&mut self, (start, end): (usize, usize), side: usize) -> Option<Entry> {
+        let last = &self.entries[self.last[side] % SLOTS];
+        if last.holds(start, end) {
+            return Some(*last);
+        }
+        let i = self.entries.iter().position(|e| e.holds(start, end))?;
+        self.last[side] = i;
+        Some(self.entries[i])
+    }
+}
+
+impl Entry {
+    /// Whether this range holds `[start, end)`.
+    #[inline]
+    fn holds(&self, start: usize, end: usize) -> bool {
+        self.start <= start && end <= self.end
+    }
+}
+
+/// The ranges that a thread's point-to-point calls in an open group hit
+/// last, one per side (send, receive). The group keeps it in its own
+/// thread-local state, so a call whose buffer lies in the same range as
+/// the previous call's on that side is classified without a second
+/// thread-local access ([`classify_recent`]).
+#[derive(Clone, Copy)]
+pub struct Recent {
+    generation: u64,
+    entries: [Entry; 2],
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Self {
+            // No generation: the first call always asks the thread's cache.
+            generation: u64::MAX,
+            entries: [EMPTY; 2],
+        }
+    }
+}
+
+/// [`classify`] for a buffer of `side` (0 send, 1 receive), trying the
+/// range in `recent` first and keeping the range found there.
+pub fn classify_recent(
+    recent: &mut Recent,
+    side: usize,
+    ptr: *const c_void,
+    len: usize,
+    what: &str,
+) -> Result<Placement> {
+    let Some((start, end)) = span(ptr, len, what)? else {
+        return Ok(Placement::Host);
+    };
+    let side = side & 1;
+    let generation = GENERATION.load(Ordering::Acquire);
+    let r = &recent.entries[side];
+    if recent.generation == generation && r.holds(start, end) {
+        return Ok(r.placement);
+    }
+    let hit = CACHE.with(|c| c.borrow_mut().find(generation, Some((start, end)), None).0);
+    let e = match hit {
+        Some(e) => e,
+        None => learn((start, end), what)?,
+    };
+    if recent.generation != generation {
+        recent.generation = generation;
+        recent.entries = [EMPTY; 2];
+    }
+    recent.entries[side] = e;
+    Ok(e.placement)
 }
 
 #[cfg(test)]
@@ -176,7 +262,7 @@ thread_local! {
 }
 
 /// Looks a range up the slow way and caches it.
-fn learn(span: (usize, usize), what: &str) -> Result<Placement> {
+fn learn(span: (usize, usize), what: &str) -> Result<Entry> {
     #[cfg(test)]
     LOOKUPS.with(|n| n.set(n.get() + 1));
     let e = lookup(span.0, span.1, what)?;
@@ -187,7 +273,7 @@ fn learn(span: (usize, usize), what: &str) -> Result<Placement> {
         c.last = [i; 2];
         c.next = (i + 1) % SLOTS;
     });
-    Ok(e.placement)
+    Ok(e)
 }
 
 /// The placement of a call from its two buffers: the non-empty ones must
@@ -201,16 +287,20 @@ pub fn classify_call(
     let ss = span(send, send_bytes, "sendbuff")?;
     let rs = span(recv, recv_bytes, "recvbuff")?;
     let generation = GENERATION.load(Ordering::Acquire);
+    // The common case: each buffer lies in the range its side hit last.
+    if let Some(p) = CACHE.with(|c| c.borrow().last_hits(generation, ss, rs)) {
+        return Ok(p);
+    }
     let (sh, rh) = CACHE.with(|c| c.borrow_mut().find(generation, ss, rs));
     let s = match (ss, sh) {
         (None, _) => Placement::Host,
-        (Some(_), Some(p)) => p,
-        (Some(sp), None) => learn(sp, "sendbuff")?,
+        (Some(_), Some(e)) => e.placement,
+        (Some(sp), None) => learn(sp, "sendbuff")?.placement,
     };
     let r = match (rs, rh) {
         (None, _) => Placement::Host,
-        (Some(_), Some(p)) => p,
-        (Some(sp), None) => learn(sp, "recvbuff")?,
+        (Some(_), Some(e)) => e.placement,
+        (Some(sp), None) => learn(sp, "recvbuff")?.placement,
     };
     match (ss.is_some(), rs.is_some()) {
         (true, true) if s.is_device() != r.is_device() => Err(mixed(s, r)),
@@ -417,6 +507,46 @@ mod tests {
         // SAFETY: allocated above, not used afterwards.
         unsafe { crate::intranode::region::free(p).unwrap() };
         forget_all();
+    }
+
+    #[test]
+    fn recent_ranges_answer_until_memory_is_freed() {
+        let v = vec![0u8; 8192];
+        let at = |k: usize| v[k * 64..].as_ptr().cast::<c_void>();
+        let mut r = Recent::default();
+        let lookups = || LOOKUPS.with(|n| n.get());
+        let gen = GENERATION.load(Ordering::Acquire);
+        let before = lookups();
+        for k in 0..64 {
+            assert_eq!(
+                classify_recent(&mut r, k % 2, at(k), 64, "b").unwrap(),
+                Placement::Host
+            );
+        }
+        // At most the first call of each side looks the range up (again
+        // after another test's free).
+        let cleared = GENERATION.load(Ordering::Acquire) - gen;
+        assert!(
+            lookups() - before <= 2 + 2 * cleared,
+            "{}",
+            lookups() - before
+        );
+        // A bad pointer is checked, whatever the other side holds.
+        let bad = 0x2000 as *const c_void;
+        assert!(classify_recent(&mut r, 1, bad, 8, "recvbuff").is_err());
+        // After a free the recent range no longer answers: the call asks
+        // the slow way again.
+        assert_eq!(
+            classify_recent(&mut r, 0, at(1), 64, "b").unwrap(),
+            Placement::Host
+        );
+        forget_all();
+        let before = lookups();
+        assert_eq!(
+            classify_recent(&mut r, 0, at(2), 64, "b").unwrap(),
+            Placement::Host
+        );
+        assert_eq!(lookups() - before, 1, "a stale recent range answered");
     }
 
     #[test]
