@@ -35,6 +35,8 @@ pub(super) struct Bufs {
     pub started: Vec<u64>,
     /// The job list of a one-job batch ([`super::Batch::one`]), emptied.
     pub jobs: Vec<super::Job>,
+    /// Step ids a pack is made of (`exec::coalesce`), reused.
+    pub ids: Vec<u32>,
 }
 
 impl Bufs {

@@ -64,6 +64,17 @@ impl Batch<'_> {
         Some(unsafe { std::slice::from_raw_parts(at(job, &src), src.len) })
     }
 
+    /// The first `n` steps of link `key`'s queue, in the batch's reused
+    /// id list (the caller puts the list back in `k.ids`).
+    fn queued_ids(&mut self, key: super::LinkKey, n: usize) -> Vec<u32> {
+        let mut ids = std::mem::take(&mut self.k.ids);
+        ids.clear();
+        if let Some((_, q)) = self.k.queues.iter().find(|(k, _)| *k == key) {
+            ids.extend(q.iter().take(n).copied());
+        }
+        ids
+    }
+
     /// Runs send step `g`, the ready head of its link's queue, to `peer`
     /// through the link's packer (see [`Batch::packable`]). The caller
     /// takes a completed step off the queue.
@@ -88,15 +99,9 @@ impl Batch<'_> {
             let limits = p.limits();
             // No more sub-messages than 1-byte ones could fill the pack.
             let most = limits.max_pack.saturating_sub(pack::HEADER) / 5;
-            let queued: Vec<u32> = self
-                .k
-                .queues
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, q)| q.iter().take(most).copied().collect())
-                .unwrap_or_default();
-            let (mut parts, mut payload) = (Vec::new(), 0usize);
-            for h in queued {
+            let queued = self.queued_ids(key, most);
+            let (mut parts, mut payload) = (Vec::with_capacity(queued.len()), 0usize);
+            for &h in &queued {
                 let Some(s) = self.pack_part(h, limits.max_part) else {
                     break;
                 };
@@ -106,6 +111,7 @@ impl Batch<'_> {
                 payload += s.len();
                 parts.push(s);
             }
+            self.k.ids = queued;
             p.start(&parts)?;
         }
         let (moved, sent) = p.poll().inspect_err(|_| {
@@ -118,19 +124,14 @@ impl Batch<'_> {
         };
         // The first `n` steps of the queue went out whole.
         let mut bytes = 0;
-        let sent: Vec<u32> = self
-            .k
-            .queues
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, q)| q.iter().take(n).copied().collect())
-            .unwrap_or_default();
-        for h in sent {
+        let sent = self.queued_ids(key, n);
+        for &h in &sent {
             let (hj, hs) = self.k.index[h as usize];
             let l = self.jobs[hj].plan.steps[hs].kind.message_len().unwrap_or(0);
             self.k.moved[h as usize] = l;
             bytes += l;
         }
+        self.k.ids = sent;
         self.links.count_link(peer, true, bytes, &Ok(true));
         if let Some(l) = self.links.metrics.link(peer) {
             crate::telemetry::metrics::bump(&l.packs_sent, 1);
