@@ -50,7 +50,9 @@ impl Node {
 
     /// [`Node::wait`], spinning for `spin` before it yields (zero: yield
     /// at once, for a rank that would only take CPU time from the rank it
-    /// waits for).
+    /// waits for). Never inlined: `bench-scripts/call-cost` tells the wait
+    /// from the rest of a call by this function's name.
+    #[inline(never)]
     pub(crate) fn wait_spinning(
         &self,
         op: &Op<'_>,
