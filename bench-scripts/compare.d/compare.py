@@ -472,7 +472,7 @@ def main():
     r.add_argument("--mem-limit-secs", type=float, default=0.5, help="seconds per kernel")
     r.add_argument("--coalesce-rounds", type=int, default=5,
                    help="rounds of the coalescing benchmark (0: skip)")
-    r.add_argument("--coalesce-iters", type=int, default=50)
+    r.add_argument("--coalesce-iters", type=int, default=500)
     r.add_argument("--shm-btl", default="vader")
     r.add_argument("--ompi-version", default="Open MPI")
     r.add_argument("--ns-a", default="")
