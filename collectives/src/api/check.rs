@@ -15,8 +15,15 @@ pub fn non_null<T>(p: *const T, what: &str) -> Result<()> {
 }
 
 /// Converts a raw `ncclDataType_t`.
+#[inline]
 pub fn datatype(raw: i32) -> Result<DataType> {
-    DataType::try_from(raw).map_err(|v| Error::arg(format!("invalid datatype {v}")))
+    DataType::try_from(raw).map_err(bad_datatype)
+}
+
+#[cold]
+#[inline(never)]
+fn bad_datatype(v: i32) -> Error {
+    Error::arg(format!("invalid datatype {v}"))
 }
 
 /// Converts a raw `ncclRedOp_t` (built-in or dynamic id; whether a dynamic id
@@ -53,14 +60,19 @@ pub fn bytes_times(count: usize, nranks: usize, dt: DataType, what: &str) -> Res
 }
 
 /// Fails unless `0 <= rank < nranks`.
+#[inline]
 pub fn rank_in(rank: i32, nranks: i32, what: &str) -> Result<usize> {
     if rank < 0 || rank >= nranks {
-        Err(Error::arg(format!(
-            "{what} {rank} is out of range [0, {nranks})"
-        )))
+        Err(out_of_range(rank, nranks, what))
     } else {
         Ok(rank as usize)
     }
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_range(rank: i32, nranks: i32, what: &str) -> Error {
+    Error::arg(format!("{what} {rank} is out of range [0, {nranks})"))
 }
 
 /// Fails if a buffer of `bytes` > 0 is NULL.

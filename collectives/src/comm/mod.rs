@@ -134,26 +134,36 @@ impl Comm {
     }
 
     /// Fails unless the comm accepts new operations.
+    #[inline]
     pub fn check_usable(&self) -> Result<()> {
-        if self.failed.load(Ordering::Acquire) {
-            let why = self.failure.lock().clone().unwrap_or_default();
-            return Err(Error::Remote(format!(
-                "an earlier operation failed ({why}); the communicator must be aborted"
-            )));
-        }
-        if self.revoked.load(Ordering::Acquire) {
-            return Err(Error::usage("the communicator was revoked or aborted"));
-        }
-        if self.finalized.load(Ordering::Acquire) {
-            return Err(Error::usage(
-                "the communicator was finalized; it can only be destroyed",
-            ));
-        }
-        if self.suspended.load(Ordering::Acquire) {
-            return Err(Error::usage(
-                "the communicator is suspended (call ncclCommResume)",
-            ));
+        if self.failed.load(Ordering::Acquire)
+            || self.revoked.load(Ordering::Acquire)
+            || self.finalized.load(Ordering::Acquire)
+            || self.suspended.load(Ordering::Acquire)
+        {
+            return Err(self.unusable());
         }
         Ok(())
+    }
+
+    /// Why [`Comm::check_usable`] refused the communicator.
+    #[cold]
+    #[inline(never)]
+    fn unusable(&self) -> Error {
+        if self.failed.load(Ordering::Acquire) {
+            let why = self.failure.lock().clone().unwrap_or_default();
+            return Error::Remote(format!(
+                "an earlier operation failed ({why}); the communicator must be aborted"
+            ));
+        }
+        if self.revoked.load(Ordering::Acquire) {
+            return Error::usage("the communicator was revoked or aborted");
+        }
+        if self.finalized.load(Ordering::Acquire) {
+            return Error::usage("the communicator was finalized; it can only be destroyed");
+        }
+        // Suspended (or resumed since the check: the call is refused all
+        // the same, as it would have been a moment earlier).
+        Error::usage("the communicator is suspended (call ncclCommResume)")
     }
 }

@@ -517,6 +517,15 @@ mod tests {
         let lookups = || LOOKUPS.with(|n| n.get());
         let gen = GENERATION.load(Ordering::Acquire);
         let before = lookups();
+        // Each side first names the whole buffer (its pages become one
+        // range), then windows inside it.
+        for side in 0..2 {
+            let p = v.as_ptr().cast::<c_void>();
+            assert_eq!(
+                classify_recent(&mut r, side, p, v.len(), "b").unwrap(),
+                Placement::Host
+            );
+        }
         for k in 0..64 {
             assert_eq!(
                 classify_recent(&mut r, k % 2, at(k), 64, "b").unwrap(),
