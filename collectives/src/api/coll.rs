@@ -42,8 +42,8 @@ unsafe fn run(
             } else {
                 recv.cast_const()
             };
-            let queued = crate::launch::queue_in_run(comm as usize, |c, recent| {
-                super::coll_args::p2p(kind, buf, count, dtype, root, c, recent)
+            let queued = crate::launch::queue_in_run(comm as usize, |c| {
+                super::coll_args::p2p(kind, buf, count, dtype, root, c)
             });
             if let Some(r) = queued {
                 return r;

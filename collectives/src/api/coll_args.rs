@@ -120,15 +120,7 @@ fn validate_p2p(
     handle: ncclComm_t,
     stream: *mut c_void,
 ) -> Result<Call> {
-    let p = p2p(
-        kind,
-        buf,
-        count,
-        dtype,
-        peer,
-        &comm,
-        &mut memory::Recent::default(),
-    )?;
+    let p = p2p(kind, buf, count, dtype, peer, &comm)?;
     Ok(Call::of_p2p(
         &p,
         comm,
@@ -140,8 +132,7 @@ fn validate_p2p(
 
 /// Checks a send (`buf` is its send buffer) or receive (its receive
 /// buffer) against `comm`: [`validate`]'s checks of such a call, also
-/// made alone for a call that joins a group's open run. The buffer's
-/// placement is looked up through `recent` (the group's last ranges).
+/// made alone for a call that joins a group's open run.
 pub fn p2p(
     kind: Collective,
     buf: *const c_void,
@@ -149,7 +140,6 @@ pub fn p2p(
     dtype: i32,
     peer: i32,
     comm: &Comm,
-    recent: &mut memory::Recent,
 ) -> Result<P2p> {
     comm.check_usable()?;
     let dtype = check::datatype(dtype)?;
@@ -161,8 +151,12 @@ pub fn p2p(
     };
     let bytes = check::bytes(count, dtype, what)?;
     check::buffer(buf, bytes, what)?;
-    let side = usize::from(kind != Collective::Send);
-    let placement = memory::classify_recent(recent, side, buf, bytes, what)?;
+    let null = std::ptr::null();
+    let placement = if kind == Collective::Send {
+        memory::classify_call(buf, bytes, null, 0)?
+    } else {
+        memory::classify_call(null, 0, buf, bytes)?
+    };
     Ok(P2p {
         kind,
         peer,

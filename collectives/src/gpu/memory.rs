@@ -109,8 +109,8 @@ pub fn classify(ptr: *const c_void, len: usize, what: &str) -> Result<Placement>
         .with(|c| c.borrow_mut().find(generation, Some(span), None))
         .0
     {
-        Some(e) => Ok(e.placement),
-        None => learn(span, what).map(|e| e.placement),
+        Some(p) => Ok(p),
+        None => learn(span, what),
     }
 }
 
@@ -135,14 +135,14 @@ fn wraps(ptr: *const c_void, len: usize, what: &str) -> Error {
 }
 
 impl Cache {
-    /// The cached ranges holding up to two ranges (one thread-local access
+    /// The cached placements of up to two ranges (one thread-local access
     /// per call); clears the cache when [`forget_all`] ran since.
     fn find(
         &mut self,
         generation: u64,
         x: Option<(usize, usize)>,
         y: Option<(usize, usize)>,
-    ) -> (Option<Entry>, Option<Entry>) {
+    ) -> (Option<Placement>, Option<Placement>) {
         if self.generation != generation {
             self.generation = generation;
             self.entries = [EMPTY; SLOTS];
@@ -181,17 +181,17 @@ impl Cache {
         }
     }
 
-    /// The cached range holding `(start, end)`, a buffer of `side` (0
-    /// send, 1 receive).
+    /// The placement of the cached range holding `(start, end)`, a buffer
+    /// of `side` (0 send, 1 receive).
     #[inline]
-    fn hit(&mut self, (start, end): (usize, usize), side: usize) -> Option<Entry> {
+    fn hit(&mut self, (start, end): (usize, usize), side: usize) -> Option<Placement> {
         let last = &self.entries[self.last[side] % SLOTS];
         if last.holds(start, end) {
-            return Some(*last);
+            return Some(last.placement);
         }
         let i = self.entries.iter().position(|e| e.holds(start, end))?;
         self.last[side] = i;
-        Some(self.entries[i])
+        Some(self.entries[i].placement)
     }
 }
 
@@ -203,58 +203,6 @@ impl Entry {
     }
 }
 
-/// The ranges that a thread's point-to-point calls in an open group hit
-/// last, one per side (send, receive). The group keeps it in its own
-/// thread-local state, so a call whose buffer lies in the same range as
-/// the previous call's on that side is classified without a second
-/// thread-local access ([`classify_recent`]).
-#[derive(Clone, Copy)]
-pub struct Recent {
-    generation: u64,
-    entries: [Entry; 2],
-}
-
-impl Default for Recent {
-    fn default() -> Self {
-        Self {
-            // No generation: the first call always asks the thread's cache.
-            generation: u64::MAX,
-            entries: [EMPTY; 2],
-        }
-    }
-}
-
-/// [`classify`] for a buffer of `side` (0 send, 1 receive), trying the
-/// range in `recent` first and keeping the range found there.
-pub fn classify_recent(
-    recent: &mut Recent,
-    side: usize,
-    ptr: *const c_void,
-    len: usize,
-    what: &str,
-) -> Result<Placement> {
-    let Some((start, end)) = span(ptr, len, what)? else {
-        return Ok(Placement::Host);
-    };
-    let side = side & 1;
-    let generation = GENERATION.load(Ordering::Acquire);
-    let r = &recent.entries[side];
-    if recent.generation == generation && r.holds(start, end) {
-        return Ok(r.placement);
-    }
-    let hit = CACHE.with(|c| c.borrow_mut().find(generation, Some((start, end)), None).0);
-    let e = match hit {
-        Some(e) => e,
-        None => learn((start, end), what)?,
-    };
-    if recent.generation != generation {
-        recent.generation = generation;
-        recent.entries = [EMPTY; 2];
-    }
-    recent.entries[side] = e;
-    Ok(e.placement)
-}
-
 #[cfg(test)]
 thread_local! {
     /// Slow lookups this thread made (tests count cache misses with it).
@@ -262,7 +210,7 @@ thread_local! {
 }
 
 /// Looks a range up the slow way and caches it.
-fn learn(span: (usize, usize), what: &str) -> Result<Entry> {
+fn learn(span: (usize, usize), what: &str) -> Result<Placement> {
     #[cfg(test)]
     LOOKUPS.with(|n| n.set(n.get() + 1));
     let e = lookup(span.0, span.1, what)?;
@@ -273,7 +221,7 @@ fn learn(span: (usize, usize), what: &str) -> Result<Entry> {
         c.last = [i; 2];
         c.next = (i + 1) % SLOTS;
     });
-    Ok(e)
+    Ok(e.placement)
 }
 
 /// The placement of a call from its two buffers: the non-empty ones must
@@ -287,20 +235,25 @@ pub fn classify_call(
     let ss = span(send, send_bytes, "sendbuff")?;
     let rs = span(recv, recv_bytes, "recvbuff")?;
     let generation = GENERATION.load(Ordering::Acquire);
-    // The common case: each buffer lies in the range its side hit last.
-    if let Some(p) = CACHE.with(|c| c.borrow().last_hits(generation, ss, rs)) {
-        return Ok(p);
-    }
-    let (sh, rh) = CACHE.with(|c| c.borrow_mut().find(generation, ss, rs));
+    // The common case, each buffer in the range its side hit last, is
+    // answered before the scan; both in one thread-local access.
+    let (sh, rh) = match CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        c.last_hits(generation, ss, rs)
+            .ok_or_else(|| c.find(generation, ss, rs))
+    }) {
+        Ok(p) => return Ok(p),
+        Err(found) => found,
+    };
     let s = match (ss, sh) {
         (None, _) => Placement::Host,
-        (Some(_), Some(e)) => e.placement,
-        (Some(sp), None) => learn(sp, "sendbuff")?.placement,
+        (Some(_), Some(p)) => p,
+        (Some(sp), None) => learn(sp, "sendbuff")?,
     };
     let r = match (rs, rh) {
         (None, _) => Placement::Host,
-        (Some(_), Some(e)) => e.placement,
-        (Some(sp), None) => learn(sp, "recvbuff")?.placement,
+        (Some(_), Some(p)) => p,
+        (Some(sp), None) => learn(sp, "recvbuff")?,
     };
     match (ss.is_some(), rs.is_some()) {
         (true, true) if s.is_device() != r.is_device() => Err(mixed(s, r)),
@@ -510,10 +463,18 @@ mod tests {
     }
 
     #[test]
-    fn recent_ranges_answer_until_memory_is_freed() {
+    fn last_ranges_answer_until_memory_is_freed() {
         let v = vec![0u8; 8192];
         let at = |k: usize| v[k * 64..].as_ptr().cast::<c_void>();
-        let mut r = Recent::default();
+        let null = std::ptr::null();
+        // One side's buffer (0 send, 1 receive), the other side empty.
+        let one = |side: usize, p: *const c_void, len: usize| {
+            if side == 0 {
+                classify_call(p, len, null, 0)
+            } else {
+                classify_call(null, 0, p, len)
+            }
+        };
         let lookups = || LOOKUPS.with(|n| n.get());
         let gen = GENERATION.load(Ordering::Acquire);
         let before = lookups();
@@ -521,16 +482,10 @@ mod tests {
         // range), then windows inside it.
         for side in 0..2 {
             let p = v.as_ptr().cast::<c_void>();
-            assert_eq!(
-                classify_recent(&mut r, side, p, v.len(), "b").unwrap(),
-                Placement::Host
-            );
+            assert_eq!(one(side, p, v.len()).unwrap(), Placement::Host);
         }
         for k in 0..64 {
-            assert_eq!(
-                classify_recent(&mut r, k % 2, at(k), 64, "b").unwrap(),
-                Placement::Host
-            );
+            assert_eq!(one(k % 2, at(k), 64).unwrap(), Placement::Host);
         }
         // At most the first call of each side looks the range up (again
         // after another test's free).
@@ -542,20 +497,14 @@ mod tests {
         );
         // A bad pointer is checked, whatever the other side holds.
         let bad = 0x2000 as *const c_void;
-        assert!(classify_recent(&mut r, 1, bad, 8, "recvbuff").is_err());
-        // After a free the recent range no longer answers: the call asks
-        // the slow way again.
-        assert_eq!(
-            classify_recent(&mut r, 0, at(1), 64, "b").unwrap(),
-            Placement::Host
-        );
+        assert!(one(1, bad, 8).is_err());
+        // After a free the last range no longer answers: the call asks the
+        // slow way again.
+        assert_eq!(one(0, at(1), 64).unwrap(), Placement::Host);
         forget_all();
         let before = lookups();
-        assert_eq!(
-            classify_recent(&mut r, 0, at(2), 64, "b").unwrap(),
-            Placement::Host
-        );
-        assert_eq!(lookups() - before, 1, "a stale recent range answered");
+        assert_eq!(one(0, at(2), 64).unwrap(), Placement::Host);
+        assert_eq!(lookups() - before, 1, "a stale last range answered");
     }
 
     #[test]

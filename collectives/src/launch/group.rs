@@ -47,8 +47,6 @@ struct Group {
     /// How many calls the longest run of the thread's last group held:
     /// the room a new run starts with.
     run_hint: usize,
-    /// The buffer ranges the runs' calls hit last (their placement).
-    recent: crate::gpu::memory::Recent,
 }
 
 impl Group {
@@ -159,7 +157,6 @@ pub fn end() -> Result<()> {
         let taken = std::mem::take(&mut *g);
         g.host_hint = hint;
         g.run_hint = run_hint;
-        g.recent = taken.recent;
         (taken, closed)
     });
     let held = std::mem::take(&mut g.held);
@@ -275,12 +272,8 @@ pub(super) fn push_host(p: Pending) -> Result<()> {
 /// checks the call's arguments against the run's communicator. `None` when
 /// no open group holds such a run, or the call is not one a run takes
 /// (`p2p_run::takes`): the caller then takes the full path, which starts
-/// or closes runs. `check` classifies the buffer through the group's
-/// last ranges (`gpu::memory::classify_recent`).
-pub fn queue_in_run(
-    handle: usize,
-    check: impl FnOnce(&Comm, &mut crate::gpu::memory::Recent) -> Result<P2p>,
-) -> Option<Result<()>> {
+/// or closes runs.
+pub fn queue_in_run(handle: usize, check: impl FnOnce(&Comm) -> Result<P2p>) -> Option<Result<()>> {
     if OPEN.load(Ordering::Relaxed) == 0 || handle == 0 {
         return None;
     }
@@ -294,7 +287,7 @@ pub fn queue_in_run(
         if !unsafe { crate::comm::handle::still_live(handle) } {
             return None;
         }
-        let p = match check(&run.comm, &mut g.recent) {
+        let p = match check(&run.comm) {
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
