@@ -170,8 +170,7 @@ impl Builder {
     /// The `[off, off+len)` pieces of a `len`-byte range, each at most
     /// `chunk_bytes` long. Empty for `len == 0`.
     pub fn pieces(&self, len: usize) -> impl Iterator<Item = (usize, usize)> {
-        let cb = self.chunk_bytes;
-        (0..len.div_ceil(cb)).map(move |i| (i * cb, cb.min(len - i * cb)))
+        pieces_of(len, self.chunk_bytes)
     }
 
     /// Sends `src` to `peer`, split into chunk-sized messages.
@@ -214,11 +213,10 @@ impl Builder {
     /// executor moves messages between the pieces of a large copy.
     pub fn copy(&mut self, src: BufRange, dst: BufRange) {
         if src != dst {
-            let cb = self
+            let piece = self
                 .chunk_bytes
                 .min((COPY_PIECE / self.esize).max(1) * self.esize);
-            let pieces = (0..src.len.div_ceil(cb)).map(|i| (i * cb, cb.min(src.len - i * cb)));
-            for (o, l) in pieces {
+            for (o, l) in pieces_of(src.len, piece) {
                 self.push(StepKind::Copy {
                     src: src.sub(o, l),
                     dst: dst.sub(o, l),
@@ -266,6 +264,12 @@ impl Builder {
     pub fn finish(self) -> (Vec<Step>, usize) {
         (self.steps, self.scratch)
     }
+}
+
+/// The `[off, off+len)` pieces of a `len`-byte range, each at most `piece`
+/// (> 0) long. Empty for `len == 0`.
+fn pieces_of(len: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len.div_ceil(piece)).map(move |i| (i * piece, piece.min(len - i * piece)))
 }
 
 /// The largest piece of a local copy. A piece runs without a break, and

@@ -155,7 +155,7 @@ impl Cache {
     }
 
     /// The placement of a call whose buffers (when not empty) each lie in
-    /// the range their side hit last, and agree; `None` otherwise (the
+    /// the range their side hit last, and [`agree`]; `None` otherwise (the
     /// caller then takes [`Cache::find`]).
     #[inline]
     fn last_hits(
@@ -169,29 +169,40 @@ impl Cache {
         }
         let side = |span: Option<(usize, usize)>, side: usize| match span {
             None => Some(None),
-            Some((start, end)) => {
-                let e = &self.entries[self.last[side] % SLOTS];
-                e.holds(start, end).then_some(Some(e.placement))
-            }
+            Some(span) => self.last_hit(span, side).map(Some),
         };
-        match (side(x, 0)?, side(y, 1)?) {
-            (Some(s), Some(r)) => (s.is_device() == r.is_device()).then_some(s),
-            (Some(p), None) | (None, Some(p)) => Some(p),
-            (None, None) => Some(Placement::Host),
-        }
+        agree(side(x, 0)?, side(y, 1)?)
     }
 
-    /// The placement of the cached range holding `(start, end)`, a buffer
-    /// of `side` (0 send, 1 receive).
+    /// The placement of the range `side` (0 send, 1 receive) hit last, if
+    /// it holds `(start, end)`.
     #[inline]
-    fn hit(&mut self, (start, end): (usize, usize), side: usize) -> Option<Placement> {
-        let last = &self.entries[self.last[side] % SLOTS];
-        if last.holds(start, end) {
-            return Some(last.placement);
+    fn last_hit(&self, (start, end): (usize, usize), side: usize) -> Option<Placement> {
+        let e = &self.entries[self.last[side] % SLOTS];
+        e.holds(start, end).then_some(e.placement)
+    }
+
+    /// The placement of the cached range holding `span`, a buffer of
+    /// `side` (0 send, 1 receive).
+    #[inline]
+    fn hit(&mut self, span: (usize, usize), side: usize) -> Option<Placement> {
+        if let Some(p) = self.last_hit(span, side) {
+            return Some(p);
         }
-        let i = self.entries.iter().position(|e| e.holds(start, end))?;
+        let i = self.entries.iter().position(|e| e.holds(span.0, span.1))?;
         self.last[side] = i;
         Some(self.entries[i].placement)
+    }
+}
+
+/// A call's placement from its buffers' (`None`: empty): host for none,
+/// else theirs; `None` when a host and a CUDA buffer are mixed.
+#[inline]
+fn agree(s: Option<Placement>, r: Option<Placement>) -> Option<Placement> {
+    match (s, r) {
+        (Some(s), Some(r)) => (s.is_device() == r.is_device()).then_some(s),
+        (Some(p), None) | (None, Some(p)) => Some(p),
+        (None, None) => Some(Placement::Host),
     }
 }
 
@@ -246,25 +257,20 @@ pub fn classify_call(
         Err(found) => found,
     };
     let s = match (ss, sh) {
-        (None, _) => Placement::Host,
-        (Some(_), Some(p)) => p,
-        (Some(sp), None) => learn(sp, "sendbuff")?,
+        (Some(sp), None) => Some(learn(sp, "sendbuff")?),
+        (span, p) => span.and(p),
     };
     let r = match (rs, rh) {
-        (None, _) => Placement::Host,
-        (Some(_), Some(p)) => p,
-        (Some(sp), None) => learn(sp, "recvbuff")?,
+        (Some(sp), None) => Some(learn(sp, "recvbuff")?),
+        (span, p) => span.and(p),
     };
-    match (ss.is_some(), rs.is_some()) {
-        (true, true) if s.is_device() != r.is_device() => Err(mixed(s, r)),
-        (true, _) => Ok(s),
-        _ => Ok(r),
-    }
+    agree(s, r).ok_or_else(|| mixed(s, r))
 }
 
 #[cold]
 #[inline(never)]
-fn mixed(s: Placement, r: Placement) -> Error {
+fn mixed(s: Option<Placement>, r: Option<Placement>) -> Error {
+    let (s, r) = (s.unwrap_or(Placement::Host), r.unwrap_or(Placement::Host));
     Error::usage(format!(
         "sendbuff is {s:?} memory but recvbuff is {r:?} memory; \
          a call's buffers must be both host memory or both CUDA memory"
