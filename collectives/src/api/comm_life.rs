@@ -151,7 +151,7 @@ export! {
                 // their last operation lose nothing; one with an operation
                 // in flight is stopped at once.
                 if !c.has_failed() {
-                    if let Some(_idle) = e.exec_lock.try_lock() {
+                    if let Some(_idle) = e.exec_gate.try_enter() {
                         e.links.finish(Instant::now() + ABORT_LINGER);
                     }
                 }

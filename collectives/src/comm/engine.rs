@@ -30,7 +30,7 @@ pub struct Engine {
     /// The node's shared-memory arena, if this rank has local peers.
     pub arena: Option<Arc<Arena>>,
     /// Held while an operation runs on this communicator.
-    pub exec_lock: Mutex<()>,
+    pub exec_gate: super::exec_gate::ExecGate,
     /// Why operations must stop (abort, revoke); shared with `links.stop`.
     pub stop: Arc<crate::exec::stop::Stop>,
     /// Collectives run so far (the sequence number in fingerprints: the

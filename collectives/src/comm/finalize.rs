@@ -49,7 +49,7 @@ fn close_links(c: &Comm) -> Result<()> {
     let deadline = e.settings.deadline();
     // Operations other threads run on this communicator (a nonblocking
     // communicator's helper, the GPU proxy) hold the lock until they end.
-    let Some(_running) = e.exec_lock.try_lock_until(deadline) else {
+    let Some(_running) = e.exec_gate.enter_until(deadline) else {
         return Err(Error::Timeout(
             "ncclCommFinalize: an operation on another thread did not finish in time".into(),
         ));

@@ -314,7 +314,7 @@ pub fn init_engine(comm: &Comm, id: &UniqueId, config: CommConfig) -> Result<()>
         topo: topology,
         links,
         arena,
-        exec_lock: Mutex::new(()),
+        exec_gate: Default::default(),
         stop,
         seq: AtomicU64::new(0),
         coll_seq: AtomicU64::new(0),

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod engine;
+pub mod exec_gate;
 pub mod finalize;
 pub mod grow;
 pub mod handle;

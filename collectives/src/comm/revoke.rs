@@ -45,7 +45,7 @@ pub fn revoke(c: &Arc<Comm>, by: usize) {
         .name("hetccl-revoke".into())
         .spawn(move || {
             let Some(e) = cc.engine.get() else { return };
-            let code = match e.exec_lock.try_lock_for(wait) {
+            let code = match e.exec_gate.enter_for(wait) {
                 Some(_idle) => NcclResult::Success,
                 None => NcclResult::RemoteError,
             };

@@ -92,7 +92,7 @@ pub fn shrink(
     // Wait for any operation still running on another thread (it ends
     // within its own stall limit).
     let wait = e.settings.timeout + std::time::Duration::from_secs(1);
-    drop(e.exec_lock.try_lock_for(wait).ok_or_else(|| {
+    drop(e.exec_gate.enter_for(wait).ok_or_else(|| {
         Error::Timeout("shrink: an operation on another thread did not end".into())
     })?);
     let survivors: Vec<usize> = (0..parent.nranks)

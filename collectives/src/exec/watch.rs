@@ -312,7 +312,7 @@ impl Watch {
     pub fn end(&self) {
         if let Some(d) = &self.doing {
             // Only the thread running the operation writes `current`
-            // (under the communicator's exec lock): no read-modify-write.
+            // (under the communicator's exec gate): no read-modify-write.
             let cur = d.current.load(Ordering::Relaxed);
             d.current.store(0, Ordering::Release);
             if cur != 0 {

@@ -97,7 +97,7 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     let me = node.me;
     let bytes = a.count * a.dtype.size();
     let shape = Shape::of(a).encode();
-    // Only the thread holding the communicator's exec lock counts: a load
+    // Only the thread holding the communicator's exec gate counts: a load
     // and a store, no read-modify-write.
     let s = node.fast_seq.load(std::sync::atomic::Ordering::Relaxed) + 1;
     node.fast_seq.store(s, std::sync::atomic::Ordering::Relaxed);

@@ -369,7 +369,10 @@ pub fn try_run(a: &Call, called: u64, op: impl FnOnce() -> Result<ReduceOp>) -> 
         ReduceOp::Sum
     };
     let op_name = crate::telemetry::trace::op_name(a.kind, &op);
-    let _lock = e.exec_lock.lock();
+    let _running = match crate::launch::enter_exec(e, e.settings.patience) {
+        Ok(r) => r,
+        Err(err) => return Some(Err(err)),
+    };
     let seq = e.seq.fetch_add(1, Ordering::Relaxed);
     let trace_seq = if crate::telemetry::trace::on() {
         e.links.metrics.next_coll_seq()

@@ -21,6 +21,7 @@ mod scratch;
 pub use call::{Call, P2p};
 pub use group::{claim_for_call, queue_in_run, submit_init};
 pub use job::{make_job, reduce_op};
+pub(crate) use run::enter_exec;
 pub use run::poison;
 
 use crate::algo::Collective;

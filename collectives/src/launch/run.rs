@@ -263,7 +263,7 @@ fn execute(ops: Few<Pending>) -> Result<()> {
     }
     let mut locks = Few::default();
     for c in comms {
-        locks.push(exec_lock(c.engine()?, patience)?);
+        locks.push(enter_exec(c.engine()?, patience)?);
     }
     let mut batches = Few::default();
     for (jobs, c) in jobs.into_vec_iter().zip(comms) {
@@ -294,7 +294,7 @@ fn execute_one(mut p: Pending) -> Result<()> {
     let Pending { comm, job, .. } = p;
     let e = comm.engine()?;
     let patience = e.settings.patience;
-    let lock = exec_lock(e, patience)?;
+    let lock = enter_exec(e, patience)?;
     let mut job = if job.self_p2p {
         // A lone send to oneself has no receive to pair with: `pair` says so.
         self_p2p::pair(vec![job])?
@@ -334,15 +334,15 @@ fn execute_one(mut p: Pending) -> Result<()> {
     r
 }
 
-/// Takes `e`'s exec lock, waiting for an operation another thread runs on
+/// Enters `e`'s exec gate, waiting for an operation another thread runs on
 /// it (a nonblocking helper, the GPU proxy), which ends within its own
 /// stall limit.
-fn exec_lock(
+pub(crate) fn enter_exec(
     e: &crate::comm::engine::Engine,
     patience: crate::exec::Patience,
-) -> Result<parking_lot::MutexGuard<'_, ()>> {
+) -> Result<crate::comm::exec_gate::Running<'_>> {
     let wait = patience.stall_timeout + std::time::Duration::from_secs(1);
-    e.exec_lock.try_lock_for(wait).ok_or_else(|| {
+    e.exec_gate.enter_for(wait).ok_or_else(|| {
         Error::Timeout(format!(
             "an operation on another thread held communicator {:016x} for {wait:?}",
             e.comm_hash

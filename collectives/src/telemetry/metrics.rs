@@ -1,7 +1,7 @@
 //! A communicator's metrics: relaxed atomic counters, always on.
 //!
 //! One thread at a time runs a communicator's operations (the caller's
-//! claim, `comm::owner`, and the engine's exec lock), so the counters have
+//! claim, `comm::owner`, and the engine's exec gate), so the counters have
 //! one writer at a time, and [`bump`] adds with a plain load and store
 //! instead of a locked read-modify-write. A call costs a few such adds and
 //! no allocation, lock or system call. Latency is measured on one call in

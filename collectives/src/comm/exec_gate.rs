@@ -1,0 +1,161 @@
+//! The gate an operation holds while it runs on a communicator.
+//!
+//! One operation runs on a communicator at a time: the caller's, a
+//! nonblocking communicator's helper thread, or the GPU proxy. Finalize,
+//! shrink and revoke wait at the gate until the running one ends.
+//!
+//! Entering is one compare-and-swap; leaving is one `Release` store, not a
+//! second read-modify-write as a parking mutex needs to find sleepers.
+//! That store comes right after a small operation's last write to memory
+//! its peers read, and a locked instruction there would wait for those
+//! writes to reach the peers (docs/benchmarks.md). The price is paid by a
+//! waiter instead: it polls, spinning briefly, then yielding, then
+//! sleeping at most [`MAX_NAP`] between looks. Waiting happens only when
+//! two threads use one communicator at once (the GPU proxy beside a host
+//! call) or in the lifecycle calls above.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Looks at a held gate before a waiter starts yielding.
+const SPINS: u32 = 128;
+/// How long a waiter yields before it sleeps.
+const YIELD_FOR: Duration = Duration::from_micros(50);
+/// The first sleep between looks; it doubles up to [`MAX_NAP`].
+const FIRST_NAP: Duration = Duration::from_micros(20);
+/// The longest sleep between looks.
+const MAX_NAP: Duration = Duration::from_millis(1);
+
+/// Held while an operation runs on a communicator.
+#[derive(Debug, Default)]
+pub struct ExecGate {
+    held: AtomicBool,
+}
+
+/// An entered [`ExecGate`]; dropping it lets the next operation in.
+#[derive(Debug)]
+#[must_use = "the gate is left when this is dropped"]
+pub struct Running<'a> {
+    gate: &'a ExecGate,
+}
+
+impl ExecGate {
+    /// Enters the gate if no operation holds it.
+    #[inline]
+    pub fn try_enter(&self) -> Option<Running<'_>> {
+        self.held
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| Running { gate: self })
+    }
+
+    /// Enters the gate, waiting up to `wait` for the operation holding it.
+    #[inline]
+    pub fn enter_for(&self, wait: Duration) -> Option<Running<'_>> {
+        self.try_enter()
+            .or_else(|| self.enter_until(Instant::now() + wait))
+    }
+
+    /// Enters the gate, waiting until `deadline` for the operation holding
+    /// it; `None` if it is still held then.
+    #[inline(never)]
+    pub fn enter_until(&self, deadline: Instant) -> Option<Running<'_>> {
+        for _ in 0..SPINS {
+            if let Some(r) = self.try_enter() {
+                return Some(r);
+            }
+            std::hint::spin_loop();
+        }
+        let start = Instant::now();
+        let mut nap = FIRST_NAP;
+        loop {
+            if let Some(r) = self.try_enter() {
+                return Some(r);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            if now.duration_since(start) < YIELD_FOR {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(nap.min(deadline - now));
+                nap = (nap * 2).min(MAX_NAP);
+            }
+        }
+    }
+
+    /// Whether an operation holds the gate now.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Running<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.gate.held.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn one_operation_at_a_time() {
+        let g = ExecGate::default();
+        let r = g.try_enter().expect("a free gate opens");
+        assert!(g.is_held());
+        assert!(g.try_enter().is_none(), "a held gate stays shut");
+        let t0 = Instant::now();
+        assert!(g.enter_for(Duration::from_millis(30)).is_none());
+        assert!(
+            t0.elapsed() >= Duration::from_millis(30),
+            "waited the whole time"
+        );
+        drop(r);
+        assert!(!g.is_held());
+        assert!(g.try_enter().is_some(), "open again once left");
+    }
+
+    #[test]
+    fn a_waiter_enters_when_the_holder_leaves() {
+        let g = ExecGate::default();
+        let inside = AtomicU32::new(0);
+        let r = g.try_enter().unwrap();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let r = g.enter_for(Duration::from_secs(10));
+                assert!(r.is_some());
+                inside.fetch_add(1, Ordering::SeqCst);
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(inside.load(Ordering::SeqCst), 0, "shut while held");
+            drop(r);
+            waiter.join().unwrap();
+        });
+        assert_eq!(inside.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn threads_never_overlap() {
+        let g = ExecGate::default();
+        let inside = AtomicU32::new(0);
+        let total = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..2000 {
+                        let _r = g.enter_for(Duration::from_secs(10)).unwrap();
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
+                        total.fetch_add(1, Ordering::Relaxed);
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 8000);
+    }
+}
