@@ -54,7 +54,7 @@ fn start_fixed_root(id: &UniqueId, rank: usize) -> Result<()> {
         return Ok(());
     }
     let l = std::net::TcpListener::bind(id.root)
-        .map_err(|e| Error::System(format!("NCCL_COMM_ID: bind {}: {e}", id.root)))?;
+        .map_err(|e| Error::System(format!("NCCL_COMM_ID: bind {}: {e}", id.root).into()))?;
     l.set_nonblocking(true)?;
     root::spawn(l, id.secret, process_params().deadline())
 }
@@ -118,7 +118,7 @@ unsafe fn create(
                 };
                 comm.async_error.store(code, Ordering::Release);
             })
-            .map_err(|e| Error::System(format!("spawn: {e}")))?;
+            .map_err(|e| Error::System(format!("spawn: {e}").into()))?;
         return Err(Error::InProgress);
     }
     // The caller's output slot, valid until the group ends.
@@ -408,6 +408,6 @@ fn grow_existing(
             };
             child.async_error.store(code, Ordering::Release);
         })
-        .map_err(|e| Error::System(format!("spawn: {e}")))?;
+        .map_err(|e| Error::System(format!("spawn: {e}").into()))?;
     Err(Error::InProgress)
 }

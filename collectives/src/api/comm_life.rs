@@ -105,7 +105,7 @@ export! {
                     };
                     cc.async_error.store(code, Ordering::Release);
                 })
-                .map_err(|e| Error::System(format!("spawn: {e}")))?;
+                .map_err(|e| Error::System(format!("spawn: {e}").into()))?;
             *slot = Some(h);
             Err(Error::InProgress)
         })

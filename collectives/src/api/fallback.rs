@@ -101,9 +101,9 @@ pub fn code(what: &str, rc: ncclResult_t) -> Result<()> {
         Ok(NcclResult::InProgress) => Err(Error::InProgress),
         Ok(NcclResult::InvalidArgument) => Err(Error::arg(msg())),
         Ok(NcclResult::InvalidUsage) => Err(Error::usage(msg())),
-        Ok(NcclResult::SystemError) => Err(Error::System(msg())),
-        Ok(NcclResult::RemoteError) => Err(Error::Remote(msg())),
-        _ => Err(Error::Internal(msg())),
+        Ok(NcclResult::SystemError) => Err(Error::System(msg().into())),
+        Ok(NcclResult::RemoteError) => Err(Error::Remote(msg().into())),
+        _ => Err(Error::Internal(msg().into())),
     }
 }
 

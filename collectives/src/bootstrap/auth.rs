@@ -74,7 +74,8 @@ impl Challenge {
     /// A fresh random challenge.
     pub fn new() -> Result<Self> {
         let mut c = [0u8; CHALLENGE];
-        getrandom::getrandom(&mut c).map_err(|e| Error::System(format!("getrandom: {e}")))?;
+        getrandom::getrandom(&mut c)
+            .map_err(|e| Error::System(format!("getrandom: {e}").into()))?;
         Ok(Self(c))
     }
 

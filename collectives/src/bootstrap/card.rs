@@ -71,7 +71,7 @@ impl Card {
     /// Decodes a card (untrusted input).
     pub fn decode(b: &[u8]) -> Result<Self> {
         if b.len() != CARD_BYTES {
-            return Err(Error::Remote(format!("card of {} bytes", b.len())));
+            return Err(Error::Remote(format!("card of {} bytes", b.len()).into()));
         }
         let u32_at = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_be_bytes(b[o..o + 8].try_into().expect("8 bytes"));
@@ -93,7 +93,11 @@ impl Card {
             6 => IpAddr::V6(Ipv6Addr::from(
                 <[u8; 16]>::try_from(&b[32..48]).expect("16 bytes"),
             )),
-            f => return Err(Error::Remote(format!("card with address family {f}"))),
+            f => {
+                return Err(Error::Remote(
+                    format!("card with address family {f}").into(),
+                ))
+            }
         };
         let c = Self {
             rank: u32_at(0),
@@ -107,10 +111,9 @@ impl Card {
             compress,
         };
         if c.nranks == 0 || c.rank >= c.nranks || port == 0 {
-            return Err(Error::Remote(format!(
-                "invalid card: rank {} of {}",
-                c.rank, c.nranks
-            )));
+            return Err(Error::Remote(
+                format!("invalid card: rank {} of {}", c.rank, c.nranks).into(),
+            ));
         }
         Ok(c)
     }
@@ -124,10 +127,9 @@ pub fn encode_table(cards: &[Card]) -> Vec<u8> {
 /// Decodes and validates a table of `nranks` cards.
 pub fn decode_table(b: &[u8], nranks: usize) -> Result<Vec<Card>> {
     if nranks.checked_mul(CARD_BYTES) != Some(b.len()) {
-        return Err(Error::Remote(format!(
-            "card table of {} bytes for {nranks} ranks",
-            b.len()
-        )));
+        return Err(Error::Remote(
+            format!("card table of {} bytes for {nranks} ranks", b.len()).into(),
+        ));
     }
     let cards: Vec<Card> = b
         .chunks_exact(CARD_BYTES)
@@ -135,10 +137,9 @@ pub fn decode_table(b: &[u8], nranks: usize) -> Result<Vec<Card>> {
         .collect::<Result<_>>()?;
     for (i, c) in cards.iter().enumerate() {
         if c.rank as usize != i || c.nranks as usize != nranks {
-            return Err(Error::Remote(format!(
-                "card table entry {i} says rank {} of {}",
-                c.rank, c.nranks
-            )));
+            return Err(Error::Remote(
+                format!("card table entry {i} says rank {} of {}", c.rank, c.nranks).into(),
+            ));
         }
     }
     Ok(cards)

@@ -17,7 +17,7 @@ pub const MAX_FRAME: usize = 64 << 20;
 fn remaining(deadline: Instant, what: &str) -> Result<Duration> {
     let now = Instant::now();
     if now >= deadline {
-        return Err(Error::Timeout(format!("bootstrap {what} timed out")));
+        return Err(Error::Timeout(format!("bootstrap {what} timed out").into()));
     }
     Ok((deadline - now).max(Duration::from_millis(1)))
 }
@@ -35,7 +35,7 @@ pub fn write_all(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> Result<()>
                     e.kind(),
                     ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
                 ) => {}
-            Err(e) => return Err(Error::Remote(format!("bootstrap write: {e}"))),
+            Err(e) => return Err(Error::Remote(format!("bootstrap write: {e}").into())),
         }
     }
     Ok(())
@@ -54,7 +54,7 @@ pub fn read_exact(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Resul
                     e.kind(),
                     ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
                 ) => {}
-            Err(e) => return Err(Error::Remote(format!("bootstrap read: {e}"))),
+            Err(e) => return Err(Error::Remote(format!("bootstrap read: {e}").into())),
         }
     }
     Ok(())
@@ -65,7 +65,9 @@ pub fn send(s: &mut TcpStream, payload: &[u8], deadline: Instant) -> Result<()> 
     let len = u32::try_from(payload.len())
         .ok()
         .filter(|&l| l as usize <= MAX_FRAME)
-        .ok_or_else(|| Error::Internal(format!("bootstrap frame of {} bytes", payload.len())))?;
+        .ok_or_else(|| {
+            Error::Internal(format!("bootstrap frame of {} bytes", payload.len()).into())
+        })?;
     let mut msg = Vec::with_capacity(4 + payload.len());
     msg.extend_from_slice(&len.to_be_bytes());
     msg.extend_from_slice(payload);
@@ -78,9 +80,9 @@ pub fn recv(s: &mut TcpStream, max: usize, deadline: Instant) -> Result<Vec<u8>>
     read_exact(s, &mut len, deadline)?;
     let len = u32::from_be_bytes(len) as usize;
     if len > max.min(MAX_FRAME) {
-        return Err(Error::Remote(format!(
-            "bootstrap frame of {len} bytes exceeds the bound {max}"
-        )));
+        return Err(Error::Remote(
+            format!("bootstrap frame of {len} bytes exceeds the bound {max}").into(),
+        ));
     }
     let mut buf = vec![0u8; len];
     read_exact(s, &mut buf, deadline)?;

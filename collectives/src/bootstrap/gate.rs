@@ -326,7 +326,7 @@ impl Gate {
                         Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EFAULT)
                     ) =>
                 {
-                    return Err(Error::System(format!("accept: {e}")))
+                    return Err(Error::System(format!("accept: {e}").into()))
                 }
                 Err(e) => {
                     // Out of descriptors or memory (a flood can cause it):

@@ -46,7 +46,8 @@ impl UniqueId {
     /// A new id for a root at `root`, with a fresh random secret.
     pub fn generate(root: SocketAddr) -> Result<Self> {
         let mut secret = [0u8; SECRET_BYTES];
-        getrandom::getrandom(&mut secret).map_err(|e| Error::System(format!("getrandom: {e}")))?;
+        getrandom::getrandom(&mut secret)
+            .map_err(|e| Error::System(format!("getrandom: {e}").into()))?;
         Ok(Self { root, secret })
     }
 

@@ -238,10 +238,9 @@ impl Bootstrap {
         let (s, ()) = retry::dial(addr, &self.secret, &h, dl, &what, |s| {
             match reply::recv(s, reply::ADMITTED.len(), dl)? {
                 p if p == reply::ADMITTED => Ok(()),
-                p => Err(Fail::Fatal(Error::Remote(format!(
-                    "{what}: unexpected reply of {} bytes",
-                    p.len()
-                )))),
+                p => Err(Fail::Fatal(Error::Remote(
+                    format!("{what}: unexpected reply of {} bytes", p.len()).into(),
+                ))),
             }
         })?;
         Ok(s)

@@ -60,9 +60,9 @@ pub fn recv(s: &mut TcpStream, max: usize, deadline: Instant) -> Result<Vec<u8>,
     let len = u32::from_be_bytes(len) as usize;
     let bound = max.clamp(4 + MAX_REASON, frame::MAX_FRAME);
     if len > bound {
-        return Err(Fail::Fatal(Error::Remote(format!(
-            "bootstrap reply of {len} bytes exceeds the bound {bound}"
-        ))));
+        return Err(Fail::Fatal(Error::Remote(
+            format!("bootstrap reply of {len} bytes exceeds the bound {bound}").into(),
+        )));
     }
     let mut p = vec![0u8; len];
     frame::read_exact(s, &mut p, deadline).map_err(|e| Fail::io(e, deadline))?;
@@ -74,10 +74,13 @@ pub fn recv(s: &mut TcpStream, max: usize, deadline: Instant) -> Result<Vec<u8>,
         )));
     }
     if let Some(why) = p.strip_prefix(REFUSED) {
-        return Err(Fail::Fatal(Error::Remote(format!(
-            "the peer refused this connection: {}",
-            String::from_utf8_lossy(why)
-        ))));
+        return Err(Fail::Fatal(Error::Remote(
+            format!(
+                "the peer refused this connection: {}",
+                String::from_utf8_lossy(why)
+            )
+            .into(),
+        )));
     }
     Ok(p)
 }

@@ -132,9 +132,12 @@ pub fn dial<T>(
         tracing::debug!(target: "hetccl::BOOTSTRAP",
             "{what}: attempt {attempt} lost before admission ({e}); retrying");
         if !backoff.sleep(deadline) {
-            return Err(Error::Timeout(format!(
-                "{what}: not admitted by the deadline after {attempt} attempts (last: {e})"
-            )));
+            return Err(Error::Timeout(
+                format!(
+                    "{what}: not admitted by the deadline after {attempt} attempts (last: {e})"
+                )
+                .into(),
+            ));
         }
         attempt += 1;
     }

@@ -179,7 +179,7 @@ pub fn spawn(listener: TcpListener, secret: [u8; 32], deadline: Instant) -> Resu
             }
         })
         .map(drop)
-        .map_err(|e| Error::System(format!("spawn root thread: {e}")))
+        .map_err(|e| Error::System(format!("spawn root thread: {e}").into()))
 }
 
 #[cfg(test)]

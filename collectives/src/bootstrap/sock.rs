@@ -16,7 +16,7 @@ pub const BACKLOG: i32 = 1024;
 /// Binds a listener on `ip`, any port, with a [`BACKLOG`] of connections.
 pub fn listen(ip: IpAddr) -> Result<TcpListener> {
     let l = TcpListener::bind(SocketAddr::new(ip, 0))
-        .map_err(|e| Error::System(format!("bind {ip}: {e}")))?;
+        .map_err(|e| Error::System(format!("bind {ip}: {e}").into()))?;
     l.set_nonblocking(true)?;
     widen_backlog(&l);
     Ok(l)
@@ -73,7 +73,7 @@ pub fn accept(l: &TcpListener, deadline: Instant) -> Result<TcpStream> {
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::System(format!("accept: {e}"))),
+            Err(e) => return Err(Error::System(format!("accept: {e}").into())),
         }
         let now = Instant::now();
         if now >= deadline {
@@ -109,9 +109,9 @@ pub fn connect(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return Err(Error::Timeout(format!(
-                "bootstrap: could not connect to {addr}"
-            )));
+            return Err(Error::Timeout(
+                format!("bootstrap: could not connect to {addr}").into(),
+            ));
         }
         match TcpStream::connect_timeout(&addr, (deadline - now).min(wait)) {
             Ok(s) => {

@@ -153,9 +153,10 @@ impl Comm {
     fn unusable(&self) -> Error {
         if self.failed.load(Ordering::Acquire) {
             let why = self.failure.lock().clone().unwrap_or_default();
-            return Error::Remote(format!(
-                "an earlier operation failed ({why}); the communicator must be aborted"
-            ));
+            return Error::Remote(
+                format!("an earlier operation failed ({why}); the communicator must be aborted")
+                    .into(),
+            );
         }
         if self.revoked.load(Ordering::Acquire) {
             return Error::usage("the communicator was revoked or aborted");

@@ -116,8 +116,9 @@ pub fn set(comm: &Arc<Comm>, key: &str, value: &str) -> Result<()> {
     };
     let mut records = Vec::with_capacity(all.len());
     for (r, b) in all.iter().enumerate() {
-        let rec = Record::decode(b)
-            .ok_or_else(|| Error::Internal(format!("malformed option record from rank {r}")))?;
+        let rec = Record::decode(b).ok_or_else(|| {
+            Error::Internal(format!("malformed option record from rank {r}").into())
+        })?;
         records.push(rec);
     }
     let me = &records[comm.rank];

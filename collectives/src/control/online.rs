@@ -263,8 +263,9 @@ fn window_end(e: &Engine, rank: usize, key: BucketKey, b: &mut Bucket, i: u64) -
         .iter()
         .enumerate()
         .map(|(r, x)| {
-            decode(x)
-                .ok_or_else(|| Error::Internal(format!("malformed tuning report from rank {r}")))
+            decode(x).ok_or_else(|| {
+                Error::Internal(format!("malformed tuning report from rank {r}").into())
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     b.cur = Stat::default();

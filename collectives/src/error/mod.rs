@@ -9,22 +9,22 @@ use hetccl_abi::NcclResult;
 pub enum Error {
     /// A bad pointer, enum, count or rank from the caller (`ncclInvalidArgument`).
     #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    InvalidArgument(Msg),
     /// A call that is valid C but not valid now or not supported (`ncclInvalidUsage`).
     #[error("invalid usage: {0}")]
-    InvalidUsage(String),
+    InvalidUsage(Msg),
     /// An OS call failed (`ncclSystemError`).
     #[error("system error: {0}")]
-    System(String),
+    System(Msg),
     /// A peer died, or the network failed (`ncclRemoteError`).
     #[error("remote error: {0}")]
-    Remote(String),
+    Remote(Msg),
     /// A bounded wait ran out (`ncclTimeout`).
     #[error("timeout: {0}")]
-    Timeout(String),
+    Timeout(Msg),
     /// A broken invariant inside hetccl (`ncclInternalError`).
     #[error("internal error: {0}")]
-    Internal(String),
+    Internal(Msg),
     /// The operation was accepted and is still running (`ncclInProgress`).
     #[error("operation in progress")]
     InProgress,
@@ -51,25 +51,76 @@ impl Error {
 
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn arg(msg: impl Into<String>) -> Self {
-        Self::InvalidArgument(msg.into())
+        Self::InvalidArgument(Msg::from(msg.into()))
     }
 
     /// Shorthand for [`Error::InvalidUsage`].
     pub fn usage(msg: impl Into<String>) -> Self {
-        Self::InvalidUsage(msg.into())
+        Self::InvalidUsage(Msg::from(msg.into()))
     }
 
     /// Builds [`Error::System`] from the OS error of the last call.
     pub fn last_os(what: &str) -> Self {
-        Self::System(format!("{what}: {}", std::io::Error::last_os_error()))
+        Self::System(format!("{what}: {}", std::io::Error::last_os_error()).into())
     }
 }
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        Self::System(e.to_string())
+        Self::System(e.to_string().into())
     }
 }
+
+/// An error's message, one pointer wide: an [`Error`] is then two words,
+/// so `Result<(), Error>` comes back in registers rather than through
+/// memory. A caller reading a returned `Result` from memory in wider loads
+/// than the callee stored it with waits until those stores, and every store
+/// before them, reach the cache: after a small operation that wrote to
+/// lines its peers read, that is a round trip to their cores.
+#[derive(Clone, PartialEq, Eq, Hash)]
+// A `String` is three words; its box is one (an error's extra allocation
+// is nothing beside the copy of its message).
+#[allow(clippy::box_collection)]
+pub struct Msg(Box<String>);
+
+impl From<String> for Msg {
+    fn from(s: String) -> Self {
+        Self(Box::new(s))
+    }
+}
+
+impl From<&str> for Msg {
+    fn from(s: &str) -> Self {
+        Self(Box::new(s.to_owned()))
+    }
+}
+
+impl From<Msg> for String {
+    fn from(m: Msg) -> Self {
+        *m.0
+    }
+}
+
+impl std::ops::Deref for Msg {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Error>() == 16);
 
 /// The engine's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

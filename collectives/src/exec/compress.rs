@@ -56,7 +56,7 @@ pub(super) fn run_message(
         StepKind::Send { src, .. } => {
             if stage.is_empty() {
                 wire::encode(c, dt, slice(job, &src), stage)
-                    .map_err(|e| Error::Internal(format!("compressing a message: {e}")))?;
+                    .map_err(|e| Error::Internal(format!("compressing a message: {e}").into()))?;
             }
             while *moved < stage.len() {
                 let n = conn.tx.try_send(&stage[*moved..])?;
@@ -88,7 +88,7 @@ pub(super) fn run_message(
                 return Ok(false);
             }
             let bad = |e: wire::WireError| {
-                Error::Remote(format!("rank {peer} sent a bad compressed message: {e}"))
+                Error::Remote(format!("rank {peer} sent a bad compressed message: {e}").into())
             };
             let out = slice_mut(job, &dst);
             match *kind {
@@ -139,9 +139,9 @@ fn recv_bf16(
             off += s.len();
         })?;
         if let Some(e) = err {
-            return Err(Error::Remote(format!(
-                "rank {peer} sent a bad compressed message: {e}"
-            )));
+            return Err(Error::Remote(
+                format!("rank {peer} sent a bad compressed message: {e}").into(),
+            ));
         }
         if n == 0 {
             break;

@@ -92,10 +92,13 @@ fn drive_loop(batches: &mut [Batch<'_>], patience: Patience, clock: &dyn Clock) 
                     }
                     if let Some(p) = b.dead_peer() {
                         let pid = b.links.watch.pid(p).unwrap_or(0);
-                        return Err(Error::Remote(format!(
-                            "rank {p} (pid {pid}) died: its process is gone; {}",
-                            b.describe_wait().join("; ")
-                        )));
+                        return Err(Error::Remote(
+                            format!(
+                                "rank {p} (pid {pid}) died: its process is gone; {}",
+                                b.describe_wait().join("; ")
+                            )
+                            .into(),
+                        ));
                     }
                 }
             }
@@ -137,12 +140,15 @@ fn stall_error(batches: &[Batch<'_>], idle: Duration) -> Error {
     let mut lines: Vec<String> = blocked.into_iter().map(|b| b.line).collect();
     lines.sort();
     let label = batches.first().map_or("", |b| b.links.label.as_str());
-    Error::Remote(format!(
-        "{label}: no progress from rank(s) {} for {:.1} s (HETCCL_TIMEOUT_S): {}",
-        peers.join(", "),
-        idle.as_secs_f64(),
-        lines.join("; ")
-    ))
+    Error::Remote(
+        format!(
+            "{label}: no progress from rank(s) {} for {:.1} s (HETCCL_TIMEOUT_S): {}",
+            peers.join(", "),
+            idle.as_secs_f64(),
+            lines.join("; ")
+        )
+        .into(),
+    )
 }
 
 /// Logs this rank's hang report lines, from one rank per node the node's

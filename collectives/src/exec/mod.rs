@@ -195,16 +195,15 @@ impl<'a> Batch<'a> {
                 if let Some((peer, chan, is_send)) = step.kind.message() {
                     let lc = if job.p2p { P2P_CHAN } else { chan as usize };
                     if lc >= NCHAN || (!job.p2p && lc >= P2P_CHAN) {
-                        return Err(Error::Internal(format!("plan uses channel {chan}")));
+                        return Err(Error::Internal(format!("plan uses channel {chan}").into()));
                     }
                     let peer = peer as usize;
                     if peer == links.rank
                         || links.peers.get(peer).and_then(|p| p.as_ref()).is_none()
                     {
-                        return Err(Error::Internal(format!(
-                            "rank {} has no link to rank {peer}",
-                            links.rank
-                        )));
+                        return Err(Error::Internal(
+                            format!("rank {} has no link to rank {peer}", links.rank).into(),
+                        ));
                     }
                     b.queue_mut((peer, lc, is_send)).push_back(g);
                 }

@@ -34,7 +34,7 @@ pub(super) fn slice_mut<'a>(job: &mut Job, r: &BufRange) -> &'a mut [u8] {
 }
 
 fn red(e: reduce::ReduceError) -> Error {
-    Error::Internal(format!("reduction: {e}"))
+    Error::Internal(format!("reduction: {e}").into())
 }
 
 /// Runs a non-message step to completion.
@@ -65,7 +65,7 @@ pub(super) fn run_local(job: &mut Job, kind: &StepKind) -> Result<()> {
             reduce::post_op(slice_mut(job, &buf), dt, op, n).map_err(red)?;
             let wire = job.plan.wire;
             reduce::wire::round(wire, dt, slice_mut(job, &buf))
-                .map_err(|e| Error::Internal(format!("rounding to the wire: {e}")))?;
+                .map_err(|e| Error::Internal(format!("rounding to the wire: {e}").into()))?;
         }
         StepKind::Send { .. } | StepKind::Recv { .. } | StepKind::RecvReduce { .. } => {
             return Err(Error::Internal("message step run as local".into()));

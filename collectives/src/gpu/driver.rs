@@ -106,7 +106,7 @@ pub fn check(r: cu::CUresult, what: &str) -> Result<()> {
     if r == cu::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(Error::System(format!("{what}: {}", name(r))))
+        Err(Error::System(format!("{what}: {}", name(r)).into()))
     }
 }
 

@@ -229,9 +229,9 @@ pub fn check_peer_access(mine: &[u8; 16], peer: &[u8; 16]) -> Result<()> {
     if can == 1 {
         Ok(())
     } else {
-        Err(Error::System(format!(
-            "no peer access from device {a} to device {b}"
-        )))
+        Err(Error::System(
+            format!("no peer access from device {a} to device {b}").into(),
+        ))
     }
 }
 
@@ -319,7 +319,7 @@ impl Imports {
             unsafe { cu::cuIpcOpenMemHandle_v2(&mut base, h, flags) },
             "cuIpcOpenMemHandle",
         )
-        .map_err(|err| Error::System(format!("opening process {pid}'s buffer: {err}")))?;
+        .map_err(|err| Error::System(format!("opening process {pid}'s buffer: {err}").into()))?;
         // What the driver mapped, whatever the peer said.
         let size = match address_range(base) {
             Ok((b, size)) if b == base => size,

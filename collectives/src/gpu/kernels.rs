@@ -192,10 +192,13 @@ impl DeviceKernels {
     fn function(&self, name: &str) -> Result<cu::CUfunction> {
         match self.funcs.get(name) {
             Some(&f) => Ok(f as cu::CUfunction),
-            None => Err(Error::Internal(format!(
-                "kernel {name} is not in the module loaded on device {} ({})",
-                self.device, self.image
-            ))),
+            None => Err(Error::Internal(
+                format!(
+                    "kernel {name} is not in the module loaded on device {} ({})",
+                    self.device, self.image
+                )
+                .into(),
+            )),
         }
     }
 
@@ -313,7 +316,7 @@ impl DeviceKernels {
         stream: cu::CUstream,
     ) -> Result<()> {
         let name = postdiv_kernel(dt)
-            .ok_or_else(|| Error::Internal(format!("no postdiv kernel for {dt:?}")))?;
+            .ok_or_else(|| Error::Internal(format!("no postdiv kernel for {dt:?}").into()))?;
         let (mut p, mut n_, mut d_) = (dst, n, d);
         let mut params: [*mut c_void; 3] = [
             (&mut p as *mut *mut c_void).cast(),

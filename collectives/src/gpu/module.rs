@@ -163,7 +163,7 @@ fn try_load(ctx: cu::CUcontext, nvrtc: Option<&Path>) -> std::result::Result<Opt
         let loaded = safe::at_safe_point(|| {
             let mut map = LOADED.lock();
             if let Some(r) = map.get(&(ctx as usize)) {
-                return r.clone().map_err(Error::Internal);
+                return r.clone().map_err(|m| Error::Internal(m.into()));
             }
             let k = Arc::new(DeviceKernels::load(device, what.clone(), &img)?);
             map.insert(ctx as usize, Ok(k.clone()));

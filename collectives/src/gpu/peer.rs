@@ -542,11 +542,14 @@ impl Plan<'_> {
         let b = if recv { self.ptrs[k].1 } else { self.ptrs[k].0 };
         match off.checked_add(bytes as u64) {
             Some(end) if end <= b.len => Ok(b.addr + off),
-            _ => Err(Error::Internal(format!(
-                "CUDA IPC: {bytes} B at offset {off} lie outside rank {k}'s {} buffer of {} B",
-                if recv { "receive" } else { "send" },
-                b.len
-            ))),
+            _ => Err(Error::Internal(
+                format!(
+                    "CUDA IPC: {bytes} B at offset {off} lie outside rank {k}'s {} buffer of {} B",
+                    if recv { "receive" } else { "send" },
+                    b.len
+                )
+                .into(),
+            )),
         }
     }
 

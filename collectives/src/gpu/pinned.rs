@@ -117,9 +117,9 @@ impl Pinned {
         // SAFETY: a non-zero size.
         let p = unsafe { alloc::alloc(heap_layout(len)) };
         if p.is_null() {
-            return Err(Error::System(format!(
-                "out of memory for a {len}-byte staging buffer"
-            )));
+            return Err(Error::System(
+                format!("out of memory for a {len}-byte staging buffer").into(),
+            ));
         }
         Ok(Pinned {
             base: p,

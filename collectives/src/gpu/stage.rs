@@ -324,9 +324,10 @@ fn wait_nonblocking(hosts: &[Call]) -> Result<()> {
                 continue;
             }
             if st != 0 {
-                return Err(Error::Remote(format!(
-                    "nonblocking device-buffer operation failed with ncclResult {st}"
-                )));
+                return Err(Error::Remote(
+                    format!("nonblocking device-buffer operation failed with ncclResult {st}")
+                        .into(),
+                ));
             }
             break;
         }

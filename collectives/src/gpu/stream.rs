@@ -114,9 +114,9 @@ impl Released {
         let mut done = self.done.lock();
         while !*done {
             if self.cv.wait_until(&mut done, end).timed_out() {
-                return Err(Error::Timeout(format!(
-                    "a device-buffer operation did not finish within {limit:?}"
-                )));
+                return Err(Error::Timeout(
+                    format!("a device-buffer operation did not finish within {limit:?}").into(),
+                ));
             }
         }
         Ok(())
@@ -377,7 +377,7 @@ fn send_to_proxy(key: usize, batch: Batch) {
         }
         Err(e) => {
             drop(proxies);
-            let e = Error::System(format!("spawning the GPU proxy thread: {e}"));
+            let e = Error::System(format!("spawning the GPU proxy thread: {e}").into());
             tracing::warn!(target: "hetccl::COLL", "device-buffer operation failed: {e}");
             for op in &batch.ops {
                 launch::poison(&op.args.comm, &e);

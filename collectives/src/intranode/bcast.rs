@@ -238,9 +238,10 @@ fn receive(node: &Node, a: &Call, b: u64, shape: [u64; 2], wop: &Op<'_>) -> Resu
     // SAFETY: the root posted `b` and cannot rewrite the slot before this
     // rank marks `b` finished (below); at most what was posted is read.
     let Some(data) = (unsafe { rb.ring_data(b, ring, bytes) }) else {
-        return Err(Error::Internal(format!(
-            "broadcast ring: rank {root} posted {posted} B, fewer than the {bytes} B read"
-        )));
+        return Err(Error::Internal(
+            format!("broadcast ring: rank {root} posted {posted} B, fewer than the {bytes} B read")
+                .into(),
+        ));
     };
     // SAFETY: validated: `recv` holds `recv_bytes` >= `bytes` writable
     // bytes, distinct from the ring.

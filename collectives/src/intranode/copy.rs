@@ -195,11 +195,14 @@ impl Node {
         let end = addr.checked_add(len as u64);
         match (end, base.checked_add(size)) {
             (Some(end), Some(limit)) if addr >= base && end <= limit => Ok(()),
-            _ => Err(Error::Internal(format!(
-                "single copy: {len} B at {addr:#x} lie outside rank {}'s {side:?} buffer \
+            _ => Err(Error::Internal(
+                format!(
+                    "single copy: {len} B at {addr:#x} lie outside rank {}'s {side:?} buffer \
                  ({size} B at {base:#x}); refused before any access",
-                self.rank_of(k)
-            ))),
+                    self.rank_of(k)
+                )
+                .into(),
+            )),
         }
     }
 
@@ -216,10 +219,9 @@ impl Node {
         }
         let pid = self.boards[k].control().pid.load(Ordering::Relaxed) as u32;
         cma(pid, addr, Io::Read(dst)).map_err(|e| {
-            Error::Remote(format!(
-                "reading rank {}'s buffer (pid {pid}): {e}",
-                self.rank_of(k)
-            ))
+            Error::Remote(
+                format!("reading rank {}'s buffer (pid {pid}): {e}", self.rank_of(k)).into(),
+            )
         })
     }
 
@@ -234,10 +236,9 @@ impl Node {
         }
         let pid = self.boards[k].control().pid.load(Ordering::Relaxed) as u32;
         cma(pid, addr, Io::Write(src)).map_err(|e| {
-            Error::Remote(format!(
-                "writing rank {}'s buffer (pid {pid}): {e}",
-                self.rank_of(k)
-            ))
+            Error::Remote(
+                format!("writing rank {}'s buffer (pid {pid}): {e}", self.rank_of(k)).into(),
+            )
         })
     }
 

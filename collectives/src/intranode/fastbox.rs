@@ -48,7 +48,7 @@ thread_local! {
 }
 
 fn kernel(e: ReduceError) -> Error {
-    Error::Internal(format!("reduction kernel: {e}"))
+    Error::Internal(format!("reduction kernel: {e}").into())
 }
 
 /// `out = op(inputs...)` folded in rank order, then the op's post-operation
@@ -199,10 +199,13 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
     for k in 0..n {
         let (_, posted) = node.boards[k].posted_shape(s);
         if posted < need {
-            return Err(Error::Internal(format!(
-                "{}: rank {k} posted {posted} B, fewer than the {need} B read",
-                what()
-            )));
+            return Err(Error::Internal(
+                format!(
+                    "{}: rank {k} posted {posted} B, fewer than the {need} B read",
+                    what()
+                )
+                .into(),
+            ));
         }
     }
     // SAFETY: (every `data` below) all ranks posted `s`, and this rank has
@@ -223,7 +226,9 @@ pub fn run(node: &Node, a: &Call, op: ReduceOp, trace: u64, watch: &Watch) -> Re
             }
             Ok(())
         }
-        other => Err(Error::Internal(format!("fastbox cannot run {other}"))),
+        other => Err(Error::Internal(
+            format!("fastbox cannot run {other}").into(),
+        )),
     }
 }
 

@@ -158,7 +158,7 @@ impl Node {
                     what(),
                     self.rank_of(waiting_for),
                     idle.as_secs_f64()
-                )));
+                ).into()));
             }
             if phase == Phase::Sleep {
                 let seq = self.bell.prepare();
@@ -186,19 +186,21 @@ impl Node {
             if let Some(by) = ring.revoked_by().filter(|&r| r < self.nranks()) {
                 return Err(Error::Revoked(by));
             }
-            return Err(Error::Remote(format!(
-                "rank {} closed its links (aborted)",
-                self.rank_of(k)
-            )));
+            return Err(Error::Remote(
+                format!("rank {} closed its links (aborted)", self.rank_of(k)).into(),
+            ));
         }
         if now >= *next_liveness {
             *next_liveness = now + LIVENESS_EVERY;
             if watch.peer_state(self.rank_of(k)) == ProcState::Dead {
                 let pid = watch.pid(self.rank_of(k)).unwrap_or(0);
-                return Err(Error::Remote(format!(
-                    "rank {} (pid {pid}) died: its process is gone",
-                    self.rank_of(k)
-                )));
+                return Err(Error::Remote(
+                    format!(
+                        "rank {} (pid {pid}) died: its process is gone",
+                        self.rank_of(k)
+                    )
+                    .into(),
+                ));
             }
         }
         Ok(())

@@ -61,7 +61,7 @@ struct Bufs {
 }
 
 fn kernel(e: ReduceError) -> Error {
-    Error::Internal(format!("reduction kernel: {e}"))
+    Error::Internal(format!("reduction kernel: {e}").into())
 }
 
 /// The shape of one operation, the same on every rank.
@@ -241,11 +241,14 @@ impl<'a> Job<'a> {
                 x.recv_len.load(Ordering::Acquire),
             );
             (s < need_s as u64 || r < need_r as u64).then(|| {
-                Error::Internal(format!(
-                    "single copy: rank {k} published buffers of {s} B (send) and {r} B \
+                Error::Internal(
+                    format!(
+                        "single copy: rank {k} published buffers of {s} B (send) and {r} B \
                      (receive); this {} needs {need_s} B and {need_r} B",
-                    self.a.kind
-                ))
+                        self.a.kind
+                    )
+                    .into(),
+                )
             })
         })
     }
@@ -323,7 +326,9 @@ impl<'a> Job<'a> {
                     }
                     self.transfer(root, src, b, dst, len, &mut bufs.a)
                 }
-                other => Err(Error::Internal(format!("single-copy cannot run {other}"))),
+                other => Err(Error::Internal(
+                    format!("single-copy cannot run {other}").into(),
+                )),
             }
         })
     }

@@ -166,7 +166,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
                 chunk_bytes: key.chunk_bytes,
             },
         )
-        .map_err(|e| Error::Internal(format!("plan for {coll}: {e}")))?;
+        .map_err(|e| Error::Internal(format!("plan for {coll}: {e}").into()))?;
         if key.checked {
             let (plan, layout) = fingerprint::add(&plan);
             return Ok::<_, Error>((algorithm, plan, Some(layout)));

@@ -221,7 +221,7 @@ pub(super) fn run(ops: Few<Pending>) -> Result<()> {
                 c.async_error.store(code, Ordering::Release);
             }
         })
-        .map_err(|e| Error::System(format!("spawn: {e}")))?;
+        .map_err(|e| Error::System(format!("spawn: {e}").into()))?;
     Err(Error::InProgress)
 }
 
@@ -343,10 +343,13 @@ pub(crate) fn enter_exec(
 ) -> Result<crate::comm::exec_gate::Running<'_>> {
     let wait = patience.stall_timeout + std::time::Duration::from_secs(1);
     e.exec_gate.enter_for(wait).ok_or_else(|| {
-        Error::Timeout(format!(
-            "an operation on another thread held communicator {:016x} for {wait:?}",
-            e.comm_hash
-        ))
+        Error::Timeout(
+            format!(
+                "an operation on another thread held communicator {:016x} for {wait:?}",
+                e.comm_hash
+            )
+            .into(),
+        )
     })
 }
 

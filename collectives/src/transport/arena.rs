@@ -136,7 +136,7 @@ impl Arena {
         let mapped = if ok {
             map(fd, len)
         } else {
-            Err(Error::Internal(format!("{path} has the wrong size")))
+            Err(Error::Internal(format!("{path} has the wrong size").into()))
         };
         // SAFETY: fd is open.
         unsafe { libc::close(fd) };
@@ -152,7 +152,9 @@ impl Arena {
             || h[1].load(Ordering::Relaxed) != (nlocal * nchan) as u64
             || h[2].load(Ordering::Relaxed) != cap as u64
         {
-            return Err(Error::Internal(format!("{path} has an unexpected header")));
+            return Err(Error::Internal(
+                format!("{path} has an unexpected header").into(),
+            ));
         }
         a.prefault_boards();
         Ok(a)

@@ -141,10 +141,13 @@ impl PackSend {
             || !parts.iter().all(|p| self.limits.packs(p.len()))
             || pack::encoded_len(parts.len(), payload) > self.limits.max_pack
         {
-            return Err(Error::Internal(format!(
-                "coalescing: cannot start a pack of {} messages, {payload} bytes",
-                parts.len()
-            )));
+            return Err(Error::Internal(
+                format!(
+                    "coalescing: cannot start a pack of {} messages, {payload} bytes",
+                    parts.len()
+                )
+                .into(),
+            ));
         }
         pack::encode(parts, &mut st.buf);
         st.sent = 0;
@@ -249,10 +252,13 @@ impl RecvState {
 
 impl PackRecv {
     fn malformed(&self, e: PackError) -> Error {
-        Error::Remote(format!(
-            "rank {} sent a malformed pack of coalesced messages: {e}",
-            self.peer
-        ))
+        Error::Remote(
+            format!(
+                "rank {} sent a malformed pack of coalesced messages: {e}",
+                self.peer
+            )
+            .into(),
+        )
     }
 
     fn mismatched(&self, sent: usize, want: usize) -> Error {
@@ -333,10 +339,13 @@ impl PackRecv {
     fn plain(&self, st: &RecvState, want: usize) -> Result<bool> {
         if st.plain_left > 0 {
             if want != st.plain_left {
-                return Err(Error::Internal(format!(
-                    "coalescing: {want} bytes asked where {} remain of a message",
-                    st.plain_left
-                )));
+                return Err(Error::Internal(
+                    format!(
+                        "coalescing: {want} bytes asked where {} remain of a message",
+                        st.plain_left
+                    )
+                    .into(),
+                ));
             }
             return Ok(true);
         }

@@ -91,7 +91,7 @@ fn allocation(ptr: usize, len: usize) -> Result<(usize, usize)> {
 /// `mode` says (a cached registration is reused).
 pub fn register(port: &IbPort, mode: &GdrMode, ptr: usize, len: usize) -> Result<Arc<Mr>> {
     let (base, size) = allocation(ptr, len)?;
-    let net = |e| Error::System(format!("GPUDirect registration on {}: {e}", port.label()));
+    let net = |e| Error::System(format!("GPUDirect registration on {}: {e}", port.label()).into());
     match mode {
         GdrMode::DmaBuf => {
             let mut fd: c_int = -1;
@@ -116,10 +116,9 @@ pub fn register(port: &IbPort, mode: &GdrMode, ptr: usize, len: usize) -> Result
             r.map_err(net)
         }
         GdrMode::PeerMem => gdr::register_device(port, base, size, None).map_err(net),
-        GdrMode::Staged(why) => Err(Error::Internal(format!(
-            "device memory on {} is staged: {why}",
-            port.label()
-        ))),
+        GdrMode::Staged(why) => Err(Error::Internal(
+            format!("device memory on {} is staged: {why}", port.label()).into(),
+        )),
     }
 }
 
@@ -181,17 +180,20 @@ impl GdrFlush {
     /// registered as `mr`; returns its id for [`GdrFlush::done`].
     pub fn post(&self, mr: &Mr, addr: usize) -> Result<u64> {
         if !mr.covers(addr, 1) {
-            return Err(Error::Internal(format!(
-                "flush of {addr:#x} outside its registration {:#x}+{}",
-                mr.addr, mr.len
-            )));
+            return Err(Error::Internal(
+                format!(
+                    "flush of {addr:#x} outside its registration {:#x}+{}",
+                    mr.addr, mr.len
+                )
+                .into(),
+            ));
         }
         let f = self
             .f
             .get_or_try_init(|| Flusher::new(&self.port, &self.opts))
-            .map_err(|e| Error::System(format!("GPUDirect flush QP: {e}")))?;
+            .map_err(|e| Error::System(format!("GPUDirect flush QP: {e}").into()))?;
         f.post(addr as u64, mr.rkey)
-            .map_err(|e| Error::Remote(format!("GPUDirect flush: {e}")))
+            .map_err(|e| Error::Remote(format!("GPUDirect flush: {e}").into()))
     }
 
     /// Whether flush `id` has completed.
@@ -201,7 +203,7 @@ impl GdrFlush {
             .get()
             .ok_or_else(|| Error::Internal("no flush was posted".into()))?;
         f.test(id)
-            .map_err(|e| Error::Remote(format!("GPUDirect flush: {e}")))
+            .map_err(|e| Error::Remote(format!("GPUDirect flush: {e}").into()))
     }
 }
 
@@ -328,7 +330,9 @@ impl Paths {
             .ports
             .get(peer)
             .and_then(Option::as_ref)
-            .ok_or_else(|| Error::Internal(format!("flush for rank {peer}, not a verbs peer")))?;
+            .ok_or_else(|| {
+                Error::Internal(format!("flush for rank {peer}, not a verbs peer").into())
+            })?;
         let f = self
             .flushes
             .lock()
@@ -338,10 +342,9 @@ impl Paths {
         let id = f.post(mr, addr)?;
         while !f.done(id)? {
             if Instant::now() >= deadline {
-                return Err(Error::Timeout(format!(
-                    "GPUDirect flush on {} did not complete",
-                    port.label()
-                )));
+                return Err(Error::Timeout(
+                    format!("GPUDirect flush on {} did not complete", port.label()).into(),
+                ));
             }
             std::thread::yield_now();
         }

@@ -46,12 +46,12 @@ fn mismatched(what: String) -> Error {
 fn net_err(e: NetError) -> Error {
     match e {
         NetError::Revoked(by) => Error::Revoked(by as usize),
-        NetError::Timeout(m) => Error::Timeout(format!("tcp: {m}")),
+        NetError::Timeout(m) => Error::Timeout(format!("tcp: {m}").into()),
         NetError::InvalidUsage(m) if m.contains(TOO_LARGE) => mismatched(format!("tcp: {m}")),
         NetError::InvalidArgument(m) | NetError::InvalidUsage(m) | NetError::Internal(m) => {
-            Error::Internal(format!("tcp: {m}"))
+            Error::Internal(format!("tcp: {m}").into())
         }
-        other => Error::Remote(format!("tcp: {other}")),
+        other => Error::Remote(format!("tcp: {other}").into()),
     }
 }
 
@@ -111,9 +111,10 @@ impl NetRecv {
     fn post(&self, st: &mut RecvState, ptr: *mut u8, len: usize) -> Result<Option<Got>> {
         if let Some((req, want, at)) = st.req {
             if at != ptr as usize || want != len {
-                return Err(Error::Internal(format!(
-                    "tcp: a receive of {want} B is in flight elsewhere; asked for {len} B"
-                )));
+                return Err(Error::Internal(
+                    format!("tcp: a receive of {want} B is in flight elsewhere; asked for {len} B")
+                        .into(),
+                ));
             }
             return Ok(Some(Got::InFlight(req)));
         }
@@ -418,7 +419,7 @@ pub fn setup(
     for &p in peers {
         let theirs = all[p]
             .get(rank * HANDLE_BYTES..(rank + 1) * HANDLE_BYTES)
-            .ok_or_else(|| Error::Remote(format!("rank {p} sent no TCP handles")))?;
+            .ok_or_else(|| Error::Remote(format!("rank {p} sent no TCP handles").into()))?;
         handles.push(theirs.try_into().expect("sized"));
     }
     let mut sends: Vec<Option<TcpSendComm>> = peers.iter().map(|_| None).collect();

@@ -79,15 +79,15 @@ pub fn fabrics(
 fn verbs_err(e: NetError) -> Error {
     match e {
         NetError::Revoked(by) => Error::Revoked(by as usize),
-        NetError::Timeout(m) => Error::Timeout(format!("verbs: {m}")),
+        NetError::Timeout(m) => Error::Timeout(format!("verbs: {m}").into()),
         NetError::InvalidUsage(m) if m.contains("is larger than the") => Error::usage(format!(
             "verbs: {m}: the ranks' calls are mismatched (every rank must pass the same kind, \
              count, datatype, op and root)"
         )),
         NetError::InvalidArgument(m) | NetError::InvalidUsage(m) | NetError::Internal(m) => {
-            Error::Internal(format!("verbs: {m}"))
+            Error::Internal(format!("verbs: {m}").into())
         }
-        other => Error::Remote(format!("verbs: {other}")),
+        other => Error::Remote(format!("verbs: {other}").into()),
     }
 }
 
@@ -222,10 +222,13 @@ impl SendLink for VSend {
         match q.front() {
             Some(&(a, l, _)) if (a, l) == at => {}
             Some(&(a, l, _)) => {
-                return Err(Error::Internal(format!(
-                    "verbs: a send of {l} B at {a:#x} is in flight; asked for {} B",
-                    at.1
-                )))
+                return Err(Error::Internal(
+                    format!(
+                        "verbs: a send of {l} B at {a:#x} is in flight; asked for {} B",
+                        at.1
+                    )
+                    .into(),
+                ))
             }
             None => {
                 if !self.start(&mut q, src)? {
@@ -280,9 +283,12 @@ impl VRecv {
     ) -> Result<Option<RecvRequest>> {
         if let Some(&(req, want, at)) = st.reqs.front() {
             if at != ptr as usize || want != len {
-                return Err(Error::Internal(format!(
-                    "verbs: a receive of {want} B is in flight elsewhere; asked for {len} B"
-                )));
+                return Err(Error::Internal(
+                    format!(
+                        "verbs: a receive of {want} B is in flight elsewhere; asked for {len} B"
+                    )
+                    .into(),
+                ));
             }
             return Ok(Some(req));
         }
@@ -532,7 +538,7 @@ pub fn setup(
     for &p in peers {
         let theirs = all[p]
             .get(rank * HANDLE_BYTES..(rank + 1) * HANDLE_BYTES)
-            .ok_or_else(|| Error::Remote(format!("rank {p} sent no verbs handles")))?;
+            .ok_or_else(|| Error::Remote(format!("rank {p} sent no verbs handles").into()))?;
         handles.push(theirs.try_into().expect("sized"));
     }
     let mut sends: Vec<Option<IbSendComm>> = peers.iter().map(|_| None).collect();

@@ -33,7 +33,7 @@ pub struct Decision {
 }
 
 fn remote(what: &str) -> Error {
-    Error::Remote(format!("tune: rank 0's {what}"))
+    Error::Remote(format!("tune: rank 0's {what}").into())
 }
 
 /// Encodes a decision; a layout whose JSON would not fit is left out
@@ -70,8 +70,9 @@ pub fn decode_decision(b: &[u8], nranks: u64, nnodes: u64) -> Result<Decision> {
         return Err(remote("decision is malformed"));
     }
     let layout = if len > 0 {
-        let mut t = Table::parse(&b[13..])
-            .map_err(|e: TableError| Error::Remote(format!("tune: rank 0's table layout: {e}")))?;
+        let mut t = Table::parse(&b[13..]).map_err(|e: TableError| {
+            Error::Remote(format!("tune: rank 0's table layout: {e}").into())
+        })?;
         if t.layouts.len() != 1 || t.layouts[0].nranks != nranks || t.layouts[0].nnodes != nnodes {
             return Err(remote("table layout is not for this communicator"));
         }

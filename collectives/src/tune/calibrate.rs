@@ -174,7 +174,7 @@ impl<'a> Pair<'a> {
             args.op = ReduceOp::Sum;
             algo::generate(&args, Algorithm::Direct, me, topo, &Chunking::default())
                 .map(Arc::new)
-                .map_err(|e| Error::Internal(format!("tune: probe plan: {e}")))
+                .map_err(|e| Error::Internal(format!("tune: probe plan: {e}").into()))
         };
         Ok(Self {
             links,
@@ -266,9 +266,9 @@ impl<'a> Pair<'a> {
                 }
                 CMD_STOP => return Ok(()),
                 c => {
-                    return Err(Error::Remote(format!(
-                        "tune: probe command {c} from a peer"
-                    )))
+                    return Err(Error::Remote(
+                        format!("tune: probe command {c} from a peer").into(),
+                    ))
                 }
             }
         }
