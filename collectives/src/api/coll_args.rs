@@ -34,7 +34,10 @@ fn extents(coll: Collective, count: usize, nranks: usize, is_root: bool) -> Opti
 }
 
 /// Validates the raw arguments of any collective or point-to-point call.
+/// Inlined into its one caller, so that the [`Call`] is built where it is
+/// used rather than copied out of a returned `Result` (docs/benchmarks.md).
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub fn validate(
     kind: Collective,
     send: *const c_void,
