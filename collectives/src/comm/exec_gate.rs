@@ -17,11 +17,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::bootstrap::retry::Backoff;
+
 /// Looks at a held gate before a waiter starts yielding.
 const SPINS: u32 = 128;
 /// How long a waiter yields before it sleeps.
 const YIELD_FOR: Duration = Duration::from_micros(50);
-/// The first sleep between looks; it doubles up to [`MAX_NAP`].
+/// The first sleep between looks; it doubles (jittered, [`Backoff`]) up
+/// to [`MAX_NAP`].
 const FIRST_NAP: Duration = Duration::from_micros(20);
 /// The longest sleep between looks.
 const MAX_NAP: Duration = Duration::from_millis(1);
@@ -66,28 +69,18 @@ impl ExecGate {
             }
             std::hint::spin_loop();
         }
-        let start = Instant::now();
-        let mut nap = FIRST_NAP;
+        let yield_until = Instant::now() + YIELD_FOR;
+        let mut naps = Backoff::new(FIRST_NAP, MAX_NAP);
         loop {
             if let Some(r) = self.try_enter() {
                 return Some(r);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if Instant::now() < yield_until.min(deadline) {
+                std::thread::yield_now();
+            } else if !naps.sleep(deadline) {
                 return None;
             }
-            if now.duration_since(start) < YIELD_FOR {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(nap.min(deadline - now));
-                nap = (nap * 2).min(MAX_NAP);
-            }
         }
-    }
-
-    /// Whether an operation holds the gate now.
-    pub fn is_held(&self) -> bool {
-        self.held.load(Ordering::Acquire)
     }
 }
 
@@ -107,7 +100,6 @@ mod tests {
     fn one_operation_at_a_time() {
         let g = ExecGate::default();
         let r = g.try_enter().expect("a free gate opens");
-        assert!(g.is_held());
         assert!(g.try_enter().is_none(), "a held gate stays shut");
         let t0 = Instant::now();
         assert!(g.enter_for(Duration::from_millis(30)).is_none());
@@ -116,7 +108,6 @@ mod tests {
             "waited the whole time"
         );
         drop(r);
-        assert!(!g.is_held());
         assert!(g.try_enter().is_some(), "open again once left");
     }
 
