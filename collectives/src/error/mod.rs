@@ -50,13 +50,13 @@ impl Error {
     }
 
     /// Shorthand for [`Error::InvalidArgument`].
-    pub fn arg(msg: impl Into<String>) -> Self {
-        Self::InvalidArgument(Msg::from(msg.into()))
+    pub fn arg(msg: impl Into<Msg>) -> Self {
+        Self::InvalidArgument(msg.into())
     }
 
     /// Shorthand for [`Error::InvalidUsage`].
-    pub fn usage(msg: impl Into<String>) -> Self {
-        Self::InvalidUsage(Msg::from(msg.into()))
+    pub fn usage(msg: impl Into<Msg>) -> Self {
+        Self::InvalidUsage(msg.into())
     }
 
     /// Builds [`Error::System`] from the OS error of the last call.
@@ -77,7 +77,6 @@ impl From<std::io::Error> for Error {
 /// than the callee stored it with waits until those stores, and every store
 /// before them, reach the cache: after a small operation that wrote to
 /// lines its peers read, that is a round trip to their cores.
-#[derive(Clone, PartialEq, Eq, Hash)]
 // A `String` is three words; its box is one (an error's extra allocation
 // is nothing beside the copy of its message).
 #[allow(clippy::box_collection)]
@@ -92,12 +91,6 @@ impl From<String> for Msg {
 impl From<&str> for Msg {
     fn from(s: &str) -> Self {
         Self(Box::new(s.to_owned()))
-    }
-}
-
-impl From<Msg> for String {
-    fn from(m: Msg) -> Self {
-        *m.0
     }
 }
 
