@@ -13,6 +13,10 @@
 //! sleeping at most [`MAX_NAP`] between looks. Waiting happens only when
 //! two threads use one communicator at once (the GPU proxy beside a host
 //! call) or in the lifecycle calls above.
+//!
+//! The gate is not fair: a thread that leaves and re-enters at once can
+//! keep a polling waiter out until the waiter's deadline, and the waiter
+//! then fails with a timeout instead of running.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
