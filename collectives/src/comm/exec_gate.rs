@@ -14,11 +14,15 @@
 //! two threads use one communicator at once (the GPU proxy beside a host
 //! call) or in the lifecycle calls above.
 //!
-//! The gate is not fair: a thread that leaves and re-enters at once can
-//! keep a polling waiter out until the waiter's deadline, and the waiter
-//! then fails with a timeout instead of running.
+//! A waiter that has not got in after its brief spin claims the turn: one
+//! waiter at a time holds it, and while it is held nobody else enters,
+//! not even a thread that left the gate and comes straight back. The gate
+//! then opens only to the turn's holder, which looks at least every
+//! [`TURN_NAP`]. So a thread that leaves and re-enters in a loop (a
+//! host-buffer loop beside the GPU proxy on one communicator) cannot keep
+//! a waiter out; it waits at most one such look.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::retry::Backoff;
@@ -32,11 +36,19 @@ const YIELD_FOR: Duration = Duration::from_micros(50);
 const FIRST_NAP: Duration = Duration::from_micros(20);
 /// The longest sleep between looks.
 const MAX_NAP: Duration = Duration::from_millis(1);
+/// The longest sleep between looks of the waiter holding the turn, which
+/// every other entrant waits for.
+const TURN_NAP: Duration = Duration::from_micros(100);
+
+/// Numbers the waits that may claim the turn (0: no one holds it).
+static NEXT_WAIT: AtomicU64 = AtomicU64::new(1);
 
 /// Held while an operation runs on a communicator.
 #[derive(Debug, Default)]
 pub struct ExecGate {
     held: AtomicBool,
+    /// The wait that holds the turn, or 0.
+    turn: AtomicU64,
 }
 
 /// An entered [`ExecGate`]; dropping it lets the next operation in.
@@ -47,9 +59,19 @@ pub struct Running<'a> {
 }
 
 impl ExecGate {
-    /// Enters the gate if no operation holds it.
+    /// Enters the gate if no operation holds it and no waiter holds the
+    /// turn.
     #[inline]
     pub fn try_enter(&self) -> Option<Running<'_>> {
+        if self.turn.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        self.take()
+    }
+
+    /// Enters the gate if no operation holds it, turn or not.
+    #[inline]
+    fn take(&self) -> Option<Running<'_>> {
         self.held
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .ok()
@@ -73,18 +95,37 @@ impl ExecGate {
             }
             std::hint::spin_loop();
         }
+        let me = NEXT_WAIT.fetch_add(1, Ordering::Relaxed);
+        let mine = || self.turn.load(Ordering::Relaxed) == me;
         let yield_until = Instant::now() + YIELD_FOR;
         let mut naps = Backoff::new(FIRST_NAP, MAX_NAP);
-        loop {
-            if let Some(r) = self.try_enter() {
-                return Some(r);
+        let entered = loop {
+            if !mine()
+                && self
+                    .turn
+                    .compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                naps = Backoff::new(FIRST_NAP, TURN_NAP);
+            }
+            if let Some(r) = if mine() {
+                self.take()
+            } else {
+                self.try_enter()
+            } {
+                break Some(r);
             }
             if Instant::now() < yield_until.min(deadline) {
                 std::thread::yield_now();
             } else if !naps.sleep(deadline) {
-                return None;
+                break None;
             }
-        }
+        };
+        // Entered or given up: either way the turn is passed on.
+        let _ = self
+            .turn
+            .compare_exchange(me, 0, Ordering::Relaxed, Ordering::Relaxed);
+        entered
     }
 }
 
@@ -132,6 +173,34 @@ mod tests {
             waiter.join().unwrap();
         });
         assert_eq!(inside.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_thread_that_reenters_at_once_cannot_keep_a_waiter_out() {
+        let g = ExecGate::default();
+        let waiter_in = AtomicBool::new(false);
+        let looping = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Leaves and re-enters with no pause, as a host-buffer
+                // loop does, until the waiter got in (or 5 s passed).
+                let end = Instant::now() + Duration::from_secs(5);
+                while !waiter_in.load(Ordering::SeqCst) && Instant::now() < end {
+                    let _r = g.enter_for(Duration::from_secs(5)).unwrap();
+                    looping.store(true, Ordering::SeqCst);
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_micros(300) {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            while !looping.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let r = g.enter_for(Duration::from_secs(1));
+            assert!(r.is_some(), "the waiter got in while the other looped");
+            waiter_in.store(true, Ordering::SeqCst);
+        });
     }
 
     #[test]
