@@ -135,7 +135,9 @@ fn validate_p2p(
 
 /// Checks a send (`buf` is its send buffer) or receive (its receive
 /// buffer) against `comm`: [`validate`]'s checks of such a call, also
-/// made alone for a call that joins a group's open run.
+/// made alone for a call that joins a group's open run. Inlined into its
+/// two callers, so that the [`P2p`] is built where it is used.
+#[inline(always)]
 pub fn p2p(
     kind: Collective,
     buf: *const c_void,
@@ -155,11 +157,12 @@ pub fn p2p(
     let bytes = check::bytes(count, dtype, what)?;
     check::buffer(buf, bytes, what)?;
     let null = std::ptr::null();
-    let placement = if kind == Collective::Send {
-        memory::classify_call(buf, bytes, null, 0)?
+    let (send, recv) = if kind == Collective::Send {
+        ((buf, bytes), (null, 0))
     } else {
-        memory::classify_call(null, 0, buf, bytes)?
+        ((null, 0), (buf, bytes))
     };
+    let placement = memory::classify_call(send.0, send.1, recv.0, recv.1)?;
     Ok(P2p {
         kind,
         peer,

@@ -236,7 +236,11 @@ fn learn(span: (usize, usize), what: &str) -> Result<Placement> {
 }
 
 /// The placement of a call from its two buffers: the non-empty ones must
-/// agree on host versus CUDA memory.
+/// agree on host versus CUDA memory. Inlined, so that the common answer
+/// (each buffer in the range its side hit last) comes back in a register
+/// rather than through a returned `Result` in memory, which the caller
+/// would read back before the callee's stores reached it.
+#[inline(always)]
 pub fn classify_call(
     send: *const c_void,
     send_bytes: usize,
@@ -246,16 +250,21 @@ pub fn classify_call(
     let ss = span(send, send_bytes, "sendbuff")?;
     let rs = span(recv, recv_bytes, "recvbuff")?;
     let generation = GENERATION.load(Ordering::Acquire);
-    // The common case, each buffer in the range its side hit last, is
-    // answered before the scan; both in one thread-local access.
-    let (sh, rh) = match CACHE.with(|c| {
-        let mut c = c.borrow_mut();
-        c.last_hits(generation, ss, rs)
-            .ok_or_else(|| c.find(generation, ss, rs))
-    }) {
-        Ok(p) => return Ok(p),
-        Err(found) => found,
-    };
+    match CACHE.with(|c| c.borrow().last_hits(generation, ss, rs)) {
+        Some(p) => Ok(p),
+        None => classify_miss(generation, ss, rs),
+    }
+}
+
+/// [`classify_call`] past the last hits: the rest of the cache, then the
+/// slow lookups.
+#[inline(never)]
+fn classify_miss(
+    generation: u64,
+    ss: Option<(usize, usize)>,
+    rs: Option<(usize, usize)>,
+) -> Result<Placement> {
+    let (sh, rh) = CACHE.with(|c| c.borrow_mut().find(generation, ss, rs));
     let s = match (ss, sh) {
         (Some(sp), None) => Some(learn(sp, "sendbuff")?),
         (span, p) => span.and(p),
