@@ -30,14 +30,14 @@ fn write_out<T>(out: *mut T, v: T, what: &str) -> Result<()> {
 export! {
     /// Writes the number of ranks.
     fn ncclCommCount / pncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
-        guard("ncclCommCount", || write_out(count, handle::lookup(comm)?.nranks as c_int, "count"))
+        guard("ncclCommCount", || write_out(count, handle::rank_and_size(comm)?.1 as c_int, "count"))
     }
 }
 
 export! {
     /// Writes this rank's index.
     fn ncclCommUserRank / pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
-        guard("ncclCommUserRank", || write_out(rank, handle::lookup(comm)?.rank as c_int, "rank"))
+        guard("ncclCommUserRank", || write_out(rank, handle::rank_and_size(comm)?.0 as c_int, "rank"))
     }
 }
 

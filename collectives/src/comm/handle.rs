@@ -26,6 +26,10 @@ const DEAD: u64 = 0x6465_6164_636f_6d6d; // "deadcomm"
 struct Cell {
     magic: AtomicU64,
     id: u64,
+    /// The comm's rank and size, which never change: [`rank_and_size`]
+    /// answers from here, without touching the comm's reference count.
+    rank: usize,
+    nranks: usize,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -40,6 +44,8 @@ pub fn register(comm: Arc<Comm>) -> ncclComm_t {
     let cell = Box::into_raw(Box::new(Cell {
         magic: AtomicU64::new(LIVE),
         id,
+        rank: comm.rank,
+        nranks: comm.nranks,
     }));
     CELLS.lock().insert(cell as usize, id);
     LIVE_COMMS.lock().insert(id, comm);
@@ -99,6 +105,25 @@ pub fn lookup(handle: ncclComm_t) -> Result<Arc<Comm>> {
     Ok(comm)
 }
 
+/// The rank and the size of the live comm behind `handle`. A handle this
+/// thread looked up last is answered from its cell alone: no lock and no
+/// reference count (`ncclCommCount` and `ncclCommUserRank`, which
+/// nccl-tests calls around every send and receive).
+pub fn rank_and_size(handle: ncclComm_t) -> Result<(usize, usize)> {
+    let key = handle as usize;
+    if LAST.with(|l| matches!(&*l.borrow(), Some((h, _)) if *h == key)) {
+        // SAFETY: `handle` was in CELLS when it was cached, so it points to
+        // a Cell made by `register`, which is never freed; `rank` and
+        // `nranks` are never written after `register`.
+        let cell = unsafe { &*(handle as *const Cell) };
+        if cell.magic.load(Ordering::Acquire) == LIVE {
+            return Ok((cell.rank, cell.nranks));
+        }
+    }
+    let comm = lookup(handle)?;
+    Ok((comm.rank, comm.nranks))
+}
+
 /// Removes the comm behind `handle` from the registry and returns it.
 pub fn unregister(handle: ncclComm_t) -> Result<Arc<Comm>> {
     let id = cell_id(handle)?;
@@ -128,9 +153,13 @@ mod tests {
     #[test]
     fn lifecycle_and_stale_handles() {
         let h = register(Arc::new(Comm::new(4, 1)));
+        assert_eq!(rank_and_size(h).unwrap(), (1, 4), "first, the full lookup");
         assert_eq!(lookup(h).unwrap().rank, 1);
+        assert_eq!(rank_and_size(h).unwrap(), (1, 4), "then, from the cell");
         assert!(unregister(h).is_ok());
         let e = lookup(h).unwrap_err().to_string();
+        assert!(e.contains("already destroyed"), "{e}");
+        let e = rank_and_size(h).unwrap_err().to_string();
         assert!(e.contains("already destroyed"), "{e}");
         assert!(unregister(h).is_err(), "double destroy is refused");
         let mut x = 0u64;
