@@ -133,9 +133,14 @@ type FnMemFree = unsafe extern "C" fn(*mut c_void) -> NcclResult;
 type FnGetStats = unsafe extern "C" fn(Comm, *mut c_char, usize, *mut usize) -> NcclResult;
 
 /// An error from the library: the call, its result code and the library's
-/// own words for it.
+/// own words for it. One pointer, so that the `Result<(), NcclError>` of
+/// every timed call comes back in a register rather than through memory.
 #[derive(Debug, Clone)]
-pub struct NcclError {
+pub struct NcclError(Box<ErrorDetails>);
+
+/// What an [`NcclError`] says.
+#[derive(Debug, Clone)]
+pub struct ErrorDetails {
     /// The entry point.
     pub call: &'static str,
     /// Its `ncclResult_t`.
@@ -144,6 +149,13 @@ pub struct NcclError {
     pub string: String,
     /// `ncclGetLastError(comm)` right after the call.
     pub last: String,
+}
+
+impl std::ops::Deref for NcclError {
+    type Target = ErrorDetails;
+    fn deref(&self) -> &ErrorDetails {
+        &self.0
+    }
 }
 
 impl std::fmt::Display for NcclError {
@@ -309,16 +321,23 @@ impl Nccl {
         }
     }
 
+    #[inline]
     fn check(&self, call: &'static str, code: NcclResult, comm: Comm) -> Result<(), NcclError> {
         if code == 0 {
             return Ok(());
         }
-        Err(NcclError {
+        Err(self.failed(call, code, comm))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn failed(&self, call: &'static str, code: NcclResult, comm: Comm) -> NcclError {
+        NcclError(Box::new(ErrorDetails {
             call,
             code,
             string: self.error_string(code),
             last: self.last_error(comm),
-        })
+        }))
     }
 
     /// `ncclGetUniqueId`.
@@ -473,12 +492,12 @@ impl Nccl {
     }
 
     fn missing(&self, call: &'static str) -> NcclError {
-        NcclError {
+        NcclError(Box::new(ErrorDetails {
             call,
             code: NCCL_INVALID_USAGE,
             string: "missing symbol".into(),
             last: format!("{} does not export {call}", self.path.display()),
-        }
+        }))
     }
 
     /// `ncclMemAlloc`, or `None` when the library lacks it.
