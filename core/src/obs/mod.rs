@@ -51,10 +51,17 @@ static OWNS_GLOBAL: AtomicBool = AtomicBool::new(false);
 /// subscriber. If the process already has a global subscriber, that one is
 /// kept untouched and receives hetccl's events (filtered and formatted by the
 /// host, not by NCCL_DEBUG); see [`owns_global_subscriber`].
+#[inline]
 pub fn ensure_init() {
-    if READY.load(Ordering::Acquire) {
-        return;
+    if !READY.load(Ordering::Acquire) {
+        init_now();
     }
+}
+
+/// [`ensure_init`]'s first call (or calls, racing).
+#[cold]
+#[inline(never)]
+fn init_now() {
     INIT.call_once(|| {
         let installed = std::panic::catch_unwind(install).unwrap_or(false);
         OWNS_GLOBAL.store(installed, Ordering::Release);
