@@ -11,9 +11,14 @@ use super::builder::Builder;
 use super::generate::Group;
 use super::plan::{BufRange, Rank};
 
+/// The largest message of a direct all-reduce: TCP's largest eager
+/// message, which goes without waiting for the receiver's CTS, so that
+/// each piece's reduction overlaps the next one's transfer.
+const PIECE: usize = nccl_net_plugin::tcp::MAX_EAGER;
+
 /// Direct all-reduce: everybody sends its input to everybody, and reduces
-/// all `n` inputs in rank order. In place, the input is first staged in
-/// scratch since the accumulation overwrites it.
+/// all `n` inputs in rank order, [`PIECE`] bytes at a time. In place, the
+/// input is first staged in scratch since the accumulation overwrites it.
 ///
 /// With a compressed wire ([`Builder::round`]) each rank rounds a copy of
 /// its input to the wire's precision first and sends and adds that copy,
@@ -36,19 +41,25 @@ pub(crate) fn allreduce(b: &mut Builder, g: &Group, input: BufRange, output: Buf
     } else {
         input
     };
-    for k in 0..n {
-        if k != g.me {
-            b.send(g.at(k), 0, input);
+    let chunk = b.chunk_bytes;
+    b.chunk_bytes = chunk.min((PIECE / b.esize).max(1) * b.esize);
+    for (o, l) in b.pieces(input.len).collect::<Vec<_>>() {
+        let (input, output) = (input.sub(o, l), output.sub(o, l));
+        for k in 0..n {
+            if k != g.me {
+                b.send(g.at(k), 0, input);
+            }
+        }
+        for k in 0..n {
+            match (k == g.me, k == 0) {
+                (true, true) => b.copy(input, output),
+                (true, false) => b.reduce(output, input, output),
+                (false, true) => b.recv(g.at(k), 0, output),
+                (false, false) => b.recv_reduce(g.at(k), 0, output, output),
+            }
         }
     }
-    for k in 0..n {
-        match (k == g.me, k == 0) {
-            (true, true) => b.copy(input, output),
-            (true, false) => b.reduce(output, input, output),
-            (false, true) => b.recv(g.at(k), 0, output),
-            (false, false) => b.recv_reduce(g.at(k), 0, output, output),
-        }
-    }
+    b.chunk_bytes = chunk;
     b.post(post, output);
 }
 
