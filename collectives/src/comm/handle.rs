@@ -111,14 +111,14 @@ pub fn lookup(handle: ncclComm_t) -> Result<Arc<Comm>> {
 /// nccl-tests calls around every send and receive).
 pub fn rank_and_size(handle: ncclComm_t) -> Result<(usize, usize)> {
     let key = handle as usize;
-    if LAST.with(|l| matches!(&*l.borrow(), Some((h, _)) if *h == key)) {
-        // SAFETY: `handle` was in CELLS when it was cached, so it points to
-        // a Cell made by `register`, which is never freed; `rank` and
-        // `nranks` are never written after `register`.
+    let cached = LAST.with(|l| matches!(&*l.borrow(), Some((h, _)) if *h == key));
+    // SAFETY: a cached `handle` was in CELLS when it was cached, so it
+    // points to a Cell made by `register`, which is never freed.
+    if cached && unsafe { still_live(key) } {
+        // SAFETY: as above; `rank` and `nranks` are never written after
+        // `register`.
         let cell = unsafe { &*(handle as *const Cell) };
-        if cell.magic.load(Ordering::Acquire) == LIVE {
-            return Ok((cell.rank, cell.nranks));
-        }
+        return Ok((cell.rank, cell.nranks));
     }
     let comm = lookup(handle)?;
     Ok((comm.rank, comm.nranks))
