@@ -173,6 +173,15 @@ impl Builder {
         pieces_of(len, self.chunk_bytes)
     }
 
+    /// As [`Builder::pieces`], with pieces of at most `max` bytes (whole
+    /// elements, at least one).
+    pub fn pieces_upto(&self, len: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+        pieces_of(
+            len,
+            self.chunk_bytes.min((max / self.esize).max(1) * self.esize),
+        )
+    }
+
     /// Sends `src` to `peer`, split into chunk-sized messages.
     pub fn send(&mut self, peer: Rank, chan: u8, src: BufRange) {
         for (o, l) in self.pieces(src.len).collect::<Vec<_>>() {
@@ -213,10 +222,7 @@ impl Builder {
     /// executor moves messages between the pieces of a large copy.
     pub fn copy(&mut self, src: BufRange, dst: BufRange) {
         if src != dst {
-            let piece = self
-                .chunk_bytes
-                .min((COPY_PIECE / self.esize).max(1) * self.esize);
-            for (o, l) in pieces_of(src.len, piece) {
+            for (o, l) in self.pieces_upto(src.len, COPY_PIECE) {
                 self.push(StepKind::Copy {
                     src: src.sub(o, l),
                     dst: dst.sub(o, l),

@@ -41,9 +41,7 @@ pub(crate) fn allreduce(b: &mut Builder, g: &Group, input: BufRange, output: Buf
     } else {
         input
     };
-    let chunk = b.chunk_bytes;
-    b.chunk_bytes = chunk.min((PIECE / b.esize).max(1) * b.esize);
-    for (o, l) in b.pieces(input.len).collect::<Vec<_>>() {
+    for (o, l) in b.pieces_upto(input.len, PIECE) {
         let (input, output) = (input.sub(o, l), output.sub(o, l));
         for k in 0..n {
             if k != g.me {
@@ -59,7 +57,6 @@ pub(crate) fn allreduce(b: &mut Builder, g: &Group, input: BufRange, output: Buf
             }
         }
     }
-    b.chunk_bytes = chunk;
     b.post(post, output);
 }
 
