@@ -139,7 +139,7 @@ impl Settings {
             p2p_disable: cfg.p2p_disable,
             socket_ifname: cfg.socket_ifname.clone(),
             socket_family: cfg.socket_family,
-            tcp: TcpOptions::from_config(cfg),
+            tcp: engine_tcp(cfg),
             host_id: cfg.host_id.clone(),
             comm_name: comm.comm_name.clone(),
             nvrtc_lib: cfg.nvrtc_lib.clone(),
@@ -186,6 +186,27 @@ impl Settings {
             None => format!("comm {comm_hash:016x}"),
         }
     }
+}
+
+/// Data sockets of an engine TCP link when neither `NCCL_SOCKET_NTHREADS`
+/// nor `NCCL_NSOCKS_PERTHREAD` is set. The engine drives its links from the
+/// calling thread, so more sockets add no core, only system calls and bytes
+/// in flight: between two network namespaces on 2 CPUs, one data socket
+/// beat four at 1 and 64 MiB for broadcast and all-reduce
+/// (docs/benchmarks.md).
+pub const ENGINE_NSOCKS: usize = 1;
+
+/// The TCP options of the engine's links: the configuration's, driven
+/// without helper threads, with [`ENGINE_NSOCKS`] data sockets unless the
+/// user chose a number.
+fn engine_tcp(cfg: &hetccl_core::config::Config) -> TcpOptions {
+    let mut o = TcpOptions::from_config(cfg);
+    let chosen = |v: Option<i32>| v.is_some_and(|n| n >= 0);
+    if !chosen(cfg.socket_nthreads) && !chosen(cfg.nsocks_perthread) {
+        o.nsocks = ENGINE_NSOCKS;
+    }
+    o.nthreads = 0;
+    o
 }
 
 #[cfg(test)]
@@ -239,5 +260,32 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("HETCCL_TEST_DELAY_US"), "{e}");
+    }
+
+    #[test]
+    fn engine_links_take_one_data_socket_unless_the_user_chose() {
+        let socks = |pairs: &[(&str, &str)]| {
+            let s = Settings::new(&cfg(pairs), &CommConfig::default()).unwrap();
+            assert_eq!(s.tcp.nthreads, 0, "{pairs:?}");
+            s.tcp.nsocks
+        };
+        assert_eq!(socks(&[]), ENGINE_NSOCKS);
+        assert_eq!(socks(&[("NCCL_SOCKET_NTHREADS", "-2")]), ENGINE_NSOCKS);
+        assert_eq!(
+            socks(&[
+                ("NCCL_SOCKET_NTHREADS", "0"),
+                ("NCCL_NSOCKS_PERTHREAD", "3")
+            ]),
+            3
+        );
+        assert_eq!(socks(&[("NCCL_SOCKET_NTHREADS", "0")]), 1);
+        assert_eq!(
+            socks(&[
+                ("NCCL_SOCKET_NTHREADS", "2"),
+                ("NCCL_NSOCKS_PERTHREAD", "2")
+            ]),
+            4
+        );
+        assert_eq!(socks(&[("NCCL_NSOCKS_PERTHREAD", "0")]), 0);
     }
 }

@@ -399,11 +399,9 @@ pub fn setup(
                 "no usable network interface for TCP links".into(),
             ));
         }
-        let mut opts = params.tcp.clone();
         // The engine drives the sockets from the calling thread: no helper
-        // threads (ranks may outnumber cores).
-        opts.nthreads = 0;
-        let net = Arc::new(TcpNet::new(Arc::new(devs), opts));
+        // threads (ranks may outnumber cores); see `comm::settings`.
+        let net = Arc::new(TcpNet::new(Arc::new(devs), params.tcp.clone()));
         for &p in peers {
             let (l, h) = net.listen(0).map_err(net_err)?;
             blob[p * HANDLE_BYTES..(p + 1) * HANDLE_BYTES].copy_from_slice(&h);
