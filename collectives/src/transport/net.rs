@@ -400,8 +400,11 @@ pub fn setup(
             ));
         }
         // The engine drives the sockets from the calling thread: no helper
-        // threads (ranks may outnumber cores); see `comm::settings`.
-        let net = Arc::new(TcpNet::new(Arc::new(devs), params.tcp.clone()));
+        // threads (ranks may outnumber cores), whatever the options say;
+        // `comm::settings` chooses the data sockets.
+        let mut opts = params.tcp.clone();
+        opts.nthreads = 0;
+        let net = Arc::new(TcpNet::new(Arc::new(devs), opts));
         for &p in peers {
             let (l, h) = net.listen(0).map_err(net_err)?;
             blob[p * HANDLE_BYTES..(p + 1) * HANDLE_BYTES].copy_from_slice(&h);
