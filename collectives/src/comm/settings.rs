@@ -188,23 +188,18 @@ impl Settings {
     }
 }
 
-/// Data sockets of an engine TCP link when neither `NCCL_SOCKET_NTHREADS`
-/// nor `NCCL_NSOCKS_PERTHREAD` is set. The engine drives its links from the
-/// calling thread, so more sockets add no core, only system calls and bytes
-/// in flight: between two network namespaces on 2 CPUs, one data socket
-/// beat four at 1 and 64 MiB for broadcast and all-reduce
-/// (docs/benchmarks.md).
+/// Data sockets of an engine TCP link when `NCCL_NSOCKS_PERTHREAD` is
+/// unset (and helper threads count as none when `NCCL_SOCKET_NTHREADS` is
+/// unset). The engine drives its links from the calling thread, so more
+/// sockets add no core, only system calls and bytes in flight: between two
+/// network namespaces on 2 CPUs, one data socket beat four at 1 and 64 MiB
+/// for broadcast and all-reduce (docs/benchmarks.md).
 pub const ENGINE_NSOCKS: usize = 1;
 
-/// The TCP options of the engine's links: the configuration's, driven
-/// without helper threads, with [`ENGINE_NSOCKS`] data sockets unless the
-/// user chose a number.
+/// The TCP options of the engine's links: the configuration's, with the
+/// engine's own defaults for unset values, driven without helper threads.
 fn engine_tcp(cfg: &hetccl_core::config::Config) -> TcpOptions {
-    let mut o = TcpOptions::from_config(cfg);
-    let chosen = |v: Option<i32>| v.is_some_and(|n| n >= 0);
-    if !chosen(cfg.socket_nthreads) && !chosen(cfg.nsocks_perthread) {
-        o.nsocks = ENGINE_NSOCKS;
-    }
+    let mut o = TcpOptions::from_config_or(cfg, 0, ENGINE_NSOCKS);
     o.nthreads = 0;
     o
 }
@@ -287,5 +282,7 @@ mod tests {
             4
         );
         assert_eq!(socks(&[("NCCL_NSOCKS_PERTHREAD", "0")]), 0);
+        // Unset helper threads count as none: the engine starts none.
+        assert_eq!(socks(&[("NCCL_NSOCKS_PERTHREAD", "3")]), 3);
     }
 }

@@ -82,15 +82,26 @@ impl TcpOptions {
     /// control socket). Unset values take the measured defaults
     /// [`AUTO_NTHREADS`] and [`AUTO_NSOCKS_PERTHREAD`].
     pub fn from_config(s: &hetccl_core::config::Config) -> Self {
+        Self::from_config_or(s, AUTO_NTHREADS, AUTO_NSOCKS_PERTHREAD)
+    }
+
+    /// As [`TcpOptions::from_config`], with `nthreads` and `per_thread`
+    /// standing for unset values (a user of the transport that has its
+    /// own measured defaults).
+    pub fn from_config_or(
+        s: &hetccl_core::config::Config,
+        nthreads: usize,
+        per_thread: usize,
+    ) -> Self {
         let nthreads = s
             .socket_nthreads
             .filter(|&n| n >= 0)
-            .map_or(AUTO_NTHREADS, |n| n as usize)
+            .map_or(nthreads, |n| n as usize)
             .min(16);
         let per = s
             .nsocks_perthread
             .filter(|&n| n >= 0)
-            .map_or(AUTO_NSOCKS_PERTHREAD, |n| n as usize);
+            .map_or(per_thread, |n| n as usize);
         let nsocks = if nthreads == 0 { per } else { nthreads * per }.min(MAX_SOCKS);
         Self {
             nsocks,
