@@ -128,7 +128,7 @@ fn send_recv_pairs() {
     for count in [0usize, 1, 5, 1000] {
         let n = 6u32;
         let topo = Topology::flat(n);
-        let ch = Chunking { chunk_bytes: 128 };
+        let ch = Chunking::with_chunk(128);
         let plans: Vec<_> = (0..n)
             .map(|r| {
                 let coll = if r % 2 == 0 {
@@ -207,8 +207,8 @@ fn plans_are_deterministic_and_valid() {
             let mut a = PlanArgs::new(coll, 100, DataType::Float32);
             a.root = 2;
             for r in 0..5 {
-                let p1 = generate(&a, algo, r, &topo, &Chunking { chunk_bytes: 64 }).unwrap();
-                let p2 = generate(&a, algo, r, &topo, &Chunking { chunk_bytes: 64 }).unwrap();
+                let p1 = generate(&a, algo, r, &topo, &Chunking::with_chunk(64)).unwrap();
+                let p2 = generate(&a, algo, r, &topo, &Chunking::with_chunk(64)).unwrap();
                 assert_eq!(p1, p2);
                 p1.validate().unwrap();
                 // Messages never exceed the chunk size.
@@ -226,7 +226,7 @@ fn plans_are_deterministic_and_valid() {
 fn plans_print() {
     let topo = Topology::flat(3);
     let a = PlanArgs::new(Collective::AllReduce, 6, DataType::Float32);
-    let p = generate(&a, Algorithm::Ring, 1, &topo, &Chunking { chunk_bytes: 8 }).unwrap();
+    let p = generate(&a, Algorithm::Ring, 1, &topo, &Chunking::with_chunk(8)).unwrap();
     let text = p.to_string();
     println!("{text}");
     assert!(
@@ -241,7 +241,7 @@ fn plans_print() {
 fn scratch_stays_small() {
     // Partials rotate through a few slots instead of mirroring the input.
     let topo = Topology::flat(17);
-    let ch = Chunking { chunk_bytes: 4096 };
+    let ch = Chunking::with_chunk(4096);
     let rs = PlanArgs::new(Collective::ReduceScatter, 1 << 16, DataType::Float32);
     let p = generate(&rs, Algorithm::Ring, 5, &topo, &ch).unwrap();
     assert!(p.scratch_bytes <= 2 * (1 << 18), "{}", p.scratch_bytes);
@@ -271,4 +271,36 @@ fn pre_op_scales_into_the_output_when_it_can() {
     a.in_place = true;
     let p = generate(&a, Algorithm::Ring, 1, &topo, &ch).unwrap();
     assert_eq!(p.scratch_bytes, 4000);
+}
+
+#[test]
+fn direct_allreduce_cuts_its_pieces_to_the_piece_size() {
+    // 3 ranks, 1000 floats: pieces of 22 B round down to 20 B (5 floats),
+    // and no message is larger, whatever the chunk size.
+    let topo = Topology::flat(3);
+    let a = PlanArgs::new(Collective::AllReduce, 1000, DataType::Float32);
+    for (chunk, piece, most) in [(4096, 22, 20), (16, 4096, 16), (1 << 19, 1 << 16, 4000)] {
+        let ch = Chunking {
+            chunk_bytes: chunk,
+            piece_bytes: piece,
+        };
+        let p = generate(&a, Algorithm::Direct, 1, &topo, &ch).unwrap();
+        let sends: Vec<usize> = p
+            .steps
+            .iter()
+            .filter(|s| s.kind.message().is_some_and(|(_, _, send)| send))
+            .filter_map(|s| s.kind.message_len())
+            .collect();
+        assert!(
+            sends.iter().all(|&l| l <= most),
+            "{chunk}/{piece}: {sends:?}"
+        );
+        assert_eq!(sends.len(), 2 * 4000usize.div_ceil(most), "{chunk}/{piece}");
+    }
+    // The results stay exact with small pieces, in place and out of place.
+    for in_place in [false, true] {
+        let mut c = Case::new(Collective::AllReduce, Algorithm::Direct, 4, 77);
+        (c.chunk_bytes, c.piece_bytes, c.in_place) = (64, 12, in_place);
+        check(&c);
+    }
 }

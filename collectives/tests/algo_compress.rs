@@ -67,7 +67,7 @@ fn run(topo: &Topology, call: Call, compress: Compression, count: usize, seed: u
         compress,
         ..PlanArgs::new(coll, count, dt)
     };
-    let chunking = Chunking { chunk_bytes: 512 };
+    let chunking = Chunking::with_chunk(512);
     let plans: Vec<Plan> = (0..n as u32)
         .map(|r| generate(&args, alg, r, topo, &chunking).unwrap())
         .collect();

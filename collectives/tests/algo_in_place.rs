@@ -39,9 +39,7 @@ fn count(coll: Collective, bytes: usize, n: usize) -> usize {
 fn plans(coll: Collective, algo: Algorithm, topo: &Topology, count: usize, inp: bool) -> Vec<Plan> {
     let mut a = PlanArgs::new(coll, count, DataType::Float32);
     a.in_place = inp;
-    let chunking = Chunking {
-        chunk_bytes: DEFAULT_CHUNK_BYTES,
-    };
+    let chunking = Chunking::with_chunk(DEFAULT_CHUNK_BYTES);
     (0..topo.nranks())
         .map(|r| generate(&a, algo, r, topo, &chunking).unwrap())
         .collect()

@@ -17,7 +17,7 @@ fn plans(
 ) -> Vec<Plan> {
     let a = PlanArgs::new(coll, count, DataType::Uint8);
     (0..topo.nranks())
-        .map(|r| generate(&a, algo, r, topo, &Chunking { chunk_bytes: chunk }).unwrap())
+        .map(|r| generate(&a, algo, r, topo, &Chunking::with_chunk(chunk)).unwrap())
         .collect()
 }
 

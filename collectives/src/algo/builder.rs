@@ -88,6 +88,9 @@ pub(crate) struct Builder {
     pub esize: usize,
     /// Maximum bytes per message.
     pub chunk_bytes: usize,
+    /// Maximum bytes per message of one-step schedules
+    /// ([`super::Chunking::piece_bytes`]).
+    pub piece_bytes: usize,
     /// Whether finished results are rounded to a compressed wire's
     /// precision: [`Builder::post`] then always emits a `PostOp`.
     pub round: bool,
@@ -104,6 +107,7 @@ impl Builder {
             scratch: 0,
             esize,
             chunk_bytes,
+            piece_bytes: super::generate::DEFAULT_PIECE_BYTES,
             round: false,
         }
     }

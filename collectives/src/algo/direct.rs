@@ -11,13 +11,10 @@ use super::builder::Builder;
 use super::generate::Group;
 use super::plan::{BufRange, Rank};
 
-/// The largest message of a direct all-reduce: TCP's largest eager
-/// message, which goes without waiting for the receiver's CTS, so that
-/// each piece's reduction overlaps the next one's transfer.
-const PIECE: usize = nccl_net_plugin::tcp::MAX_EAGER;
-
 /// Direct all-reduce: everybody sends its input to everybody, and reduces
-/// all `n` inputs in rank order, [`PIECE`] bytes at a time. In place, the
+/// all `n` inputs in rank order, [`Builder::piece_bytes`] at a time (a
+/// message the links send without waiting for the receiver, so that each
+/// piece's reduction overlaps the next one's transfer). In place, the
 /// input is first staged in scratch since the accumulation overwrites it.
 ///
 /// With a compressed wire ([`Builder::round`]) each rank rounds a copy of
@@ -41,7 +38,7 @@ pub(crate) fn allreduce(b: &mut Builder, g: &Group, input: BufRange, output: Buf
     } else {
         input
     };
-    for (o, l) in b.pieces_upto(input.len, PIECE) {
+    for (o, l) in b.pieces_upto(input.len, b.piece_bytes) {
         let (input, output) = (input.sub(o, l), output.sub(o, l));
         for k in 0..n {
             if k != g.me {

@@ -63,12 +63,32 @@ pub struct Chunking {
     /// Largest message in bytes (rounded down to whole elements, at least
     /// one element). Pipelined algorithms move each chunk independently.
     pub chunk_bytes: usize,
+    /// Largest message of the one-step (direct) schedules, which cut their
+    /// input into pieces so that each piece's reduction overlaps the next
+    /// one's transfer (capped at `chunk_bytes`). Whoever runs the plans
+    /// sets it to the largest message its links send without waiting for
+    /// the receiver; it must be the same on every rank.
+    pub piece_bytes: usize,
+}
+
+/// [`Chunking::piece_bytes`] unless set.
+pub const DEFAULT_PIECE_BYTES: usize = 64 << 10;
+
+impl Chunking {
+    /// Chunks of `chunk_bytes`, with the default piece size.
+    pub fn with_chunk(chunk_bytes: usize) -> Self {
+        Self {
+            chunk_bytes,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for Chunking {
     fn default() -> Self {
         Self {
             chunk_bytes: 512 * 1024,
+            piece_bytes: DEFAULT_PIECE_BYTES,
         }
     }
 }
@@ -256,6 +276,7 @@ pub fn generate(
     let reg = regions(args, rank, n)?;
     let esize = args.dtype.size();
     let mut b = Builder::new(esize, chunking.chunk_bytes);
+    b.piece_bytes = chunking.piece_bytes;
     let op = if coll.reduces() {
         args.op
     } else {

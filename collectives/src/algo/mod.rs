@@ -26,7 +26,9 @@ pub mod timing;
 mod tree;
 
 pub use filter::{AlgoFilter, FilterError};
-pub use generate::{generate, supported, Chunking, PlanArgs, PlanError, Topology};
+pub use generate::{
+    generate, supported, Chunking, PlanArgs, PlanError, Topology, DEFAULT_PIECE_BYTES,
+};
 pub use plan::{BufId, BufRange, Plan, PlanCheckError, Rank, Step, StepId, StepKind, CHANNELS};
 pub use select::{
     estimate_us, select, selection_table, selection_table_with, CostModel, LinkClass, LinkCost,

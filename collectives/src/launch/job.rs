@@ -164,6 +164,7 @@ pub fn make_job(a: &Call) -> Result<Job> {
             &engine.topo,
             &Chunking {
                 chunk_bytes: key.chunk_bytes,
+                piece_bytes: crate::transport::PLAN_PIECE_BYTES,
             },
         )
         .map_err(|e| Error::Internal(format!("plan for {coll}: {e}").into()))?;

@@ -27,6 +27,14 @@ pub mod verbs;
 pub use crate::cost::TransportKind;
 use crate::error::Result;
 
+/// The piece size of the engine's one-step plans
+/// (`algo::Chunking::piece_bytes`): the largest message a TCP link sends
+/// eagerly, without waiting for the receiver's CTS. Shm links move any
+/// message as the receiver's ring has room, and verbs links write larger
+/// messages straight into the posted receive, so TCP's limit is the one
+/// that matters. A library constant, so every rank cuts its plans alike.
+pub const PLAN_PIECE_BYTES: usize = net::EAGER_MAX;
+
 /// What a link's owner waits on when the link cannot move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitSource {

@@ -231,7 +231,7 @@ impl NetSend {
 /// one write and no CTS round trip, for a copy on the receiver. Larger ones
 /// wait for the receiver's CTS and go on the data sockets. A receiver holds a
 /// sender that runs ahead back through TCP flow control (`tcp/recv.rs`).
-const EAGER_MAX: usize = nccl_net_plugin::tcp::MAX_EAGER;
+pub(crate) const EAGER_MAX: usize = nccl_net_plugin::tcp::MAX_EAGER;
 
 impl SendLink for NetSend {
     fn try_send(&self, src: &[u8]) -> Result<usize> {

@@ -8,7 +8,7 @@
 use hetccl_abi::DataType;
 use hetccl_collectives::algo::sim::{self, RankBuffers, SimOptions, SimReport};
 use hetccl_collectives::algo::{
-    generate, Algorithm, Chunking, Collective, Plan, PlanArgs, Topology,
+    generate, Algorithm, Chunking, Collective, Plan, PlanArgs, Topology, DEFAULT_PIECE_BYTES,
 };
 use hetccl_collectives::reduce::{ReduceOp, Scalar};
 
@@ -37,6 +37,8 @@ pub struct Case {
     pub root: u32,
     pub in_place: bool,
     pub chunk_bytes: usize,
+    /// The one-step schedules' piece size (`Chunking::piece_bytes`).
+    pub piece_bytes: usize,
     pub seed: u64,
     /// Run the plans with collective fingerprints added (`exec::fingerprint`).
     pub fingerprinted: bool,
@@ -54,6 +56,7 @@ impl Case {
             root: 0,
             in_place: false,
             chunk_bytes: 64,
+            piece_bytes: DEFAULT_PIECE_BYTES,
             seed: 7,
             fingerprinted: false,
         }
@@ -271,6 +274,7 @@ pub fn plans(c: &Case) -> Vec<Plan> {
     };
     let chunking = Chunking {
         chunk_bytes: c.chunk_bytes,
+        piece_bytes: c.piece_bytes,
     };
     (0..topo.nranks())
         .map(|r| {
