@@ -143,6 +143,8 @@ struct State {
     scratch: Vec<u8>,
     /// Emptied buffers of small unexpected inline payloads, for the next.
     spare_inline: Vec<Vec<u8>>,
+    /// The same for payloads above [`SPARE_INLINE_BYTES`].
+    spare_large: Vec<Vec<u8>>,
     /// Emptied entry lists of finished requests, for the next.
     spare_entries: Vec<Vec<Entry>>,
 }
@@ -152,14 +154,22 @@ struct State {
 /// queue without an allocation each.
 const SPARE_INLINE: usize = 64;
 const SPARE_INLINE_BYTES: usize = 4096;
+/// Most emptied buffers of larger unexpected payloads (up to the largest
+/// inline message) a comm keeps: a root's 64 KiB broadcasts running ahead
+/// queue without an allocation each, for at most 256 KiB kept.
+const SPARE_LARGE: usize = 4;
 /// Most emptied entry lists a comm keeps.
 const SPARE_ENTRIES: usize = 8;
 
 /// Keeps the buffer of a matched unexpected payload for a later one, when
 /// small and room is left.
 fn keep_inline(st: &mut State, v: Vec<u8>) {
-    if st.spare_inline.len() < SPARE_INLINE && v.capacity() <= SPARE_INLINE_BYTES {
-        st.spare_inline.push(v);
+    if v.capacity() <= SPARE_INLINE_BYTES {
+        if st.spare_inline.len() < SPARE_INLINE {
+            st.spare_inline.push(v);
+        }
+    } else if v.capacity() <= MAX_INLINE && st.spare_large.len() < SPARE_LARGE {
+        st.spare_large.push(v);
     }
 }
 
@@ -201,6 +211,7 @@ impl TcpRecvComm {
             closed: None,
             scratch: Vec::new(),
             spare_inline: Vec::new(),
+            spare_large: Vec::new(),
             spare_entries: Vec::new(),
         };
         Self {
@@ -493,7 +504,12 @@ impl TcpRecvComm {
         }
         st.unexpected_bytes += bytes;
         let inline = inline.map(|data| {
-            let mut v = st.spare_inline.pop().unwrap_or_default();
+            let spares = if data.len() > SPARE_INLINE_BYTES {
+                &mut st.spare_large
+            } else {
+                &mut st.spare_inline
+            };
+            let mut v = spares.pop().unwrap_or_default();
             v.clear();
             v.extend_from_slice(data);
             v
