@@ -254,6 +254,24 @@ pub fn set_liveness(s: &TcpStream, timeout: std::time::Duration) -> Result<()> {
     setopt(s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms.max(1000))
 }
 
+/// The connection's maximum segment size (`TCP_MAXSEG`), or `None` if the
+/// kernel does not say.
+pub fn mss(s: &TcpStream) -> Option<usize> {
+    let mut v: i32 = 0;
+    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the int `v`.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&mut v as *mut i32).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && v > 0).then_some(v as usize)
+}
+
 /// Clears `TCP_QUICKACK` (best effort): ACKs wait to be merged until the
 /// kernel turns quick ACKs back on.
 pub fn delay_acks(s: &TcpStream) {

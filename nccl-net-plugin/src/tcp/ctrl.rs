@@ -14,6 +14,15 @@
 //! that ACK (and its processing on the peer's socket, which on loopback or
 //! veth runs in our thread) after the caller has acted on the message,
 //! typically after it has sent its reply, instead of before.
+//!
+//! That pays only for frames that fit in one segment: a frame larger than
+//! a segment is ACKed as it arrives whatever the reader does, and peeking
+//! it costs a second system call (and, for a frame still arriving, a pass
+//! per piece). So after an inline message larger than the connection's
+//! segment size, the channel reads (consumes) instead of peeking, up to
+//! one message of that size at a time, until an inline message that fits
+//! in a segment comes again: a stream of messages of one size takes one
+//! path.
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
@@ -77,7 +86,21 @@ pub(crate) struct Ctrl {
     peek_at: usize,
     /// Releases, to clear TCP_QUICKACK every [`QUICKACK_EVERY`] of them.
     reads: u32,
+    /// The connection's segment size: inline messages up to it are peeked.
+    mss: usize,
+    /// The last inline message's size with its header, when larger than
+    /// `mss`: reads then consume instead of peeking (see the module docs),
+    /// up to one such message at a time; 0 while peeking.
+    consume: usize,
+    /// A consuming read completed a frame in this pass: as a peek does,
+    /// it ends the pass's reading, so that the next message waits in the
+    /// kernel until the caller has posted its receive.
+    taken: bool,
 }
+
+/// The segment size assumed when the kernel does not report one (an
+/// Ethernet MTU's).
+const DEFAULT_MSS: usize = 1448;
 
 impl Ctrl {
     /// Wraps a connected socket and makes it non-blocking.
@@ -87,6 +110,7 @@ impl Ctrl {
             .map_err(|e| NetError::io("O_NONBLOCK", &e))?;
         sock.set_nodelay(true)
             .map_err(|e| NetError::io("TCP_NODELAY", &e))?;
+        let mss = crate::sock::mss(&sock).unwrap_or(DEFAULT_MSS);
         Ok(Self {
             sock,
             out: VecDeque::new(),
@@ -102,6 +126,9 @@ impl Ctrl {
             peeked: 0,
             peek_at: 0,
             reads: 0,
+            mss,
+            consume: 0,
+            taken: false,
         })
     }
 
@@ -248,6 +275,13 @@ impl Ctrl {
         });
     }
 
+    /// Starts a progress pass: drops what the last one peeked
+    /// ([`Ctrl::release`]), and lets reads go on.
+    pub(crate) fn start_pass(&mut self) -> Result<()> {
+        self.taken = false;
+        self.release()
+    }
+
     /// Drops the bytes peeked in an earlier pass from the kernel's queue
     /// (this is when the kernel may send its ACK). Comms call it at the start
     /// of each progress pass; one syscall when there is something to drop.
@@ -275,23 +309,41 @@ impl Ctrl {
     }
 
     /// Ensures `n` staged bytes; `Ok(false)` if they have not arrived yet,
-    /// or if more would need reading while peeked bytes still await
-    /// [`Ctrl::release`] (the next pass reads on).
+    /// or, while peeking, if more would need reading while peeked bytes
+    /// still await [`Ctrl::release`] (the next pass reads on).
     fn fill(&mut self, n: usize) -> Result<bool> {
         debug_assert!(n <= STAGING);
         if self.st_end - self.st_start >= n {
             return Ok(true);
         }
         if self.peeked > 0 {
+            if self.consume == 0 {
+                return Ok(false);
+            }
+            self.release()?;
+        }
+        if self.taken && self.consume > 0 {
             return Ok(false);
         }
-        if self.st_start + n > STAGING {
+        // Consuming, read up to one message of the last size: what follows
+        // stays queued in the kernel, as a peek would leave it.
+        let want = n.max(self.consume.min(STAGING));
+        if self.st_start + want > STAGING {
             self.staging.copy_within(self.st_start..self.st_end, 0);
             self.st_end -= self.st_start;
             self.st_start = 0;
         }
         while self.st_end - self.st_start < n {
             let at = self.st_end;
+            if self.consume > 0 {
+                let end = self.st_start + want;
+                match try_read(&mut self.sock, &mut self.staging[at..end])? {
+                    None => return Ok(false),
+                    Some(k) => self.st_end += k,
+                }
+                self.taken = self.st_end - self.st_start >= n;
+                continue;
+            }
             match try_peek(&self.sock, &mut self.staging[at..])? {
                 None => return Ok(false),
                 Some(k) => {
@@ -372,6 +424,8 @@ impl Ctrl {
                 if size > max_inline.min(MAX_INLINE) {
                     return Err(NetError::proto(format!("inline payload of {size} bytes")));
                 }
+                let whole = FRAME_BYTES + size;
+                self.consume = if whole > self.mss { whole } else { 0 };
                 if !self.fill(FRAME_BYTES + size)? {
                     return Ok(None);
                 }
@@ -566,5 +620,78 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(30));
         }
         assert_eq!(got[..3], [0xEE; 3]);
+    }
+
+    /// After an inline message larger than a segment, the next ones are
+    /// read (consumed), not peeked, whether they arrive in pieces or whole;
+    /// a small one brings peeking back; and a consuming pass takes one
+    /// message, leaving the next queued in the kernel until the next pass.
+    #[test]
+    fn large_inline_frames_are_consumed_one_per_pass() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        w.set_nodelay(true).unwrap();
+        let mut c = Ctrl::new(l.accept().unwrap().0, Duration::from_secs(30)).unwrap();
+        c.mss = 1000; // loopback's segments are 64 KiB
+        let sizes = [8usize, 3000, 2999, 8, 5000, 4000, 3500, 3500, 7];
+        let body = |i: usize| -> Vec<u8> { (0..sizes[i]).map(|k| (k * 3 + i) as u8).collect() };
+        let frame = |i: usize| {
+            let mut b = crate::wire::encode_frame(&Frame::Msg {
+                tag: 9,
+                seq: i as u64,
+                size: sizes[i] as u64,
+                inline: true,
+            })
+            .to_vec();
+            b.extend_from_slice(&body(i));
+            b
+        };
+        // Messages 0..6 dribble in 7-byte pieces.
+        let dribbled: Vec<u8> = (0..6).flat_map(frame).collect();
+        let writer = std::thread::spawn(move || {
+            for piece in dribbled.chunks(7) {
+                w.write_all(piece).unwrap();
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            w
+        });
+        let mut payload = Vec::new();
+        let mut next = 0;
+        let t0 = Instant::now();
+        let mut pass = |c: &mut Ctrl, next: &mut usize| {
+            c.start_pass().unwrap();
+            let mut got = 0;
+            while let Some(ev) = c.next_event(MAX_INLINE, &mut payload).unwrap() {
+                let InEvent::Frame(Frame::Msg { seq, .. }) = ev else {
+                    panic!("unexpected {ev:?}");
+                };
+                assert_eq!((seq as usize, &payload), (*next, &body(*next)));
+                let large = |i: usize| FRAME_BYTES + sizes[i] > 1000;
+                assert_eq!(c.consume > 0, large(*next), "message {next}");
+                if *next > 0 && large(*next) && large(*next - 1) {
+                    assert_eq!(c.peeked, 0, "message {next} was peeked");
+                }
+                *next += 1;
+                got += 1;
+            }
+            got
+        };
+        while next < 6 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "stuck at {next}");
+            pass(&mut c, &mut next);
+        }
+        // Messages 6..9 arrive whole: one pass each.
+        let mut w = writer.join().unwrap();
+        let whole: Vec<u8> = (6..9).flat_map(frame).collect();
+        w.write_all(&whole).unwrap();
+        let mut probe = vec![0u8; whole.len()];
+        while crate::sock::try_peek(&c.sock, &mut probe).unwrap() != Some(whole.len()) {
+            assert!(t0.elapsed() < Duration::from_secs(30));
+        }
+        assert_eq!(pass(&mut c, &mut next), 1);
+        assert_eq!(pass(&mut c, &mut next), 1);
+        assert_eq!(pass(&mut c, &mut next), 1);
+        assert_eq!(next, 9);
+        assert_eq!(c.consume, 0, "a small message brings peeking back");
     }
 }

@@ -567,7 +567,7 @@ impl TcpRecvComm {
     fn progress_inner(&self, st: &mut State) -> Result<()> {
         // What the last pass peeked leaves the kernel's queue now, after the
         // caller has acted on it (see ctrl.rs).
-        st.ctrl.release()?;
+        st.ctrl.start_pass()?;
         for _ in 0..256 {
             if !Self::room_for_unexpected(st) {
                 // Back-pressure: leave the rest in the kernel's queue until
