@@ -97,17 +97,17 @@ pub(crate) struct Builder {
 }
 
 impl Builder {
-    /// An empty plan body.
-    pub fn new(esize: usize, chunk_bytes: usize) -> Self {
+    /// An empty plan body, cut as `chunking` says.
+    pub fn new(esize: usize, chunking: &super::Chunking) -> Self {
         let esize = esize.max(1);
-        let chunk_bytes = (chunk_bytes / esize).max(1) * esize;
+        let chunk_bytes = (chunking.chunk_bytes / esize).max(1) * esize;
         Self {
             steps: Vec::new(),
             live: Live::default(),
             scratch: 0,
             esize,
             chunk_bytes,
-            piece_bytes: super::generate::DEFAULT_PIECE_BYTES,
+            piece_bytes: chunking.piece_bytes,
             round: false,
         }
     }
@@ -319,10 +319,11 @@ pub(crate) fn split(count: usize, parts: usize, k: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algo::Chunking;
 
     #[test]
     fn infers_raw_war_waw() {
-        let mut b = Builder::new(4, 8);
+        let mut b = Builder::new(4, &Chunking::with_chunk(8));
         let r = |o, l| BufRange::new(BufId::Recv, o, l);
         let s0 = b
             .push(StepKind::Recv {
@@ -378,7 +379,7 @@ mod tests {
             (4, 8, 20),
             (12, 100, 12 * 40),
         ] {
-            let mut b = Builder::new(esize, chunk);
+            let mut b = Builder::new(esize, &Chunking::with_chunk(chunk));
             b.copy(src.sub(0, len), dst.sub(0, len));
             let (steps, _) = b.finish();
             let most = (chunk / esize).min(COPY_PIECE / esize) * esize;

@@ -275,8 +275,7 @@ pub fn generate(
     let n = nranks as usize;
     let reg = regions(args, rank, n)?;
     let esize = args.dtype.size();
-    let mut b = Builder::new(esize, chunking.chunk_bytes);
-    b.piece_bytes = chunking.piece_bytes;
+    let mut b = Builder::new(esize, chunking);
     let op = if coll.reduces() {
         args.op
     } else {
