@@ -542,14 +542,21 @@ mod tests {
         assert!(!w.has_output());
     }
 
+    /// A plain loopback socket (the writer, no delay) and a `Ctrl` on its
+    /// peer.
+    fn raw_writer_and_ctrl() -> (TcpStream, Ctrl) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        w.set_nodelay(true).unwrap();
+        let c = Ctrl::new(l.accept().unwrap().0, Duration::from_secs(30)).unwrap();
+        (w, c)
+    }
+
     /// Frames dribbled in odd-sized pieces, and then all at once, come out
     /// whole and in order through peeking, releasing and a sink.
     #[test]
     fn peeked_frames_split_anywhere() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        w.set_nodelay(true).unwrap();
-        let mut c = Ctrl::new(l.accept().unwrap().0, Duration::from_secs(30)).unwrap();
+        let (mut w, mut c) = raw_writer_and_ctrl();
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
         let mut bytes = Vec::new();
         for round in 0..2u64 {
@@ -628,10 +635,7 @@ mod tests {
     /// message, leaving the next queued in the kernel until the next pass.
     #[test]
     fn large_inline_frames_are_consumed_one_per_pass() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        w.set_nodelay(true).unwrap();
-        let mut c = Ctrl::new(l.accept().unwrap().0, Duration::from_secs(30)).unwrap();
+        let (mut w, mut c) = raw_writer_and_ctrl();
         c.mss = 1000; // loopback's segments are 64 KiB
         let sizes = [8usize, 3000, 2999, 8, 5000, 4000, 3500, 3500, 7];
         let body = |i: usize| -> Vec<u8> { (0..sizes[i]).map(|k| (k * 3 + i) as u8).collect() };
