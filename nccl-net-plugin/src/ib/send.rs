@@ -692,7 +692,16 @@ impl IbSendComm {
     /// is left are acknowledgements of bytes it already has. Waiting for
     /// them would last until this QP's retries ran out, since the peer's
     /// QP may be gone.
+    ///
+    /// Idempotent: the first call decides, and later ones return at once.
+    /// The engine calls it once per channel of a connection, and after a
+    /// first call that stopped on the peer's close, the work still in
+    /// flight would otherwise be waited for until `deadline`, with no
+    /// socket left to see that the peer is gone.
     pub fn finish(&self, deadline: Instant) {
+        if self.sock.lock().is_none() {
+            return;
+        }
         let mut polls = 0u32;
         loop {
             let mut st = self.st.lock();

@@ -690,3 +690,26 @@ fn a_close_after_the_peer_closed_does_not_wait_for_acks() {
         "the sender's close took {took:?} after its peer had closed"
     );
 }
+
+/// The engine finishes a connection's send comm once per channel. After a
+/// first finish that stopped on the peer's close with a flush still in
+/// flight, the later ones return at once instead of waiting for the
+/// deadline with no socket left to see the peer go.
+#[test]
+fn a_second_finish_after_the_peer_closed_returns_at_once() {
+    let Some((s, r)) = pair(IbOptions::default()) else {
+        return;
+    };
+    let msgs = send_small(&s);
+    receive_small(&r, &msgs);
+    r.close();
+    let t0 = Instant::now();
+    for _ in 0..3 {
+        s.finish(Instant::now() + Duration::from_secs(20));
+    }
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "three finishes took {took:?} after the peer had closed"
+    );
+}
