@@ -531,10 +531,19 @@ impl Links {
     /// Closes every link gracefully after the communicator's last
     /// operation (`ncclCommFinalize`): each returns once what this rank
     /// sent cannot be lost by closing it, or at `deadline`.
+    ///
+    /// Every receive side closes first: this rank's receives are done, and
+    /// a verbs send side waits until its peer says so (or its sends are
+    /// acknowledged). Closing each peer's receive side after its send side
+    /// let two ranks with sends still in flight wait for each other until
+    /// the deadline.
     pub fn finish(&self, deadline: Instant) {
-        for c in self.peers.iter().flatten().flatten() {
-            c.tx.finish(deadline);
+        let conns = || self.peers.iter().flatten().flatten();
+        for c in conns() {
             c.rx.finish(deadline);
+        }
+        for c in conns() {
+            c.tx.finish(deadline);
         }
     }
 

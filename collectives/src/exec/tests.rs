@@ -497,3 +497,83 @@ fn a_message_and_free_copies_take_the_shortcut() {
     want.extend_from_slice(&input);
     shortcut_both_ways(&[7u8; 16], 24, &want, |b| with_copy(b, vec![]));
 }
+
+/// A link half that only records when it is finished.
+#[derive(Debug)]
+struct FinishLog {
+    what: String,
+    log: Arc<parking_lot::Mutex<Vec<String>>>,
+}
+
+impl FinishLog {
+    fn note(&self) {
+        self.log.lock().push(self.what.clone());
+    }
+}
+
+impl crate::transport::SendLink for FinishLog {
+    fn try_send(&self, _src: &[u8]) -> Result<usize> {
+        Ok(0)
+    }
+    fn wait_source(&self) -> WaitSource {
+        WaitSource::Poll
+    }
+    fn close(&self) {}
+    fn finish(&self, _deadline: Instant) {
+        self.note();
+    }
+}
+
+impl crate::transport::RecvLink for FinishLog {
+    fn try_recv_with(&self, _max: usize, _elem: usize, _f: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        Ok(0)
+    }
+    fn wait_source(&self) -> WaitSource {
+        WaitSource::Poll
+    }
+    fn close(&self) {}
+    fn finish(&self, _deadline: Instant) {
+        self.note();
+    }
+}
+
+/// A graceful close finishes every receive side before any send side: a
+/// verbs send side waits for its peer's receive side to close, so two
+/// ranks that each finished a peer's send side first could wait for each
+/// other until the deadline.
+#[test]
+fn finish_closes_every_receive_side_before_any_send_side() {
+    let log = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let half = |what: String| FinishLog {
+        what,
+        log: log.clone(),
+    };
+    let conns = |peer: usize| -> Vec<Conn> {
+        (0..2)
+            .map(|c| Conn {
+                tx: Box::new(half(format!("tx {peer}.{c}"))),
+                rx: Box::new(half(format!("rx {peer}.{c}"))),
+                transport: crate::transport::TransportKind::Verbs,
+            })
+            .collect()
+    };
+    let links = Links {
+        rank: 0,
+        label: "comm 0000000000000abc".into(),
+        peers: vec![None, Some(conns(1)), Some(conns(2))],
+        bell: None,
+        stop: Arc::default(),
+        watch: watch::Watch::none(),
+        metrics: metrics(3),
+        cross_node: vec![true; 3],
+        bufs: Default::default(),
+    };
+    links.finish(Instant::now() + Duration::from_secs(1));
+    let got = log.lock().clone();
+    assert_eq!(got.len(), 8, "every half finished once: {got:?}");
+    let first_tx = got.iter().position(|w| w.starts_with("tx")).unwrap();
+    assert!(
+        got[..first_tx].len() == 4 && got[first_tx..].iter().all(|w| w.starts_with("tx")),
+        "a send side finished before a receive side: {got:?}"
+    );
+}
