@@ -52,9 +52,9 @@ enum Out {
 /// Something that arrived on the control socket.
 #[derive(Debug)]
 pub(crate) enum InEvent {
-    /// A frame; for an inline MSG, the `payload` argument of
-    /// [`Ctrl::next_event`] holds its bytes. After a DATA frame the caller
-    /// must call [`Ctrl::set_sink`] before reading on.
+    /// A frame; for an inline MSG, [`Ctrl::lend_payload`] has its bytes
+    /// until the next read. After a
+    /// DATA frame the caller must call [`Ctrl::set_sink`] before reading on.
     Frame(Frame),
     /// The DATA payload of message `seq` has fully arrived in its sink.
     DataDone(u64),
@@ -96,6 +96,25 @@ pub(crate) struct Ctrl {
     /// it ends the pass's reading, so that the next message waits in the
     /// kernel until the caller has posted its receive.
     taken: bool,
+    /// Where in `staging` the last inline payload [`Ctrl::next_event`]
+    /// returned lies: start and length.
+    inline: (usize, usize),
+}
+
+/// The staging buffer, lent out with the range of the last inline payload
+/// ([`Ctrl::lend_payload`]).
+pub(crate) struct Lent {
+    buf: Box<[u8]>,
+    at: usize,
+    len: usize,
+}
+
+impl Lent {
+    /// The inline payload of the MSG frame just returned (empty for other
+    /// events).
+    pub(crate) fn payload(&self) -> &[u8] {
+        &self.buf[self.at..self.at + self.len]
+    }
 }
 
 /// The segment size assumed when the kernel does not report one (an
@@ -129,6 +148,7 @@ impl Ctrl {
             mss,
             consume: 0,
             taken: false,
+            inline: (0, 0),
         })
     }
 
@@ -360,12 +380,11 @@ impl Ctrl {
     }
 
     /// Returns the next event, or `None` when nothing more has arrived. An
-    /// inline payload is copied into `payload` (cleared first).
-    pub(crate) fn next_event(
-        &mut self,
-        max_inline: usize,
-        payload: &mut Vec<u8>,
-    ) -> Result<Option<InEvent>> {
+    /// inline payload stays in the staging buffer, where
+    /// [`Ctrl::lend_payload`] finds it until
+    /// the next read: it is not copied on its way to the caller's buffer.
+    pub(crate) fn next_event(&mut self, max_inline: usize) -> Result<Option<InEvent>> {
+        self.inline = (0, 0);
         if self.need_sink {
             return Err(NetError::Internal("DATA frame without a sink".into()));
         }
@@ -415,7 +434,6 @@ impl Ctrl {
             .try_into()
             .expect("frame bytes");
         let frame = decode_frame(hdr)?;
-        payload.clear();
         match frame {
             Frame::Msg {
                 size, inline: true, ..
@@ -429,8 +447,7 @@ impl Ctrl {
                 if !self.fill(FRAME_BYTES + size)? {
                     return Ok(None);
                 }
-                let p = self.st_start + FRAME_BYTES;
-                payload.extend_from_slice(&self.staging[p..p + size]);
+                self.inline = (self.st_start + FRAME_BYTES, size);
                 self.st_start += size;
             }
             Frame::Data { len: 0, .. } => return Err(NetError::proto("empty DATA frame")),
@@ -443,6 +460,32 @@ impl Ctrl {
             self.st_end = 0;
         }
         Ok(Some(InEvent::Frame(frame)))
+    }
+
+    /// The inline payload of the MSG frame [`Ctrl::next_event`] just
+    /// returned (empty after other events).
+    #[cfg(test)]
+    pub(crate) fn inline_payload(&self) -> &[u8] {
+        let (at, len) = self.inline;
+        &self.staging[at..at + len]
+    }
+
+    /// Lends the staging buffer out with the last inline payload, so that
+    /// the caller can handle it while it changes the rest of its state;
+    /// [`Ctrl::restore`] must hand it back before the next read (a read
+    /// without it panics on the empty buffer left in its place).
+    pub(crate) fn lend_payload(&mut self) -> Lent {
+        let (at, len) = self.inline;
+        Lent {
+            buf: std::mem::take(&mut self.staging),
+            at,
+            len,
+        }
+    }
+
+    /// Takes back what [`Ctrl::lend_payload`] lent.
+    pub(crate) fn restore(&mut self, lent: Lent) {
+        self.staging = lent.buf;
     }
 
     /// Drops what was peeked, and writes queued output until `deadline`:
@@ -525,17 +568,17 @@ mod tests {
             direct > 0 && direct < n as usize,
             "{direct} of {n} sent at once"
         );
-        let (mut got, mut payload) = (0, Vec::new());
+        let mut got = 0;
         let t0 = Instant::now();
         while got < n {
             assert!(t0.elapsed() < t, "stuck at {got}");
             w.flush(&mut Vec::new()).unwrap();
             r.release().unwrap();
-            while let Some(ev) = r.next_event(MAX_INLINE, &mut payload).unwrap() {
+            while let Some(ev) = r.next_event(MAX_INLINE).unwrap() {
                 let InEvent::Frame(Frame::Msg { seq, .. }) = ev else {
                     panic!("unexpected {ev:?}");
                 };
-                assert_eq!((seq, &payload), (got, &body(got)));
+                assert_eq!((seq, r.inline_payload()), (got, &body(got)[..]));
                 got += 1;
             }
         }
@@ -587,7 +630,6 @@ mod tests {
             w
         });
         let mut sink = vec![0u8; 1000];
-        let mut payload = Vec::new();
         let mut seen = Vec::new();
         let t0 = Instant::now();
         while seen.len() < 6 {
@@ -596,10 +638,10 @@ mod tests {
                 "stuck after {seen:?}"
             );
             c.release().unwrap();
-            while let Some(ev) = c.next_event(MAX_INLINE, &mut payload).unwrap() {
+            while let Some(ev) = c.next_event(MAX_INLINE).unwrap() {
                 match ev {
                     InEvent::Frame(Frame::Msg { seq, .. }) => {
-                        assert_eq!(payload, seq.to_le_bytes());
+                        assert_eq!(c.inline_payload(), seq.to_le_bytes());
                         seen.push(seq);
                     }
                     InEvent::Frame(Frame::Data { seq, len }) => {
@@ -659,17 +701,19 @@ mod tests {
             }
             w
         });
-        let mut payload = Vec::new();
         let mut next = 0;
         let t0 = Instant::now();
-        let mut pass = |c: &mut Ctrl, next: &mut usize| {
+        let pass = |c: &mut Ctrl, next: &mut usize| {
             c.start_pass().unwrap();
             let mut got = 0;
-            while let Some(ev) = c.next_event(MAX_INLINE, &mut payload).unwrap() {
+            while let Some(ev) = c.next_event(MAX_INLINE).unwrap() {
                 let InEvent::Frame(Frame::Msg { seq, .. }) = ev else {
                     panic!("unexpected {ev:?}");
                 };
-                assert_eq!((seq as usize, &payload), (*next, &body(*next)));
+                assert_eq!(
+                    (seq as usize, c.inline_payload()),
+                    (*next, &body(*next)[..])
+                );
                 let large = |i: usize| FRAME_BYTES + sizes[i] > 1000;
                 assert_eq!(c.consume > 0, large(*next), "message {next}");
                 if *next > 0 && large(*next) && large(*next - 1) {

@@ -139,8 +139,6 @@ struct State {
     /// The peer closed the control socket: nothing more will be matched, but
     /// payloads already on the data sockets may still complete.
     closed: Option<NetError>,
-    /// Inline payloads land here (reused; no allocation per message).
-    scratch: Vec<u8>,
     /// Emptied buffers of small unexpected inline payloads, for the next.
     spare_inline: Vec<Vec<u8>>,
     /// The same for payloads above [`SPARE_INLINE_BYTES`].
@@ -209,7 +207,6 @@ impl TcpRecvComm {
             ctrl_data: VecDeque::new(),
             failed: None,
             closed: None,
-            scratch: Vec::new(),
             spare_inline: Vec::new(),
             spare_large: Vec::new(),
             spare_entries: Vec::new(),
@@ -577,10 +574,12 @@ impl TcpRecvComm {
                 // overrunning this queue.
                 break;
             }
-            let mut payload = std::mem::take(&mut st.scratch);
-            let ev = st.ctrl.next_event(MAX_INLINE, &mut payload);
-            let r = ev.and_then(|ev| self.on_event(st, ev, &payload));
-            st.scratch = payload;
+            let ev = st.ctrl.next_event(MAX_INLINE);
+            // The payload is handled where it was read: nothing in
+            // `on_event` reads the control socket.
+            let lent = st.ctrl.lend_payload();
+            let r = ev.and_then(|ev| self.on_event(st, ev, lent.payload()));
+            st.ctrl.restore(lent);
             if !r? {
                 break;
             }

@@ -305,7 +305,7 @@ impl TcpSendComm {
         st.ctrl.start_pass()?;
         let reads = if st.awaiting > 0 { 256 } else { 0 };
         for _ in 0..reads {
-            let Some(ev) = st.ctrl.next_event(MAX_INLINE, &mut Vec::new())? else {
+            let Some(ev) = st.ctrl.next_event(MAX_INLINE)? else {
                 break;
             };
             st.cts_since = Instant::now();
