@@ -25,9 +25,9 @@ step() {
 
 # step_once_more NAME SECONDS COMMAND...: as step, but a first failure
 # prints the plugin's WARN lines and runs the step once more. Only for the
-# net plugin's two-process test, which failed once in about 20 runs under
-# TCG with a remote error on both sides (cause not found yet; see
-# docs/rdma.md): the second failure fails the run.
+# net plugin's two-process test, whose intermittent failure under TCG
+# (see docs/rdma.md) the close grace fixed: the second failure fails the
+# run.
 step_once_more() {
   local name=$1 limit=$2
   shift 2

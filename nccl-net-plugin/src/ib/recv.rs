@@ -82,6 +82,7 @@ struct St {
     free_bounce: Vec<usize>,
     failed: Option<NetError>,
     peer_gone: Option<NetError>,
+    watch: wr::PeerWatch,
     last_move: Instant,
     idle_polls: u32,
 }
@@ -164,6 +165,7 @@ impl IbRecvComm {
                 free_bounce: Vec::new(),
                 failed: None,
                 peer_gone: None,
+                watch: wr::PeerWatch::default(),
                 last_move: Instant::now(),
                 idle_polls: 0,
             }),
@@ -311,7 +313,7 @@ impl IbRecvComm {
             return Err(e);
         }
         if open && st.peer_gone.is_none() {
-            if let Err(e) = wr::check_peer(&self.sock, &self.peer) {
+            if let Err(e) = st.watch.check(&self.sock, &self.peer) {
                 // Drain what arrived before the close, then fail the rest.
                 self.poll_cq(st)?;
                 st.peer_gone = Some(e.clone());
@@ -748,6 +750,16 @@ impl IbRecvComm {
     pub fn finish(&self, _deadline: Instant) {
         if let Some(s) = self.sock.lock().take() {
             let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Half-closes the setup socket, as a peer that finished does, and
+    /// leaves the QPs up: tests of a close seen before the last
+    /// completions.
+    #[cfg(test)]
+    pub(crate) fn shut_setup_socket(&self) {
+        if let Some(s) = self.sock.lock().as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Write);
         }
     }
 

@@ -88,6 +88,7 @@ struct St {
     /// before it).
     retire: [VecDeque<u64>; proto::MAX_QPS],
     failed: Option<NetError>,
+    watch: wr::PeerWatch,
     last_move: Instant,
     idle_polls: u32,
 }
@@ -166,6 +167,7 @@ impl IbSendComm {
                 unsig: 0,
                 retire: Default::default(),
                 failed: None,
+                watch: wr::PeerWatch::default(),
                 last_move: Instant::now(),
                 idle_polls: 0,
             }),
@@ -300,7 +302,7 @@ impl IbSendComm {
         if let Some(e) = self.ep.async_failure() {
             return Err(e);
         }
-        wr::check_peer(&self.sock, &self.peer)?;
+        st.watch.check(&self.sock, &self.peer)?;
         if st.last_move.elapsed() > self.opts.timeout {
             return Err(NetError::Timeout(format!(
                 "NET/IB: send to {} on {} made no progress for {:?}",
@@ -728,6 +730,16 @@ impl IbSendComm {
             std::thread::yield_now();
         }
         if let Some(s) = self.sock.lock().take() {
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// Half-closes the setup socket, as a peer that finished does, and
+    /// leaves the QPs up: tests of a close seen before the last
+    /// completions.
+    #[cfg(test)]
+    pub(crate) fn shut_setup_socket(&self) {
+        if let Some(s) = self.sock.lock().as_ref() {
             let _ = s.shutdown(std::net::Shutdown::Write);
         }
     }

@@ -713,3 +713,95 @@ fn a_second_finish_after_the_peer_closed_returns_at_once() {
         "three finishes took {took:?} after the peer had closed"
     );
 }
+
+/// The receiver sees its peer's setup socket close while a receive is
+/// open, and the message comes after that (as the completion of a message
+/// the peer sent before closing may): the receive still completes, within
+/// the close grace. A receive nothing will satisfy then fails, soon.
+#[test]
+fn a_message_landing_after_the_peers_close_is_still_received() {
+    let Some((s, r)) = pair(IbOptions::default()) else {
+        return;
+    };
+    let mut b = vec![0u8; 64];
+    let rb = RecvBuf {
+        ptr: b.as_mut_ptr(),
+        cap: b.len(),
+        tag: 2,
+    };
+    // SAFETY: `b` outlives the request (waited for below).
+    let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+    s.shut_setup_socket();
+    let t0 = Instant::now();
+    while t0.elapsed() < wr::CLOSE_GRACE / 5 {
+        assert_eq!(r.test(q).unwrap(), None, "failed inside the close grace");
+    }
+    let m = pattern(10, 9);
+    // SAFETY: `m` outlives the request (eager: done at post).
+    unsafe { s.isend(m.as_ptr(), m.len(), 2, None) }
+        .unwrap()
+        .unwrap();
+    let n = loop {
+        assert!(
+            t0.elapsed() < wr::CLOSE_GRACE,
+            "not delivered within the grace"
+        );
+        if let Some(sz) = r.test(q).unwrap() {
+            break sz[0];
+        }
+    };
+    assert_eq!(&b[..n], &m[..]);
+    let rb = RecvBuf {
+        ptr: b.as_mut_ptr(),
+        cap: b.len(),
+        tag: 3,
+    };
+    // SAFETY: as above.
+    let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+    let t1 = Instant::now();
+    loop {
+        assert!(
+            t1.elapsed() < Duration::from_secs(5),
+            "an unsatisfiable receive still open"
+        );
+        match r.test(q) {
+            Ok(None) => {}
+            Ok(Some(sz)) => panic!("received {sz:?} that nobody sent"),
+            Err(_) => break,
+        }
+    }
+}
+
+/// The same on the sending side: the receiver's setup socket closes while
+/// a rendezvous send waits for its clear-to-send, which comes after that.
+#[test]
+fn a_send_completing_after_the_peers_close_still_succeeds() {
+    let Some((s, r)) = pair(IbOptions::default()) else {
+        return;
+    };
+    let m = pattern(100_000, 4);
+    // SAFETY: `m` outlives the request (waited for below).
+    let q = unsafe { s.isend(m.as_ptr(), m.len(), 5, None) }
+        .unwrap()
+        .unwrap();
+    r.shut_setup_socket();
+    let t0 = Instant::now();
+    while t0.elapsed() < wr::CLOSE_GRACE / 5 {
+        assert_eq!(s.test(q).unwrap(), None, "failed inside the close grace");
+    }
+    let mut b = vec![0u8; m.len()];
+    let rb = RecvBuf {
+        ptr: b.as_mut_ptr(),
+        cap: b.len(),
+        tag: 5,
+    };
+    // SAFETY: `b` outlives the request (waited for below).
+    let rq = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+    let (mut sent, mut got) = (false, false);
+    while !(sent && got) {
+        assert!(t0.elapsed() < wr::CLOSE_GRACE, "not done within the grace");
+        sent = sent || s.test(q).unwrap().is_some();
+        got = got || r.test(rq).unwrap().is_some();
+    }
+    assert!(b == m, "payload intact");
+}

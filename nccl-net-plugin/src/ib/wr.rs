@@ -4,6 +4,7 @@
 //! their retries run out, or never on an idle receive.
 
 use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -48,18 +49,63 @@ pub fn split(wr_id: u64) -> (u8, usize, u64) {
 /// revoke frame fails with [`NetError::Revoked`], anything else as a
 /// protocol violation (`revoke.rs`).
 pub fn check_peer(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<()> {
+    match peer_state(sock, peer)? {
+        None => Ok(()),
+        Some(closed) => Err(closed),
+    }
+}
+
+/// `Ok(None)` while the peer is there, `Ok(Some(error))` once it closed the
+/// setup socket (or died), `Err` for a revoke frame or anything else it
+/// wrote.
+fn peer_state(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<Option<NetError>> {
     let g = sock.lock();
     let Some(s) = g.as_ref() else {
-        return Ok(());
+        return Ok(None);
     };
     // One byte more than a frame, to see bytes after it.
     let mut b = [0u8; super::revoke::FRAME_BYTES + 1];
     match crate::sock::try_peek(s, &mut b) {
-        Ok(n) => super::revoke::check_peeked(n.map(|n| &b[..n]), peer),
-        Err(e) if e.is_peer_closed() => Err(NetError::Remote(format!(
+        Ok(n) => super::revoke::check_peeked(n.map(|n| &b[..n]), peer).map(|()| None),
+        Err(e) if e.is_peer_closed() => Ok(Some(NetError::Remote(format!(
             "NET/IB: connection closed by peer {peer}"
-        ))),
+        )))),
         Err(e) => Err(NetError::Remote(format!("NET/IB: peer {peer}: {e}"))),
+    }
+}
+
+/// How long a comm that saw its peer close the setup socket goes on
+/// polling before it fails what is still in flight.
+///
+/// The peer closes once what it sent was acknowledged (or once its
+/// receives are done), so the work completions of its last messages, or
+/// of the acknowledgements of ours, may still be on their way into this
+/// side's CQ when the close is seen: the NIC (Soft-RoCE: kernel work on a
+/// busy CPU) writes them later. Failing at once lost them now and then.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// The peer check of a comm's idle polls, with [`CLOSE_GRACE`] after the
+/// peer closed: a revoke or a protocol violation fails at once, a close
+/// only once the grace has passed.
+#[derive(Debug, Default)]
+pub struct PeerWatch {
+    closed: Option<(NetError, Instant)>,
+}
+
+impl PeerWatch {
+    /// Checks the peer; `Err` when the comm must fail now.
+    pub fn check(&mut self, sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<()> {
+        if let Some((e, at)) = &self.closed {
+            return if at.elapsed() >= CLOSE_GRACE {
+                Err(e.clone())
+            } else {
+                Ok(())
+            };
+        }
+        if let Some(e) = peer_state(sock, peer)? {
+            self.closed = Some((e, Instant::now()));
+        }
+        Ok(())
     }
 }
 
