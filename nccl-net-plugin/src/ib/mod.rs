@@ -370,6 +370,8 @@ impl IbNet {
 }
 
 #[cfg(test)]
+mod close_tests;
+#[cfg(test)]
 mod tests;
 
 fn nonzero() -> Result<u64> {
