@@ -41,6 +41,28 @@ pub(super) fn pair(opts: IbOptions) -> Option<(IbSendComm, IbRecvComm)> {
     Some((s.unwrap(), r.unwrap()))
 }
 
+/// Polls `test` (a request's test) until it fails, within `limit`;
+/// returns the error's text. Completing, or still pending at the limit,
+/// fails the test, naming `what`.
+pub(super) fn failure_within<T: std::fmt::Debug>(
+    limit: Duration,
+    what: &str,
+    mut test: impl FnMut() -> Result<Option<T>>,
+) -> String {
+    let t0 = Instant::now();
+    loop {
+        assert!(
+            t0.elapsed() < limit,
+            "{what}: still pending after {limit:?}"
+        );
+        match test() {
+            Ok(None) => {}
+            Ok(Some(v)) => panic!("{what}: completed ({v:?})"),
+            Err(e) => return e.to_string(),
+        }
+    }
+}
+
 pub(super) fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -586,18 +608,7 @@ fn forged_cts_and_credits_fail_the_sender() {
             )
         }
         .unwrap();
-        let t0 = Instant::now();
-        let err = loop {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "{want}: not detected"
-            );
-            match s.test(q) {
-                Ok(None) => {}
-                Ok(Some(n)) => panic!("{want}: the send completed ({n} bytes)"),
-                Err(e) => break e.to_string(),
-            }
-        };
+        let err = failure_within(Duration::from_secs(30), want, || s.test(q));
         assert!(err.contains(want), "want `{want}`, got: {err}");
         // The comm stays failed.
         // SAFETY: as above.

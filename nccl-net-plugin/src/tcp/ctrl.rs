@@ -53,8 +53,8 @@ enum Out {
 #[derive(Debug)]
 pub(crate) enum InEvent {
     /// A frame; for an inline MSG, [`Ctrl::lend_payload`] has its bytes
-    /// until the next read. After a
-    /// DATA frame the caller must call [`Ctrl::set_sink`] before reading on.
+    /// until the next read. After a DATA frame the caller must call
+    /// [`Ctrl::set_sink`] before reading on.
     Frame(Frame),
     /// The DATA payload of message `seq` has fully arrived in its sink.
     DataDone(u64),
@@ -381,8 +381,8 @@ impl Ctrl {
 
     /// Returns the next event, or `None` when nothing more has arrived. An
     /// inline payload stays in the staging buffer, where
-    /// [`Ctrl::lend_payload`] finds it until
-    /// the next read: it is not copied on its way to the caller's buffer.
+    /// [`Ctrl::lend_payload`] finds it until the next read: it is not
+    /// copied on its way to the caller's buffer.
     pub(crate) fn next_event(&mut self, max_inline: usize) -> Result<Option<InEvent>> {
         self.inline = (0, 0);
         if self.need_sink {
