@@ -225,11 +225,13 @@ class Runner:
             if config == "shm":
                 env = {"HETCCL_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
                 return [perf + ["-np", str(nranks)]], [env]
-            # tcp: one process per namespace, rendezvous through --id-file
+            # tcp: one process per namespace, rendezvous through --id-file,
+            # each pinned to its own core as mpirun pins OpenMPI's ranks
             idf = os.path.join(a.tmpdir, f"perf-{self.n}.id")
             cmds, envs = [], []
             for rank, (ns, ifn) in enumerate([(a.ns_a, a.if_a), (a.ns_b, a.if_b)]):
-                cmds.append(["ip", "netns", "exec", ns] + perf + ["--id-file", idf])
+                cmds.append(["ip", "netns", "exec", ns] + perf
+                            + ["--id-file", idf, "--bind-to", "core"])
                 envs.append({"RANK": str(rank), "WORLD_SIZE": "2",
                              "HETCCL_SOCKET_IFNAME": ifn, "NCCL_SOCKET_IFNAME": ifn,
                              "HETCCL_HOST_ID": f"compare-node-{'ab'[rank]}",

@@ -84,6 +84,8 @@ pub struct Options {
     /// `--bind-to core|none` for `-np` ranks: pin rank `r` to the `r`-th
     /// CPU this process may use (as `mpirun --bind-to core`). Default: core
     /// when the ranks fit the CPUs, none when they would oversubscribe them.
+    /// A rank started by a launcher or with `--id-file` is pinned only when
+    /// `core` is given, to its local rank's CPU.
     pub bind_core: Option<bool>,
     /// Messages for flags accepted with a fallback (printed by rank 0).
     pub notes: Vec<String>,
@@ -183,7 +185,7 @@ pub fn command() -> Command {
         .arg(Arg::new("lib").long("lib").num_args(1).help("library to test (default: $HETCCL_PERF_LIB, else libhetccl.so next to this binary)"))
         .arg(Arg::new("id-file").long("id-file").num_args(1).help("rendezvous file on a shared filesystem, for ranks from mpirun/torchrun/Slurm"))
         .arg(Arg::new("alloc").long("alloc").num_args(1).help("buffers from 'nccl' (ncclMemAlloc, default), 'host' or 'device' (cuMemAlloc)"))
-        .arg(Arg::new("bind-to").long("bind-to").num_args(1).help("-np ranks: 'core' pins rank r to the r-th usable CPU, 'none' does not (default: core unless ranks outnumber CPUs)"))
+        .arg(Arg::new("bind-to").long("bind-to").num_args(1).help("-np ranks: 'core' pins rank r to the r-th usable CPU, 'none' does not (default: core unless ranks outnumber CPUs); launcher and --id-file ranks: pinned to their local rank's CPU only with 'core'"))
         .arg(Arg::new("init").long("init").num_args(1).help("'config' (ncclCommInitRankConfig, default) or 'rank' (ncclCommInitRank)"))
         .arg(Arg::new("link-stats").long("link-stats").action(ArgAction::SetTrue).help("print a per-link summary at the end (bytes, messages, errors per peer, from hetcclCommGetStats)"))
         .arg(Arg::new("help").short('h').long("help").action(ArgAction::Help).help("print help"))

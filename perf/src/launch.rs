@@ -124,6 +124,9 @@ pub fn main_entry(argv: Vec<String>) -> i32 {
         return run_threads(&opts, nccl, &progress, &argv, timeout);
     }
     let (rank, nranks, source) = from_env.unwrap_or((0, 1, "single process"));
+    if opts.bind_core == Some(true) && from_env.is_some() && !crate::launcher::spawned_by_np() {
+        bind_launcher_rank(rank);
+    }
     let (store, cleanup): (Arc<dyn Store>, Option<PathBuf>) = if nranks == 1 {
         (Arc::new(MemStore::default()), None)
     } else if let Some(dir) = crate::launcher::np_store() {
@@ -276,6 +279,30 @@ fn rendezvous(idf: &Path, rank: usize, timeout: Duration) -> Result<(FileStore, 
         },
     )?;
     Ok((FileStore::new(&dir)?, dir))
+}
+
+/// `--bind-to core` for a rank started by a launcher (or by hand with
+/// `--id-file`): pins this process to the local-rank-th CPU it may use, as
+/// `mpirun --bind-to core` does. Best effort: a refused affinity leaves it
+/// unbound, with a note on stderr.
+fn bind_launcher_rank(rank: usize) {
+    let cpus = usable_cpus();
+    if cpus.is_empty() {
+        return;
+    }
+    let cpu = cpus[crate::launcher::local_rank(rank) % cpus.len()];
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` < CPU_SETSIZE (it came from sched_getaffinity's set).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        eprintln!(
+            "hetccl-perf: rank {rank}: --bind-to core: cannot pin to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 /// The CPUs this process may run on, in order.

@@ -552,3 +552,70 @@ fn ignored_variables_warn_once_per_process() {
         );
     }
 }
+
+/// The CPUs in a `/proc/PID/status` `Cpus_allowed_list` (`0-3,6`), of
+/// `pid` or `self`; empty when it cannot be read.
+fn allowed_cpus(pid: &str) -> Vec<usize> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let Some(list) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+    else {
+        return Vec::new();
+    };
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(lo.parse::<usize>().unwrap()..=hi.parse::<usize>().unwrap());
+    }
+    cpus
+}
+
+#[test]
+fn launcher_ranks_bind_to_their_local_cpu_only_with_bind_to_core() {
+    use std::io::BufRead;
+    let usable = allowed_cpus("self");
+    assert!(!usable.is_empty());
+    let local = usable.len() - 1;
+    // The rank binds itself before it prints the table's header; the
+    // loop keeps it running while the affinity is read.
+    let affinity_while_running = |bind: bool| {
+        let mut cmd = Command::new(perf_bin());
+        cmd.args([
+            "all_reduce",
+            "-b",
+            "8",
+            "-e",
+            "8",
+            "-n",
+            "5000000",
+            "-c",
+            "0",
+        ])
+        .env("HETCCL_PERF_LIB", hetccl_so())
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1")
+        .env("LOCAL_RANK", local.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+        if bind {
+            cmd.args(["--bind-to", "core"]);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut header = false;
+        for line in out.lines() {
+            if line.unwrap().contains("out-of-place") {
+                header = true;
+                break;
+            }
+        }
+        let seen = allowed_cpus(&child.id().to_string());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(header, "no table header");
+        seen
+    };
+    assert_eq!(affinity_while_running(true), vec![usable[local]]);
+    assert_eq!(affinity_while_running(false), usable);
+}
