@@ -168,6 +168,15 @@ fn kill_9_over_verbs() {
         "kill -9 of rank {victim} over verbs:\n{}",
         v.report
     );
+    // A dead peer's setup sockets close without a BYE: its verbs peers
+    // fail at once, not after the close grace a graceful close gets.
+    let grace_ms = nccl_net_plugin::ib::CLOSE_GRACE.as_secs_f64() * 1e3;
+    assert!(
+        v.detect_ms < grace_ms,
+        "kill -9 of rank {victim} over verbs took {:.0} ms to detect, past the {grace_ms:.0} ms close grace:\n{}",
+        v.detect_ms,
+        v.report
+    );
 }
 
 /// hetccl-perf's AllReduce between 2 ranks on 2 host ids, results checked

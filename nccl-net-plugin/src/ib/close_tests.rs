@@ -187,3 +187,26 @@ fn a_send_completing_after_the_peers_close_still_succeeds() {
     }
     assert!(b == m, "payload intact");
 }
+
+/// A peer whose setup socket closes without a BYE (the kernel's close of
+/// a process that died) fails an open receive at once, not after the
+/// close grace that a graceful close gets.
+#[test]
+fn a_receive_whose_peer_died_fails_inside_the_grace() {
+    let Some((s, r)) = pair(IbOptions::default()) else {
+        return;
+    };
+    let mut b = vec![0u8; 64];
+    let rb = RecvBuf {
+        ptr: b.as_mut_ptr(),
+        cap: b.len(),
+        tag: 2,
+    };
+    // SAFETY: `b` outlives the request (it fails below, then `r` drops).
+    let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+    s.drop_setup_socket();
+    let e = failure_within(wr::CLOSE_GRACE / 2, "a receive from a dead peer", || {
+        r.test(q)
+    });
+    assert!(e.contains("without a BYE"), "{e}");
+}

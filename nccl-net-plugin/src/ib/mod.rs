@@ -38,6 +38,7 @@ pub use dev::{DiscoverOpts, IbPort};
 pub use qp::IbOptions;
 pub use recv::IbRecvComm;
 pub use send::IbSendComm;
+pub use wr::CLOSE_GRACE;
 
 use crate::error::{NetError, Result};
 use crate::sock::{connect_done, random_u64, start_connect, try_read, try_write};

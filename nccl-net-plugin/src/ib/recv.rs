@@ -746,19 +746,25 @@ impl IbRecvComm {
         super::revoke::revoke_once(&mut self.st.lock().failed, &self.sock, by);
     }
 
-    /// Stops using the comm (the QPs are destroyed on drop).
+    /// Stops using the comm (the QPs are destroyed on drop), saying BYE
+    /// unless it was revoked.
     pub fn finish(&self, _deadline: Instant) {
-        if let Some(s) = self.sock.lock().take() {
+        let bye = self.st.lock().failed.is_none();
+        if let Some(mut s) = self.sock.lock().take() {
+            if bye {
+                super::revoke::send_bye(&mut s);
+            }
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
 
-    /// Half-closes the setup socket, as a peer that finished does, and
-    /// leaves the QPs up: tests of a close seen before the last
+    /// Says BYE and half-closes the setup socket, as a peer that finished
+    /// does, and leaves the QPs up: tests of a close seen before the last
     /// completions.
     #[cfg(test)]
     pub(crate) fn shut_setup_socket(&self) {
-        if let Some(s) = self.sock.lock().as_ref() {
+        if let Some(s) = self.sock.lock().as_mut() {
+            super::revoke::send_bye(s);
             let _ = s.shutdown(std::net::Shutdown::Write);
         }
     }

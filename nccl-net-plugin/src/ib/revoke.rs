@@ -1,16 +1,21 @@
-//! The revoke frame of a verbs connection: when the engine revokes its
-//! communicator (`ncclCommRevoke`), each of its verbs comms writes
-//! `REVOKE by=<rank>` on the setup socket it keeps open, so that the peer
-//! learns which rank revoked, as TCP links tell it with a CLOSE frame.
+//! The frames a verbs comm writes on the setup socket it keeps open after
+//! setup, for its peer's idle peer check (`wr.rs`):
+//!
+//! - `REVOKE by=<rank>`: the engine revoked its communicator
+//!   (`ncclCommRevoke`); the peer learns which rank revoked, as TCP links
+//!   tell it with a CLOSE frame. NCCL's net plugin face never writes it.
+//! - `BYE`: the comm is closing gracefully (its finish), right before it
+//!   closes the socket. A socket that closes without it belongs to a peer
+//!   that died (or was torn down without a finish), which the check fails
+//!   at once; after a BYE it waits for the close grace.
 //!
 //! The socket carries nothing else after setup, and only the two ends of
 //! the connection (the acceptor checked the connector's nonce) can write
-//! on it, so the frame needs no other authentication. It is 8 bytes: the
-//! magic `HRVK` and the rank, little-endian. The peer's idle peer check
-//! peeks at the socket: a whole, valid frame fails the comm with
-//! [`NetError::Revoked`]; a valid prefix waits for the rest; any other
-//! byte fails the comm as a protocol violation. NCCL's net plugin face
-//! never writes it (only the engine's revoke does).
+//! on it, so the frames need no other authentication. Each is 8 bytes: a
+//! magic (`HRVK`, `HBYE`) and a little-endian word (the rank; 0 for BYE).
+//! The peer check peeks at the socket: a whole, valid frame is acted on;
+//! a valid prefix waits for the rest; any other byte fails the comm as a
+//! protocol violation.
 
 use std::net::TcpStream;
 
@@ -18,8 +23,10 @@ use parking_lot::Mutex;
 
 use crate::error::{NetError, Result};
 
-/// The frame's first four bytes.
+/// A revoke frame's first four bytes.
 const MAGIC: [u8; 4] = *b"HRVK";
+/// A BYE frame's first four bytes.
+const BYE_MAGIC: [u8; 4] = *b"HBYE";
 /// Bytes of a frame.
 pub const FRAME_BYTES: usize = 8;
 /// Ranks a frame may name: `0..MAX_RANKS`.
@@ -33,12 +40,29 @@ pub fn encode(by: u32) -> [u8; FRAME_BYTES] {
     f
 }
 
-/// Decodes what was peeked on a setup socket: `Ok(Some(rank))` for a whole
-/// frame, `Ok(None)` for a valid prefix (the rest is on its way), and an
-/// error for anything else (bytes past the frame included).
-pub fn decode(b: &[u8]) -> Result<Option<u32>> {
+/// The BYE frame.
+pub fn encode_bye() -> [u8; FRAME_BYTES] {
+    let mut f = [0u8; FRAME_BYTES];
+    f[..4].copy_from_slice(&BYE_MAGIC);
+    f
+}
+
+/// A whole frame read from a setup socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetupFrame {
+    /// Rank `by` revoked the communicator.
+    Revoke(u32),
+    /// The peer is closing gracefully.
+    Bye,
+}
+
+/// Decodes what was peeked on a setup socket: `Ok(Some(frame))` for a
+/// whole frame, `Ok(None)` for a valid prefix (the rest is on its way),
+/// and an error for anything else (bytes past the frame included).
+pub fn decode(b: &[u8]) -> Result<Option<SetupFrame>> {
     let head = b.len().min(MAGIC.len());
-    if b[..head] != MAGIC[..head] {
+    let bye = b[..head] == BYE_MAGIC[..head];
+    if b[..head] != MAGIC[..head] && !bye {
         return Err(NetError::proto(
             "unexpected bytes on the verbs setup socket",
         ));
@@ -48,17 +72,23 @@ pub fn decode(b: &[u8]) -> Result<Option<u32>> {
     }
     if b.len() > FRAME_BYTES {
         return Err(NetError::proto(
-            "bytes after the revoke frame on the verbs setup socket",
+            "bytes after a frame on the verbs setup socket",
         ));
     }
-    let by = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
-    if by >= MAX_RANKS {
+    let word = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
+    if bye {
+        if word != 0 {
+            return Err(NetError::proto(format!("BYE frame carries {word}")));
+        }
+        return Ok(Some(SetupFrame::Bye));
+    }
+    if word >= MAX_RANKS {
         return Err(NetError::proto(format!(
-            "revoke frame names rank {by} (at most {})",
+            "revoke frame names rank {word} (at most {})",
             MAX_RANKS - 1
         )));
     }
-    Ok(Some(by))
+    Ok(Some(SetupFrame::Revoke(word)))
 }
 
 /// Revokes a comm whose state is `failed`: the frame goes out on `sock`
@@ -75,30 +105,39 @@ pub fn revoke_once(failed: &mut Option<NetError>, sock: &Mutex<Option<TcpStream>
 /// blocking (8 bytes on a socket that carries nothing else fit its
 /// buffer; a failure means the peer is gone, which it learns anyway).
 pub fn send(sock: &Mutex<Option<TcpStream>>, by: u32) {
-    let mut g = sock.lock();
-    let Some(s) = g.as_mut() else {
-        return;
-    };
-    let f = encode(by);
-    match crate::sock::try_write(s, &f) {
-        Ok(Some(FRAME_BYTES)) => {}
-        other => tracing::debug!(target: "hetccl::NET",
-            "NET/IB: revoke frame not written whole: {other:?}"),
+    if let Some(s) = sock.lock().as_mut() {
+        write_frame(s, &encode(by), "revoke");
     }
 }
 
-/// Reads the peer's revoke from what [`crate::sock::try_peek`] returned on
-/// a setup socket (`peeked`: the bytes, or `None` when none wait).
-pub fn check_peeked(peeked: Option<&[u8]>, peer: &str) -> Result<()> {
+/// Writes the BYE frame on `s` (best effort, as [`send`]).
+pub fn send_bye(s: &mut TcpStream) {
+    write_frame(s, &encode_bye(), "BYE");
+}
+
+fn write_frame(s: &mut TcpStream, f: &[u8; FRAME_BYTES], what: &str) {
+    match crate::sock::try_write(s, f) {
+        Ok(Some(FRAME_BYTES)) => {}
+        other => tracing::debug!(target: "hetccl::NET",
+            "NET/IB: {what} frame not written whole: {other:?}"),
+    }
+}
+
+/// Reads the peer's frame from what [`crate::sock::try_peek`] returned on
+/// a setup socket (`peeked`: the bytes, or `None` when none wait):
+/// `Ok(true)` for a whole BYE (the caller consumes it), `Ok(false)` for
+/// nothing or a prefix, [`NetError::Revoked`] for a revoke.
+pub fn check_peeked(peeked: Option<&[u8]>, peer: &str) -> Result<bool> {
     let Some(b) = peeked.filter(|b| !b.is_empty()) else {
-        return Ok(());
+        return Ok(false);
     };
     match decode(b) {
-        Ok(Some(by)) => {
+        Ok(Some(SetupFrame::Revoke(by))) => {
             tracing::info!(target: "hetccl::NET", "NET/IB: peer {peer}: rank {by} revoked the communicator");
             Err(NetError::Revoked(by))
         }
-        Ok(None) => Ok(()),
+        Ok(Some(SetupFrame::Bye)) => Ok(true),
+        Ok(None) => Ok(false),
         Err(e) => Err(NetError::Remote(format!("NET/IB: peer {peer}: {e}"))),
     }
 }
@@ -111,12 +150,17 @@ mod tests {
     fn a_frame_round_trips_and_its_prefixes_wait() {
         for by in [0u32, 2, 1000, MAX_RANKS - 1] {
             let f = encode(by);
-            assert_eq!(decode(&f).unwrap(), Some(by));
+            assert_eq!(decode(&f).unwrap(), Some(SetupFrame::Revoke(by)));
             for n in 1..FRAME_BYTES {
                 assert_eq!(decode(&f[..n]).unwrap(), None, "prefix of {n} bytes");
             }
         }
         assert_eq!(&encode(3)[..4], b"HRVK");
+        let b = encode_bye();
+        assert_eq!(decode(&b).unwrap(), Some(SetupFrame::Bye));
+        for n in 1..FRAME_BYTES {
+            assert_eq!(decode(&b[..n]).unwrap(), None, "BYE prefix of {n} bytes");
+        }
     }
 
     #[test]
@@ -132,13 +176,21 @@ mod tests {
         let mut long = encode(1).to_vec();
         long.push(0);
         assert!(decode(&long).is_err(), "bytes after the frame");
+        let mut bye = encode_bye();
+        bye[7] = 1;
+        assert!(decode(&bye).is_err(), "a BYE with a word");
+        let mut long = encode_bye().to_vec();
+        long.push(b'H');
+        assert!(decode(&long).is_err(), "bytes after a BYE");
+        assert!(decode(b"HB").is_ok() && decode(b"HX").is_err(), "prefixes");
     }
 
     #[test]
     fn the_peer_check_reports_the_revoking_rank() {
         let f = encode(7);
-        assert!(check_peeked(None, "p").is_ok());
-        assert!(check_peeked(Some(&f[..5]), "p").is_ok());
+        assert!(!check_peeked(None, "p").unwrap());
+        assert!(!check_peeked(Some(&f[..5]), "p").unwrap());
+        assert!(check_peeked(Some(&encode_bye()), "p").unwrap());
         match check_peeked(Some(&f), "p") {
             Err(NetError::Revoked(7)) => {}
             other => panic!("{other:?}"),

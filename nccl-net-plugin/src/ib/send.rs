@@ -729,18 +729,33 @@ impl IbSendComm {
             }
             std::thread::yield_now();
         }
-        if let Some(s) = self.sock.lock().take() {
+        // A revoked comm said why already, and nothing may follow that.
+        let bye = self.st.lock().failed.is_none();
+        if let Some(mut s) = self.sock.lock().take() {
+            if bye {
+                super::revoke::send_bye(&mut s);
+            }
             let _ = s.shutdown(std::net::Shutdown::Write);
         }
     }
 
-    /// Half-closes the setup socket, as a peer that finished does, and
-    /// leaves the QPs up: tests of a close seen before the last
+    /// Says BYE and half-closes the setup socket, as a peer that finished
+    /// does, and leaves the QPs up: tests of a close seen before the last
     /// completions.
     #[cfg(test)]
     pub(crate) fn shut_setup_socket(&self) {
-        if let Some(s) = self.sock.lock().as_ref() {
+        if let Some(s) = self.sock.lock().as_mut() {
+            super::revoke::send_bye(s);
             let _ = s.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// Closes the setup socket without a BYE, as the kernel does for a
+    /// peer that died, and leaves the QPs up.
+    #[cfg(test)]
+    pub(crate) fn drop_setup_socket(&self) {
+        if let Some(s) = self.sock.lock().take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
 

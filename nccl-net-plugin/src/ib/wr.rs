@@ -45,20 +45,31 @@ pub fn split(wr_id: u64) -> (u8, usize, u64) {
     )
 }
 
-/// Fails if the peer closed the setup socket or died, or wrote on it: its
-/// revoke frame fails with [`NetError::Revoked`], anything else as a
-/// protocol violation (`revoke.rs`).
+/// Fails if the peer closed the setup socket, said BYE or died, or wrote
+/// anything else on it: its revoke frame fails with
+/// [`NetError::Revoked`], anything else as a protocol violation
+/// (`revoke.rs`).
 pub fn check_peer(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<()> {
     match peer_state(sock, peer)? {
         None => Ok(()),
-        Some(closed) => Err(closed),
+        Some((closed, _)) => Err(closed),
     }
 }
 
-/// `Ok(None)` while the peer is there, `Ok(Some(error))` once it closed the
-/// setup socket (or died), `Err` for a revoke frame or anything else it
-/// wrote.
-fn peer_state(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<Option<NetError>> {
+/// How a peer left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Left {
+    /// It said BYE: it is closing gracefully.
+    Bye,
+    /// The socket closed without a BYE: the process died, or tore the comm
+    /// down without a graceful finish.
+    Gone,
+}
+
+/// `Ok(None)` while the peer is there, `Ok(Some((error, how)))` once it
+/// said BYE (the frame is consumed) or closed the setup socket, `Err` for
+/// a revoke frame or anything else it wrote.
+fn peer_state(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<Option<(NetError, Left)>> {
     let g = sock.lock();
     let Some(s) = g.as_ref() else {
         return Ok(None);
@@ -66,27 +77,48 @@ fn peer_state(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<Option<NetE
     // One byte more than a frame, to see bytes after it.
     let mut b = [0u8; super::revoke::FRAME_BYTES + 1];
     match crate::sock::try_peek(s, &mut b) {
-        Ok(n) => super::revoke::check_peeked(n.map(|n| &b[..n]), peer).map(|()| None),
-        Err(e) if e.is_peer_closed() => Ok(Some(NetError::Remote(format!(
-            "NET/IB: connection closed by peer {peer}"
-        )))),
+        Ok(n) => {
+            if !super::revoke::check_peeked(n.map(|n| &b[..n]), peer)? {
+                return Ok(None);
+            }
+            // A whole BYE and nothing after it: take it off the socket, so
+            // that the close behind it can be seen.
+            let mut frame = [0u8; super::revoke::FRAME_BYTES];
+            let got = crate::sock::discard(s, &mut frame)?;
+            if got != frame.len() {
+                return Err(NetError::Internal(format!(
+                    "NET/IB: took {got} bytes of a peeked BYE frame"
+                )));
+            }
+            Ok(Some((
+                NetError::Remote(format!("NET/IB: connection closed by peer {peer}")),
+                Left::Bye,
+            )))
+        }
+        Err(e) if e.is_peer_closed() => Ok(Some((
+            NetError::Remote(format!(
+                "NET/IB: peer {peer} closed its connection without a BYE (died?)"
+            )),
+            Left::Gone,
+        ))),
         Err(e) => Err(NetError::Remote(format!("NET/IB: peer {peer}: {e}"))),
     }
 }
 
-/// How long a comm that saw its peer close the setup socket goes on
-/// polling before it fails what is still in flight.
+/// How long a comm whose peer said BYE goes on polling before it fails
+/// what is still in flight.
 ///
 /// The peer closes once what it sent was acknowledged (or once its
 /// receives are done), so the work completions of its last messages, or
 /// of the acknowledgements of ours, may still be on their way into this
 /// side's CQ when the close is seen: the NIC (Soft-RoCE: kernel work on a
 /// busy CPU) writes them later. Failing at once lost them now and then.
+/// A peer that closes without a BYE is gone, and fails the comm at once.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The peer check of a comm's idle polls, with [`CLOSE_GRACE`] after the
-/// peer closed: a revoke or a protocol violation fails at once, a close
-/// only once the grace has passed.
+/// peer said BYE: a revoke, a protocol violation or a close without a BYE
+/// fails at once, a graceful close only once the grace has passed.
 #[derive(Debug, Default)]
 pub struct PeerWatch {
     closed: Option<(NetError, Instant)>,
@@ -102,16 +134,88 @@ impl PeerWatch {
                 Ok(())
             };
         }
-        if let Some(e) = peer_state(sock, peer)? {
-            self.closed = Some((e, Instant::now()));
+        match peer_state(sock, peer)? {
+            None => Ok(()),
+            Some((e, Left::Gone)) => Err(e),
+            Some((e, Left::Bye)) => {
+                self.closed = Some((e, Instant::now()));
+                Ok(())
+            }
         }
-        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connected pair: the peer's end and this side's (non-blocking).
+    fn pair() -> (TcpStream, Mutex<Option<TcpStream>>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        b.set_nonblocking(true).unwrap();
+        (a, Mutex::new(Some(b)))
+    }
+
+    /// Checks until the check fails or `limit` passes; returns the result
+    /// and when the first check that saw the peer leave ran.
+    fn watch_until(
+        w: &mut PeerWatch,
+        sock: &Mutex<Option<TcpStream>>,
+        limit: Duration,
+    ) -> (Result<()>, Option<Instant>) {
+        let t0 = Instant::now();
+        let mut seen = None;
+        loop {
+            let r = w.check(sock, "peer");
+            if seen.is_none() && (r.is_err() || w.closed.is_some()) {
+                seen = Some(Instant::now());
+            }
+            if r.is_err() || t0.elapsed() > limit {
+                return (r, seen);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn a_peer_gone_without_a_bye_fails_the_watch_at_once() {
+        let (a, b) = pair();
+        let mut w = PeerWatch::default();
+        assert!(w.check(&b, "peer").is_ok());
+        drop(a);
+        let (r, seen) = watch_until(&mut w, &b, Duration::from_secs(5));
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("without a BYE"), "{e}");
+        assert!(w.closed.is_none(), "no grace for a peer that is gone");
+        assert!(seen.is_some());
+    }
+
+    #[test]
+    fn a_peer_that_says_bye_gets_the_close_grace() {
+        let (mut a, b) = pair();
+        let mut w = PeerWatch::default();
+        super::super::revoke::send_bye(&mut a);
+        a.shutdown(std::net::Shutdown::Write).unwrap();
+        let (r, seen) = watch_until(&mut w, &b, CLOSE_GRACE * 5);
+        let (e, seen) = (r.unwrap_err(), seen.unwrap());
+        let failed = Instant::now();
+        assert!(e.to_string().contains("closed by peer"), "{e}");
+        assert!(
+            failed - seen >= CLOSE_GRACE,
+            "failed {:?} after the BYE, before the grace",
+            failed - seen
+        );
+        // check_peer, without a watch, fails on the BYE itself.
+        let (mut a, b) = pair();
+        super::super::revoke::send_bye(&mut a);
+        let t0 = Instant::now();
+        while check_peer(&b, "peer").is_ok() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "BYE not seen");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
 
     #[test]
     fn ids_round_trip() {
