@@ -26,7 +26,7 @@ cd "$root/fuzz" || exit 2
 
 targets_all=(unique_id card card_table frame_recv auth_verify comm_config coll_config
     net_handle net_hello net_frame boot_hello tuning_table engine_tuning_table tune_messages
-    pack ib_sender)
+    pack ib_sender ib_setup_frame)
 
 if [ "${1:-}" = "--list" ]; then
     printf '%s\n' "${targets_all[@]}"

@@ -38,7 +38,7 @@ use hetccl_collectives::bootstrap::{self, auth, frame, root};
 use nccl_net_plugin::wire;
 
 /// The names of all targets, as `fuzz_targets/` and `seeds/` name them.
-pub const TARGETS: [&str; 16] = [
+pub const TARGETS: [&str; 17] = [
     "unique_id",
     "card",
     "card_table",
@@ -55,6 +55,7 @@ pub const TARGETS: [&str; 16] = [
     "tune_messages",
     "pack",
     "ib_sender",
+    "ib_setup_frame",
 ];
 
 /// Runs target `name` on `data`; false for an unknown name.
@@ -76,6 +77,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "tune_messages" => tune_messages(data),
         "pack" => pack(data),
         "ib_sender" => ib_sender(data),
+        "ib_setup_frame" => ib_setup_frame(data),
         _ => return false,
     }
     true
@@ -384,7 +386,10 @@ pub fn ib_sender(data: &[u8]) {
         assert!(st.posted && !st.finished && st.rendezvous, "{c:?} {st:?}");
         if c.flags & CTS_REJECT == 0 {
             assert!(c.offset == covered && c.len > 0, "{c:?} {st:?}");
-            assert!(c.offset.checked_add(c.len).is_some_and(|e| e <= size), "{c:?}");
+            assert!(
+                c.offset.checked_add(c.len).is_some_and(|e| e <= size),
+                "{c:?}"
+            );
             assert!(st.registered || c.len <= CHUNK as u64, "{c:?}");
         }
     }
@@ -527,4 +532,35 @@ pub fn tune_messages(data: &[u8]) {
             }
         }
     }
+}
+
+/// What a verbs comm peeks on its peer's setup socket (a revoke or BYE
+/// frame, a prefix of one, or garbage): the decoder never panics, accepts
+/// only whole frames of exactly 8 bytes (a revoke naming a rank in range,
+/// a BYE carrying 0) and prefixes of them, and a frame it accepts encodes
+/// back to the same bytes.
+pub fn ib_setup_frame(data: &[u8]) {
+    use nccl_net_plugin::ib::revoke::{
+        decode, encode, encode_bye, SetupFrame, FRAME_BYTES, MAX_RANKS,
+    };
+    if data.is_empty() {
+        return;
+    }
+    match decode(data) {
+        Ok(Some(SetupFrame::Revoke(by))) => {
+            assert!(by < MAX_RANKS);
+            assert_eq!(data, &encode(by)[..]);
+        }
+        Ok(Some(SetupFrame::Bye)) => assert_eq!(data, &encode_bye()[..]),
+        Ok(None) => {
+            assert!(data.len() < FRAME_BYTES);
+            let (r, b) = (encode(0), encode_bye());
+            assert!(
+                data[..data.len().min(4)] == r[..data.len().min(4)]
+                    || data[..data.len().min(4)] == b[..data.len().min(4)]
+            );
+        }
+        Err(_) => {}
+    }
+    let _ = nccl_net_plugin::ib::revoke::check_peeked(Some(data), "fuzz");
 }
