@@ -7,7 +7,21 @@ use std::time::{Duration, Instant};
 
 use super::tests::{failure_within, pair, pattern};
 use super::*;
-use crate::tcp::RecvBuf;
+use crate::tcp::{RecvBuf, RecvRequest};
+
+/// Posts a receive of tag `tag` into `b`.
+///
+/// # Safety
+/// `b` must stay valid until the request completes or fails, or `r` drops.
+unsafe fn post_recv(r: &IbRecvComm, b: &mut [u8], tag: i32) -> RecvRequest {
+    let rb = RecvBuf {
+        ptr: b.as_mut_ptr(),
+        cap: b.len(),
+        tag,
+    };
+    // SAFETY: the caller keeps `b` valid as long as the request needs it.
+    unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap()
+}
 
 /// Five small messages of tag 2, each sent eagerly (unsignaled) and
 /// complete at once.
@@ -27,13 +41,8 @@ fn send_small(s: &IbSendComm) -> Vec<Vec<u8>> {
 fn receive_small(r: &IbRecvComm, msgs: &[Vec<u8>]) {
     for m in msgs {
         let mut b = vec![0u8; 64];
-        let rb = RecvBuf {
-            ptr: b.as_mut_ptr(),
-            cap: b.len(),
-            tag: 2,
-        };
         // SAFETY: `b` outlives the request (waited for below).
-        let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+        let q = unsafe { post_recv(r, &mut b, 2) };
         let t0 = Instant::now();
         let n = loop {
             assert!(t0.elapsed() < Duration::from_secs(30), "not delivered");
@@ -115,13 +124,8 @@ fn a_message_landing_after_the_peers_close_is_still_received() {
         return;
     };
     let mut b = vec![0u8; 64];
-    let rb = RecvBuf {
-        ptr: b.as_mut_ptr(),
-        cap: b.len(),
-        tag: 2,
-    };
     // SAFETY: `b` outlives the request (waited for below).
-    let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+    let q = unsafe { post_recv(&r, &mut b, 2) };
     s.shut_setup_socket();
     let t0 = Instant::now();
     while t0.elapsed() < wr::CLOSE_GRACE / 5 {
@@ -142,13 +146,8 @@ fn a_message_landing_after_the_peers_close_is_still_received() {
         }
     };
     assert_eq!(&b[..n], &m[..]);
-    let rb = RecvBuf {
-        ptr: b.as_mut_ptr(),
-        cap: b.len(),
-        tag: 3,
-    };
     // SAFETY: as above.
-    let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+    let q = unsafe { post_recv(&r, &mut b, 3) };
     failure_within(Duration::from_secs(5), "a receive nobody sends to", || {
         r.test(q)
     });
@@ -172,13 +171,8 @@ fn a_send_completing_after_the_peers_close_still_succeeds() {
         assert_eq!(s.test(q).unwrap(), None, "failed inside the close grace");
     }
     let mut b = vec![0u8; m.len()];
-    let rb = RecvBuf {
-        ptr: b.as_mut_ptr(),
-        cap: b.len(),
-        tag: 5,
-    };
     // SAFETY: `b` outlives the request (waited for below).
-    let rq = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+    let rq = unsafe { post_recv(&r, &mut b, 5) };
     let (mut sent, mut got) = (false, false);
     while !(sent && got) {
         assert!(t0.elapsed() < wr::CLOSE_GRACE, "not done within the grace");
@@ -197,13 +191,8 @@ fn a_receive_whose_peer_died_fails_inside_the_grace() {
         return;
     };
     let mut b = vec![0u8; 64];
-    let rb = RecvBuf {
-        ptr: b.as_mut_ptr(),
-        cap: b.len(),
-        tag: 2,
-    };
     // SAFETY: `b` outlives the request (it fails below, then `r` drops).
-    let q = unsafe { r.irecv(&[rb], &[None]) }.unwrap().unwrap();
+    let q = unsafe { post_recv(&r, &mut b, 2) };
     s.drop_setup_socket();
     let e = failure_within(wr::CLOSE_GRACE / 2, "a receive from a dead peer", || {
         r.test(q)
