@@ -540,7 +540,7 @@ pub fn tune_messages(data: &[u8]) {
 /// a BYE carrying 0) and prefixes of them, and a frame it accepts encodes
 /// back to the same bytes.
 pub fn ib_setup_frame(data: &[u8]) {
-    use nccl_net_plugin::ib::revoke::{
+    use nccl_net_plugin::ib::setup_frame::{
         decode, encode, encode_bye, SetupFrame, FRAME_BYTES, MAX_RANKS,
     };
     if data.is_empty() {
@@ -562,5 +562,5 @@ pub fn ib_setup_frame(data: &[u8]) {
         }
         Err(_) => {}
     }
-    let _ = nccl_net_plugin::ib::revoke::check_peeked(Some(data), "fuzz");
+    let _ = nccl_net_plugin::ib::setup_frame::check_peeked(Some(data), "fuzz");
 }

@@ -8,7 +8,8 @@
 //! LID, PSN, MTU, its control area and rkey), the acceptor checks the nonce,
 //! posts its receive slots, connects its QPs and answers with its own info.
 //! The socket then stays open, so that a dead peer is noticed at once and
-//! an engine's revoke reaches the peer (`revoke.rs`).
+//! an engine's revoke and a graceful close's BYE reach the peer
+//! (`setup_frame.rs`).
 //! Data path and flow control: `send.rs` and `recv.rs`; wire formats:
 //! `proto.rs`. See docs/rdma.md.
 
@@ -22,9 +23,9 @@ pub mod pci;
 pub mod proto;
 pub mod qp;
 pub mod recv;
-pub mod revoke;
 pub mod send;
 pub mod send_check;
+pub mod setup_frame;
 pub mod unmap;
 mod wr;
 

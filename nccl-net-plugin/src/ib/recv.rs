@@ -743,7 +743,7 @@ impl IbRecvComm {
     /// it: the revoke frame on the setup socket tells the peer why (best
     /// effort, never blocking), and every later call fails. Idempotent.
     pub fn revoke(&self, by: u32) {
-        super::revoke::revoke_once(&mut self.st.lock().failed, &self.sock, by);
+        super::setup_frame::revoke_once(&mut self.st.lock().failed, &self.sock, by);
     }
 
     /// Stops using the comm (the QPs are destroyed on drop), saying BYE
@@ -751,10 +751,7 @@ impl IbRecvComm {
     pub fn finish(&self, _deadline: Instant) {
         let bye = self.st.lock().failed.is_none();
         if let Some(mut s) = self.sock.lock().take() {
-            if bye {
-                super::revoke::send_bye(&mut s);
-            }
-            let _ = s.shutdown(std::net::Shutdown::Both);
+            super::setup_frame::close_setup(&mut s, bye, std::net::Shutdown::Both);
         }
     }
 
@@ -764,8 +761,7 @@ impl IbRecvComm {
     #[cfg(test)]
     pub(crate) fn shut_setup_socket(&self) {
         if let Some(s) = self.sock.lock().as_mut() {
-            super::revoke::send_bye(s);
-            let _ = s.shutdown(std::net::Shutdown::Write);
+            super::setup_frame::close_setup(s, true, std::net::Shutdown::Write);
         }
     }
 

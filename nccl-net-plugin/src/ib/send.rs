@@ -683,7 +683,7 @@ impl IbSendComm {
     /// it: the revoke frame on the setup socket tells the peer why (best
     /// effort, never blocking), and every later call fails. Idempotent.
     pub fn revoke(&self, by: u32) {
-        super::revoke::revoke_once(&mut self.st.lock().failed, &self.sock, by);
+        super::setup_frame::revoke_once(&mut self.st.lock().failed, &self.sock, by);
     }
 
     /// Waits (up to `deadline`) until every posted work request has
@@ -729,13 +729,9 @@ impl IbSendComm {
             }
             std::thread::yield_now();
         }
-        // A revoked comm said why already, and nothing may follow that.
         let bye = self.st.lock().failed.is_none();
         if let Some(mut s) = self.sock.lock().take() {
-            if bye {
-                super::revoke::send_bye(&mut s);
-            }
-            let _ = s.shutdown(std::net::Shutdown::Write);
+            super::setup_frame::close_setup(&mut s, bye, std::net::Shutdown::Write);
         }
     }
 
@@ -745,8 +741,7 @@ impl IbSendComm {
     #[cfg(test)]
     pub(crate) fn shut_setup_socket(&self) {
         if let Some(s) = self.sock.lock().as_mut() {
-            super::revoke::send_bye(s);
-            let _ = s.shutdown(std::net::Shutdown::Write);
+            super::setup_frame::close_setup(s, true, std::net::Shutdown::Write);
         }
     }
 
@@ -754,8 +749,8 @@ impl IbSendComm {
     /// peer that died, and leaves the QPs up.
     #[cfg(test)]
     pub(crate) fn drop_setup_socket(&self) {
-        if let Some(s) = self.sock.lock().take() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+        if let Some(mut s) = self.sock.lock().take() {
+            super::setup_frame::close_setup(&mut s, false, std::net::Shutdown::Both);
         }
     }
 

@@ -115,6 +115,16 @@ pub fn send_bye(s: &mut TcpStream) {
     write_frame(s, &encode_bye(), "BYE");
 }
 
+/// Ends this side's use of a setup socket: a BYE first when `bye` (a
+/// graceful close; a revoked comm said why already, and nothing may
+/// follow that), then `shutdown(how)`.
+pub fn close_setup(s: &mut TcpStream, bye: bool, how: std::net::Shutdown) {
+    if bye {
+        send_bye(s);
+    }
+    let _ = s.shutdown(how);
+}
+
 fn write_frame(s: &mut TcpStream, f: &[u8; FRAME_BYTES], what: &str) {
     match crate::sock::try_write(s, f) {
         Ok(Some(FRAME_BYTES)) => {}

@@ -48,7 +48,7 @@ pub fn split(wr_id: u64) -> (u8, usize, u64) {
 /// Fails if the peer closed the setup socket, said BYE or died, or wrote
 /// anything else on it: its revoke frame fails with
 /// [`NetError::Revoked`], anything else as a protocol violation
-/// (`revoke.rs`).
+/// (`setup_frame.rs`).
 pub fn check_peer(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<()> {
     match peer_state(sock, peer)? {
         None => Ok(()),
@@ -75,15 +75,15 @@ fn peer_state(sock: &Mutex<Option<TcpStream>>, peer: &str) -> Result<Option<(Net
         return Ok(None);
     };
     // One byte more than a frame, to see bytes after it.
-    let mut b = [0u8; super::revoke::FRAME_BYTES + 1];
+    let mut b = [0u8; super::setup_frame::FRAME_BYTES + 1];
     match crate::sock::try_peek(s, &mut b) {
         Ok(n) => {
-            if !super::revoke::check_peeked(n.map(|n| &b[..n]), peer)? {
+            if !super::setup_frame::check_peeked(n.map(|n| &b[..n]), peer)? {
                 return Ok(None);
             }
             // A whole BYE and nothing after it: take it off the socket, so
             // that the close behind it can be seen.
-            let mut frame = [0u8; super::revoke::FRAME_BYTES];
+            let mut frame = [0u8; super::setup_frame::FRAME_BYTES];
             let got = crate::sock::discard(s, &mut frame)?;
             if got != frame.len() {
                 return Err(NetError::Internal(format!(
@@ -196,7 +196,7 @@ mod tests {
     fn a_peer_that_says_bye_gets_the_close_grace() {
         let (mut a, b) = pair();
         let mut w = PeerWatch::default();
-        super::super::revoke::send_bye(&mut a);
+        super::super::setup_frame::send_bye(&mut a);
         a.shutdown(std::net::Shutdown::Write).unwrap();
         let (r, seen) = watch_until(&mut w, &b, CLOSE_GRACE * 5);
         let (e, seen) = (r.unwrap_err(), seen.unwrap());
@@ -209,7 +209,7 @@ mod tests {
         );
         // check_peer, without a watch, fails on the BYE itself.
         let (mut a, b) = pair();
-        super::super::revoke::send_bye(&mut a);
+        super::super::setup_frame::send_bye(&mut a);
         let t0 = Instant::now();
         while check_peer(&b, "peer").is_ok() {
             assert!(t0.elapsed() < Duration::from_secs(5), "BYE not seen");
