@@ -291,18 +291,24 @@ fn bind_launcher_rank(rank: usize) {
         return;
     }
     let cpu = cpus[crate::launcher::local_rank(rank) % cpus.len()];
-    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` < CPU_SETSIZE (it came from sched_getaffinity's set).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed.
-    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if r != 0 {
+    if !pin_to_cpu(cpu) {
         eprintln!(
             "hetccl-perf: rank {rank}: --bind-to core: cannot pin to CPU {cpu}: {}",
             std::io::Error::last_os_error()
         );
     }
+}
+
+/// Pins the calling process to `cpu` (one of [`usable_cpus`]); false when
+/// the kernel refused (errno says why). Async-signal-safe: no allocation,
+/// so `-np` children call it between fork and exec.
+fn pin_to_cpu(cpu: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t is valid.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` < CPU_SETSIZE (it came from sched_getaffinity's set).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
 }
 
 /// The CPUs this process may run on, in order.
@@ -368,10 +374,8 @@ fn supervise(opts: &Options, argv: &[String]) -> i32 {
             cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 if let Some(c) = cpu {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(c, &mut set);
                     // Best effort: a refused affinity leaves the rank unbound.
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                    pin_to_cpu(c);
                 }
                 Ok(())
             });
