@@ -366,3 +366,46 @@ fn tcp_refuses_a_second_destination_while_a_receive_is_in_flight() {
         "the same one is fine"
     );
 }
+
+#[test]
+fn tcp_posts_the_next_message_while_one_is_in_flight() {
+    // A 1 MiB send waits for the receiver's CTS while the sender posts an
+    // eager message behind it (written whole at once) and the receiver a
+    // receive for it. Each message arrives once, in order: the eager one is
+    // not sent again when the sender comes to it.
+    let msgs = messages(&[1 << 20, 100, 300]);
+    let p = tcp_pair();
+    assert_eq!(p.a.tx.try_send(&msgs[0]).unwrap(), 0, "waits for the CTS");
+    assert!(
+        p.a.tx.post_ahead(&msgs[1]).unwrap(),
+        "the sender posts ahead"
+    );
+    assert!(
+        !p.a.tx.post_ahead(&msgs[2]).unwrap(),
+        "one message ahead at most"
+    );
+    let (mut got0, mut got1) = (vec![0u8; 1 << 20], vec![0u8; 100]);
+    assert_eq!(p.b.rx.try_recv_into(&mut got0).unwrap(), 0, "not yet");
+    assert!(p.b.rx.post_ahead(&mut got1).unwrap(), "the receiver too");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            send_msg(&p.a, &msgs[0]);
+            assert_eq!(
+                p.a.tx.try_send(&msgs[1]).unwrap(),
+                100,
+                "taken at once: it went out ahead"
+            );
+            send_msg(&p.a, &msgs[2]);
+        });
+        let dl = deadline();
+        for got in [&mut got0, &mut got1] {
+            let mut n = 0;
+            while n < got.len() {
+                n += p.b.rx.try_recv_into(&mut got[n..]).unwrap();
+                assert!(Instant::now() < dl, "stalled at {n}");
+            }
+        }
+        assert!(got0 == msgs[0] && got1 == msgs[1], "both intact");
+        assert!(recv_into(&p.b, 300) == msgs[2], "and the next one once");
+    });
+}

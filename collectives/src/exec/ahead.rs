@@ -1,6 +1,6 @@
 //! Posting a link's next message while its current one is in flight
 //! ([`crate::transport::SendLink::post_ahead`] and the receive side), so
-//! that a transport with rendezvous (verbs) can exchange the next
+//! that a transport with rendezvous (verbs, TCP) can exchange the next
 //! message's handshake during the current transfer instead of after it.
 //!
 //! Only the step right behind a link's head is posted, once, and only when

@@ -420,7 +420,12 @@ impl<'a> Batch<'a> {
         let moved = self.k.moved[g as usize] - before;
         self.links.count_link(peer, is_send, moved, &r);
         let done = r?;
-        if !done && conn.transport == crate::transport::TransportKind::Verbs {
+        if !done
+            && matches!(
+                conn.transport,
+                crate::transport::TransportKind::Verbs | crate::transport::TransportKind::Tcp
+            )
+        {
             self.post_next(key)?;
         }
         Ok((done, moved != 0))

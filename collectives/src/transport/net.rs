@@ -7,11 +7,15 @@
 //! three link channels are told apart by tag (the transport matches a
 //! message with the oldest receive of its tag). Messages are whole: a send
 //! posts the step's entire range, and a receive posts a staging buffer of the
-//! step's length, which it hands to the executor once filled. Messages of up
+//! step's length, which it hands to the executor once filled. Each direction
+//! has up to two messages in flight: the executor's current one and the
+//! next, posted ahead (`exec::ahead`), so that the next message's header and
+//! the receiver's CTS cross while the current one streams. Messages of up
 //! to [`EAGER_MAX`] bytes (collective steps and packs of coalesced
 //! point-to-point messages, `transport::coalesce`) go out eagerly, inline,
 //! without waiting for the receiver's CTS.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -80,9 +84,16 @@ struct NetSend {
     _net: Arc<TcpNet>,
     closed: Arc<AtomicBool>,
     tag: i32,
-    /// The send in flight: its request and its length.
-    inflight: Mutex<Option<(SendRequest, usize)>>,
+    /// Posted sends, oldest first: (address, length, request), at most
+    /// [`WINDOW`]. No request: written whole at once (an eager send
+    /// posted ahead), complete when the executor comes to it.
+    inflight: Mutex<VecDeque<(usize, usize, Option<SendRequest>)>>,
 }
+
+/// Messages a link has in flight per direction: the executor's current
+/// one and the next, posted ahead ([`SendLink::post_ahead`]), so that the
+/// next message's MSG frame and CTS cross while the current one streams.
+const WINDOW: usize = 2;
 
 /// The receiving half of one channel.
 struct NetRecv {
@@ -96,54 +107,55 @@ struct NetRecv {
 
 #[derive(Default)]
 struct RecvState {
-    /// The receive in flight, its length, and the address it lands at (the
-    /// staging buffer or the caller's range).
-    req: Option<(RecvRequest, usize, usize)>,
+    /// Posted receives, oldest first, at most [`WINDOW`]: each one's state,
+    /// its length, and the address it lands at (the staging buffer or the
+    /// caller's range).
+    reqs: VecDeque<(Got, usize, usize)>,
     stage: Vec<u8>,
 }
 
 impl NetRecv {
-    /// Posts a receive of `len` bytes into `ptr` unless one is in flight;
-    /// returns the request in flight, or `None` when the transport cannot
-    /// take one now. A request in flight into another range than
-    /// `ptr`/`len` means an abandoned operation, which poisons the
-    /// communicator, so this cannot happen on a healthy one.
+    /// The oldest posted receive, which must be into `ptr`/`len`; posts it
+    /// when none is. `None`: the transport cannot take one now. A receive
+    /// in flight into another range means an abandoned operation, which
+    /// poisons the communicator, so this cannot happen on a healthy one.
     fn post(&self, st: &mut RecvState, ptr: *mut u8, len: usize) -> Result<Option<Got>> {
-        if let Some((req, want, at)) = st.req {
+        if let Some(&(got, want, at)) = st.reqs.front() {
             if at != ptr as usize || want != len {
                 return Err(Error::Internal(
                     format!("tcp: a receive of {want} B is in flight elsewhere; asked for {len} B")
                         .into(),
                 ));
             }
-            return Ok(Some(Got::InFlight(req)));
+            return Ok(Some(got));
         }
+        self.start(st, ptr, len)
+    }
+
+    /// Posts a receive of `len` bytes into `ptr` behind those in flight.
+    fn start(&self, st: &mut RecvState, ptr: *mut u8, len: usize) -> Result<Option<Got>> {
         let buf = RecvBuf {
             ptr,
             cap: len,
             tag: self.tag,
         };
         // SAFETY: `ptr` is the link's staging buffer, neither moved nor
-        // resized while the receive is in flight, or the caller's range,
+        // resized while a receive is in flight, or the caller's range,
         // which stays valid until the operation completes (see
-        // `RecvLink::try_recv_into`); the sockets are driven only from
-        // this link's calls.
-        Ok(
-            match unsafe { self.comm.irecv_now(&[buf]) }.map_err(net_err)? {
-                Some(RecvPosted::Posted(req)) => {
-                    st.req = Some((req, len, ptr as usize));
-                    Some(Got::InFlight(req))
-                }
-                Some(RecvPosted::Done(sizes)) => {
-                    Some(Got::Done(sizes.first().copied().unwrap_or(0)))
-                }
-                None => None,
-            },
-        )
+        // `RecvLink::try_recv_into` and `RecvLink::post_ahead`); the
+        // sockets are driven only from this link's calls.
+        let got = match unsafe { self.comm.irecv_now(&[buf]) }.map_err(net_err)? {
+            Some(RecvPosted::Posted(req)) => Got::InFlight(req),
+            Some(RecvPosted::Done(sizes)) => Got::Done(sizes.first().copied().unwrap_or(0)),
+            None => return Ok(None),
+        };
+        st.reqs.push_back((got, len, ptr as usize));
+        Ok(Some(got))
     }
 
-    /// The size of the message `got` brought, once it is done: checked
-    /// against the `want` bytes the plan expects, in `elem`-byte elements.
+    /// The size of the message `got` (the oldest posted receive) brought,
+    /// once it is done: checked against the `want` bytes the plan expects,
+    /// in `elem`-byte elements.
     fn complete(
         &self,
         st: &mut RecvState,
@@ -151,25 +163,24 @@ impl NetRecv {
         want: usize,
         elem: usize,
     ) -> Result<Option<usize>> {
-        match got {
-            Got::InFlight(req) => self.finish(st, req, want, elem),
-            Got::Done(n) => check_size(n, want, elem).map(Some),
-        }
-    }
-
-    /// Tests the request in flight: the received length once it is done.
-    fn finish(
-        &self,
-        st: &mut RecvState,
-        req: RecvRequest,
-        want: usize,
-        elem: usize,
-    ) -> Result<Option<usize>> {
-        let Some(sizes) = self.comm.test(req).map_err(net_err)? else {
+        let Some(n) = self.arrived(st, got)? else {
             return Ok(None);
         };
-        st.req = None;
-        check_size(sizes.first().copied().unwrap_or(0), want, elem).map(Some)
+        check_size(n, want, elem).map(Some)
+    }
+
+    /// The received length of `got`, the oldest posted receive, once it
+    /// is done (it then leaves the queue).
+    fn arrived(&self, st: &mut RecvState, got: Got) -> Result<Option<usize>> {
+        let n = match got {
+            Got::Done(n) => n,
+            Got::InFlight(req) => match self.comm.test(req).map_err(net_err)? {
+                Some(sizes) => sizes.first().copied().unwrap_or(0),
+                None => return Ok(None),
+            },
+        };
+        st.reqs.pop_front();
+        Ok(Some(n))
     }
 }
 
@@ -186,7 +197,39 @@ impl std::fmt::Debug for NetRecv {
 }
 
 impl NetSend {
-    /// `try_send`, eagerly (inline up to the transport's `MAX_EAGER`) or not.
+    /// Posts `src` behind the sends in flight, eagerly (inline up to the
+    /// transport's `MAX_EAGER`) or not; `false` when the transport cannot
+    /// take it now.
+    fn start(
+        &self,
+        q: &mut VecDeque<(usize, usize, Option<SendRequest>)>,
+        src: &[u8],
+        eager: bool,
+    ) -> Result<bool> {
+        // SAFETY: the executor passes the same unfinished range on every
+        // call until the whole of it is reported sent (a range posted
+        // ahead is ready and unchanged until then), and the user's buffer
+        // stays valid until the operation completes.
+        let r = unsafe {
+            if eager {
+                self.comm.isend_eager_now(src.as_ptr(), src.len(), self.tag)
+            } else {
+                self.comm
+                    .isend(src.as_ptr(), src.len(), self.tag)
+                    .map(|q| q.map(EagerSend::Posted))
+            }
+        };
+        let req = match r.map_err(net_err)? {
+            // Written whole into the socket: nothing left to test.
+            Some(EagerSend::Sent) => None,
+            Some(EagerSend::Posted(req)) => Some(req),
+            None => return Ok(false),
+        };
+        q.push_back((src.as_ptr() as usize, src.len(), req));
+        Ok(true)
+    }
+
+    /// `try_send`, eagerly or not (see [`NetSend::start`]).
     fn send(&self, src: &[u8], eager: bool) -> Result<usize> {
         if self.closed.load(Ordering::Acquire) {
             return Err(closed());
@@ -194,35 +237,33 @@ impl NetSend {
         if src.is_empty() {
             return Ok(0);
         }
-        let mut st = self.inflight.lock();
-        if st.is_none() {
-            // SAFETY: the executor passes the same unfinished range on every
-            // call until the whole of it is reported sent, and the user's
-            // buffer stays valid until the operation completes.
-            let r = unsafe {
-                if eager {
-                    self.comm.isend_eager_now(src.as_ptr(), src.len(), self.tag)
-                } else {
-                    self.comm
-                        .isend(src.as_ptr(), src.len(), self.tag)
-                        .map(|q| q.map(EagerSend::Posted))
+        let mut q = self.inflight.lock();
+        let at = (src.as_ptr() as usize, src.len());
+        match q.front() {
+            Some(&(a, l, _)) if (a, l) == at => {}
+            Some(&(a, l, _)) => {
+                return Err(Error::Internal(
+                    format!(
+                        "tcp: a send of {l} B at {a:#x} is in flight; asked for {} B",
+                        at.1
+                    )
+                    .into(),
+                ))
+            }
+            None => {
+                if !self.start(&mut q, src, eager)? {
+                    return Ok(0);
                 }
-            };
-            match r.map_err(net_err)? {
-                // Written whole into the socket: nothing left to test.
-                Some(EagerSend::Sent) => return Ok(src.len()),
-                Some(EagerSend::Posted(req)) => *st = Some((req, src.len())),
-                None => return Ok(0),
             }
         }
-        let (req, len) = st.expect("set above");
-        match self.comm.test(req).map_err(net_err)? {
-            Some(_) => {
-                *st = None;
-                Ok(len)
+        let (_, len, req) = *q.front().expect("posted");
+        if let Some(req) = req {
+            if self.comm.test(req).map_err(net_err)?.is_none() {
+                return Ok(0);
             }
-            None => Ok(0),
         }
+        q.pop_front();
+        Ok(len)
     }
 }
 
@@ -240,13 +281,23 @@ impl SendLink for NetSend {
     fn try_send_eager(&self, src: &[u8]) -> Result<usize> {
         self.send(src, true)
     }
+    fn post_ahead(&self, src: &[u8]) -> Result<bool> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let mut q = self.inflight.lock();
+        if src.is_empty() || q.is_empty() || q.len() >= WINDOW {
+            return Ok(false);
+        }
+        self.start(&mut q, src, src.len() <= EAGER_MAX)
+    }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Fds
     }
     fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
         // Nothing in flight: the transport refused the send for now (too
         // many requests), which no socket event announces.
-        self.inflight.lock().is_some() && self.comm.poll_fds(out)
+        !self.inflight.lock().is_empty() && self.comm.poll_fds(out)
     }
     fn close(&self) {
         // The peer sees the sockets close when the connection is dropped.
@@ -273,7 +324,7 @@ impl RecvLink for NetRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        if st.req.is_none() && st.stage.len() < max {
+        if st.reqs.is_empty() && st.stage.len() < max {
             st.stage.resize(max, 0);
         }
         let stage = st.stage.as_mut_ptr();
@@ -306,22 +357,26 @@ impl RecvLink for NetRecv {
         }
         let mut st = self.st.lock();
         let st = &mut *st;
-        let req = match self.post(st, dst.as_mut_ptr(), dst.len())? {
-            None => return Ok((0, false)),
-            Some(Got::Done(n)) => return Ok((n, true)),
-            Some(Got::InFlight(req)) => req,
-        };
-        let Some(sizes) = self.comm.test(req).map_err(net_err)? else {
+        let Some(got) = self.post(st, dst.as_mut_ptr(), dst.len())? else {
             return Ok((0, false));
         };
-        st.req = None;
-        Ok((sizes.first().copied().unwrap_or(0), true))
+        Ok(self.arrived(st, got)?.map_or((0, false), |n| (n, true)))
+    }
+    fn post_ahead(&self, dst: &mut [u8]) -> Result<bool> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let mut st = self.st.lock();
+        if dst.is_empty() || st.reqs.is_empty() || st.reqs.len() >= WINDOW {
+            return Ok(false);
+        }
+        Ok(self.start(&mut st, dst.as_mut_ptr(), dst.len())?.is_some())
     }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Fds
     }
     fn wait_fds(&self, out: &mut Vec<libc::pollfd>) -> bool {
-        self.st.lock().req.is_some() && self.comm.poll_fds(out)
+        !self.st.lock().reqs.is_empty() && self.comm.poll_fds(out)
     }
     fn close(&self) {
         // The peer sees the sockets close when the connection is dropped.
@@ -359,7 +414,7 @@ pub fn connect(net: &Arc<TcpNet>, send: TcpSendComm, recv: TcpRecvComm, nchan: u
                 _net: net.clone(),
                 closed: closed.clone(),
                 tag: c as i32,
-                inflight: Mutex::new(None),
+                inflight: Mutex::new(VecDeque::new()),
             }),
             rx: Box::new(NetRecv {
                 comm: r.clone(),
