@@ -398,7 +398,9 @@ pub struct NetParams {
     pub ifname: Option<String>,
     /// `NCCL_SOCKET_FAMILY`.
     pub family: Option<hetccl_core::config::AddrFamily>,
-    /// The transport's options.
+    /// The transport's options, as `comm::settings` chose them: the
+    /// engine drives the sockets from the calling thread, so they name no
+    /// helper threads (ranks may outnumber cores).
     pub tcp: nccl_net_plugin::tcp::TcpOptions,
 }
 
@@ -454,12 +456,7 @@ pub fn setup(
                 "no usable network interface for TCP links".into(),
             ));
         }
-        // The engine drives the sockets from the calling thread: no helper
-        // threads (ranks may outnumber cores), whatever the options say;
-        // `comm::settings` chooses the data sockets.
-        let mut opts = params.tcp.clone();
-        opts.nthreads = 0;
-        let net = Arc::new(TcpNet::new(Arc::new(devs), opts));
+        let net = Arc::new(TcpNet::new(Arc::new(devs), params.tcp.clone()));
         for &p in peers {
             let (l, h) = net.listen(0).map_err(net_err)?;
             blob[p * HANDLE_BYTES..(p + 1) * HANDLE_BYTES].copy_from_slice(&h);
