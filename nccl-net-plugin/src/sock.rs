@@ -241,6 +241,59 @@ fn setopt(s: &TcpStream, level: i32, name: i32, val: i32) -> Result<()> {
     Ok(())
 }
 
+/// Sets the TCP congestion control of `s` to `cc` (`TCP_CONGESTION`), or
+/// leaves the host's default when `cc` is `None`. A name the kernel
+/// refuses (not built, or not in `tcp_allowed_congestion_control`) is
+/// warned once per process; the socket keeps the default.
+pub fn set_congestion(s: &TcpStream, cc: Option<&str>) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let Some(cc) = cc else { return };
+    // SAFETY: setsockopt reads `cc.len()` bytes of the name, which lives
+    // for the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr().cast(),
+            cc.len() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        WARNED.call_once(|| {
+            tracing::warn!(target: "hetccl::NET",
+                "HETCCL_SOCKET_CC={cc} is ignored: the kernel refused it ({e}); \
+                 the host's default congestion control stays")
+        });
+    }
+}
+
+/// The TCP congestion control of socket `fd` (`TCP_CONGESTION`; tests).
+#[cfg(test)]
+pub(crate) fn congestion(fd: std::os::fd::RawFd) -> Result<String> {
+    let mut b = [0u8; 16];
+    let mut len = b.len() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `b`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            b.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(NetError::io("getsockopt", &std::io::Error::last_os_error()));
+    }
+    let n = b[..(len as usize).min(b.len())]
+        .iter()
+        .position(|&c| c == 0)
+        .unwrap_or(len as usize);
+    Ok(String::from_utf8_lossy(&b[..n]).into_owned())
+}
+
 /// Makes a silently vanished peer show up as a socket error within about
 /// `timeout`: keepalive probes on idle connections, and `TCP_USER_TIMEOUT`
 /// for data the peer never acknowledges.

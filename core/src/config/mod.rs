@@ -29,6 +29,11 @@ pub use net::{split_host_port, AddrFamily, IfaceFilter};
 /// The tracing target configuration messages are logged under.
 pub const ENV_TARGET: &str = "hetccl::ENV";
 
+/// The TCP congestion control of the transport's sockets unless
+/// `HETCCL_SOCKET_CC` says otherwise ([`Config::socket_cc`]); built into
+/// every Linux kernel and allowed to unprivileged processes.
+pub const DEFAULT_SOCKET_CC: &str = "reno";
+
 /// Every setting hetccl reads from the environment, typed and defaulted.
 ///
 /// Build one with [`Config::default`] or [`Config::from_vars`]; the process-wide
@@ -65,6 +70,13 @@ pub struct Config {
     /// `NCCL_SOCKET_MIN_TASKSIZE`: the smallest piece a message is split into
     /// across sockets. Default 65536 bytes.
     pub socket_min_task_size: usize,
+    /// `HETCCL_SOCKET_CC`: the TCP congestion control of the transport's
+    /// sockets (`TCP_CONGESTION`); `None` keeps the host's default
+    /// (`system`). Default `reno`: a loss-based window that is not capped
+    /// at an estimate of the path's bandwidth-delay product, which on
+    /// links of microseconds holds every message beyond a few tens of KiB
+    /// back on acknowledgements (docs/benchmarks.md).
+    pub socket_cc: Option<String>,
     /// `HETCCL_TIMEOUT_S`: the bound on every wait in hetccl, in seconds.
     /// Default 300.
     pub timeout_s: f64,
@@ -233,6 +245,7 @@ impl Default for Config {
             socket_nthreads: None,
             socket_inline: 128,
             socket_min_task_size: 65536,
+            socket_cc: Some(DEFAULT_SOCKET_CC.to_string()),
             timeout_s: 300.0,
             hang_report_s: 60.0,
             host_id: None,

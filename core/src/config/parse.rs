@@ -68,6 +68,25 @@ pub(crate) fn size(s: &str) -> Result<usize, String> {
     bytes.and_then(|v| usize::try_from(v).ok()).ok_or_else(err)
 }
 
+/// A congestion control name for `TCP_CONGESTION` (at most 15 lowercase
+/// letters, digits or `_`, as the kernel's names are), or `system` (or an
+/// empty value) for the host's default: `None`.
+pub(crate) fn congestion(s: &str) -> Result<Option<String>, String> {
+    let t = s.trim();
+    if t.is_empty() || t.eq_ignore_ascii_case("system") {
+        return Ok(None);
+    }
+    let ok = t.len() < 16
+        && t.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !ok {
+        return Err(
+            "a TCP congestion control name such as reno, cubic or bbr, or system".to_string(),
+        );
+    }
+    Ok(Some(t.to_string()))
+}
+
 /// A size that must be at least 1.
 pub(crate) fn size_nonzero(s: &str) -> Result<usize, String> {
     match size(s) {

@@ -15,6 +15,7 @@ fn defaults_when_nothing_is_set() {
     assert_eq!(c.debug_subsys, SubsysMask::DEFAULT);
     assert_eq!(c.socket_inline, 128);
     assert_eq!(c.socket_min_task_size, 65536);
+    assert_eq!(c.socket_cc.as_deref(), Some("reno"));
     assert_eq!(c.timeout_s, 300.0);
     assert_eq!(c.hang_report_s, 60.0);
     assert_eq!(c.buffsize, 4 * 1024 * 1024);
@@ -36,6 +37,7 @@ fn every_variable_parses() {
         ("NCCL_SOCKET_NTHREADS", "2"),
         ("NCCL_SOCKET_INLINE", "256"),
         ("NCCL_SOCKET_MIN_TASKSIZE", "128K"),
+        ("HETCCL_SOCKET_CC", "system"),
         ("HETCCL_TIMEOUT_S", "2.5"),
         ("HETCCL_HANG_REPORT_S", "0"),
         ("NCCL_HOSTID", "nodeB"),
@@ -102,6 +104,7 @@ fn every_variable_parses() {
     assert_eq!(c.socket_nthreads, Some(2));
     assert_eq!(c.socket_inline, 256);
     assert_eq!(c.socket_min_task_size, 128 * 1024);
+    assert_eq!(c.socket_cc, None, "system: the host's default");
     assert_eq!(c.timeout_s, 2.5);
     assert_eq!(c.hang_report_s, 0.0);
     assert_eq!(c.host_id.as_deref(), Some("nodeA"));
@@ -199,9 +202,13 @@ fn garbage_values_keep_defaults_and_warn() {
         ("NCCL_NSOCKS_PERTHREAD", "-7"),
         ("NCCL_MAX_NCHANNELS", "0"),
         ("NCCL_SOCKET_MIN_TASKSIZE", "0"),
+        ("HETCCL_SOCKET_CC", "Reno; rm"),
     ]);
     assert_eq!(c, Config::default());
-    assert_eq!(w.len(), 10, "{w:#?}");
+    assert_eq!(w.len(), 11, "{w:#?}");
+    assert!(w
+        .iter()
+        .any(|m| m.contains("HETCCL_SOCKET_CC") && m.contains("using default (reno)")));
     assert!(w.iter().any(|m| m.contains("NCCL_DEBUG")
         && m.contains("\"loud\"")
         && m.contains("using default (NONE)")));

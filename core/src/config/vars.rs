@@ -163,6 +163,12 @@ pub(crate) const VARS: &[Var] = &[
         show: |c| Some(c.socket_min_task_size.to_string()),
     },
     Var {
+        name: "HETCCL_SOCKET_CC",
+        field: "socket_cc",
+        apply: |c, v| ok(parse::congestion(v), |cc| c.socket_cc = cc),
+        show: |c| Some(c.socket_cc.clone().unwrap_or_else(|| "system".into())),
+    },
+    Var {
         name: "HETCCL_TIMEOUT_S",
         field: "timeout_s",
         apply: |c, v| ok(parse::seconds(v, 0.001), |s| c.timeout_s = s),

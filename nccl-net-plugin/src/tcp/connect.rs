@@ -98,11 +98,11 @@ impl Connecting {
         watches: &mut Vec<LaneWatch>,
     ) -> Result<TcpSendComm> {
         let mut it = self.socks.into_iter().map(|s| s.sock);
-        let ctrl = Ctrl::new(
-            it.next()
-                .ok_or_else(|| NetError::Internal("no control socket".into()))?,
-            opts.timeout,
-        )?;
+        let sock = it
+            .next()
+            .ok_or_else(|| NetError::Internal("no control socket".into()))?;
+        crate::sock::set_congestion(&sock, opts.congestion.as_deref());
+        let ctrl = Ctrl::new(sock, opts.timeout)?;
         let data: Vec<TcpStream> = it.collect();
         let lanes = start_lanes(data, opts, Dir::Send, watches)?;
         Ok(TcpSendComm::new(ctrl, lanes, opts.clone()))
@@ -117,6 +117,9 @@ fn start_lanes(
 ) -> Result<Option<Lanes>> {
     if data.is_empty() {
         return Ok(None);
+    }
+    for s in &data {
+        crate::sock::set_congestion(s, opts.congestion.as_deref());
     }
     let lanes = Lanes::start(data, opts.nthreads, dir, opts.timeout)?;
     watches.retain(|w| !w.is_dead());
@@ -240,7 +243,9 @@ impl TcpListenComm {
             return Ok(None);
         };
         let g = self.groups.remove(&id).expect("found above");
-        let ctrl = Ctrl::new(g.ctrl.expect("complete"), self.opts.timeout)?;
+        let sock = g.ctrl.expect("complete");
+        crate::sock::set_congestion(&sock, self.opts.congestion.as_deref());
+        let ctrl = Ctrl::new(sock, self.opts.timeout)?;
         let data = g.data.into_iter().map(|s| s.expect("complete")).collect();
         let lanes = start_lanes(data, &self.opts, Dir::Recv, watches)?;
         Ok(Some(TcpRecvComm::new(ctrl, lanes, self.opts.clone())))

@@ -143,6 +143,18 @@ impl LaneWatch {
 }
 
 impl Lanes {
+    /// The data sockets' descriptors (tests).
+    #[cfg(test)]
+    pub(crate) fn fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.core
+            .shared
+            .socks
+            .iter()
+            .map(|s| s.as_raw_fd())
+            .collect()
+    }
+
     /// Starts `nthreads` helpers (at most the lane count) over `socks`, or
     /// none when `nthreads == 0` (inline mode).
     pub(crate) fn start(

@@ -56,6 +56,9 @@ pub struct TcpOptions {
     pub min_task_size: usize,
     /// How long a transfer may make no progress before it fails.
     pub timeout: Duration,
+    /// The sockets' TCP congestion control (`HETCCL_SOCKET_CC`); `None`
+    /// keeps the host's default.
+    pub congestion: Option<String>,
 }
 
 impl Default for TcpOptions {
@@ -66,6 +69,7 @@ impl Default for TcpOptions {
             inline_max: 128,
             min_task_size: 64 << 10,
             timeout: Duration::from_secs(300),
+            congestion: Some(hetccl_core::config::DEFAULT_SOCKET_CC.to_string()),
         }
     }
 }
@@ -73,7 +77,7 @@ impl Default for TcpOptions {
 impl TcpOptions {
     /// The options a configuration asks for (`NCCL_SOCKET_NTHREADS`,
     /// `NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_INLINE`,
-    /// `NCCL_SOCKET_MIN_TASKSIZE`, `HETCCL_TIMEOUT_S`).
+    /// `NCCL_SOCKET_MIN_TASKSIZE`, `HETCCL_SOCKET_CC`, `HETCCL_TIMEOUT_S`).
     ///
     /// With `NCCL_SOCKET_NTHREADS` ≥ 1 a comm has threads × sockets-per-thread
     /// data sockets served by that many helper threads (as NCCL's Socket
@@ -109,6 +113,7 @@ impl TcpOptions {
             inline_max: s.socket_inline.min(ctrl::MAX_INLINE),
             min_task_size: s.socket_min_task_size.max(4096),
             timeout: Duration::from_secs_f64(s.timeout_s.clamp(0.001, 1e9)),
+            congestion: s.socket_cc.clone(),
         }
     }
 }

@@ -78,6 +78,14 @@ impl std::fmt::Debug for TcpSendComm {
 }
 
 impl TcpSendComm {
+    /// The control and data sockets' descriptors (tests).
+    #[cfg(test)]
+    pub(crate) fn fds(&self) -> Vec<std::os::fd::RawFd> {
+        let mut v = vec![self.st.lock().ctrl.pollfd(true).fd];
+        v.extend(self.lanes.iter().flat_map(|l| l.fds()));
+        v
+    }
+
     pub(crate) fn new(ctrl: Ctrl, lanes: Option<Lanes>, opts: TcpOptions) -> Self {
         let st = State {
             ctrl,

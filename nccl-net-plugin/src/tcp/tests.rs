@@ -743,3 +743,28 @@ fn irecv_now_takes_arrived_messages_at_once() {
     r.close();
     net.shutdown();
 }
+
+#[test]
+fn every_socket_of_a_comm_takes_the_congestion_control_asked_for() {
+    // Reno is built into every kernel and allowed to everyone; a name the
+    // kernel refuses leaves the host's default and fails nothing.
+    let default = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        crate::sock::congestion(std::os::fd::AsRawFd::as_raw_fd(&c)).unwrap()
+    };
+    for (cc, want) in [
+        (Some("reno"), "reno"),
+        (None, default.as_str()),
+        (Some("nosuch_cc"), default.as_str()),
+    ] {
+        let mut net = lo_net(2, 0);
+        net.opts.congestion = cc.map(str::to_string);
+        let (s, r) = pair(&net);
+        let fds: Vec<_> = s.fds().into_iter().chain(r.fds()).collect();
+        assert_eq!(fds.len(), 6, "a control and two data sockets each way");
+        for fd in fds {
+            assert_eq!(crate::sock::congestion(fd).unwrap(), want, "{cc:?}");
+        }
+    }
+}
