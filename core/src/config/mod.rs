@@ -29,7 +29,7 @@ pub use net::{split_host_port, AddrFamily, IfaceFilter};
 /// The tracing target configuration messages are logged under.
 pub const ENV_TARGET: &str = "hetccl::ENV";
 
-/// The TCP congestion control of the transport's sockets unless
+/// The TCP congestion control of the transport's data sockets unless
 /// `HETCCL_SOCKET_CC` says otherwise ([`Config::socket_cc`]); built into
 /// every Linux kernel and allowed to unprivileged processes.
 pub const DEFAULT_SOCKET_CC: &str = "reno";
@@ -71,7 +71,7 @@ pub struct Config {
     /// across sockets. Default 65536 bytes.
     pub socket_min_task_size: usize,
     /// `HETCCL_SOCKET_CC`: the TCP congestion control of the transport's
-    /// sockets (`TCP_CONGESTION`); `None` keeps the host's default
+    /// data sockets (`TCP_CONGESTION`); `None` keeps the host's default
     /// (`system`). Default `reno`: a loss-based window that is not capped
     /// at an estimate of the path's bandwidth-delay product, which on
     /// links of microseconds holds every message beyond a few tens of KiB

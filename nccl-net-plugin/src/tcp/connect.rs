@@ -98,11 +98,11 @@ impl Connecting {
         watches: &mut Vec<LaneWatch>,
     ) -> Result<TcpSendComm> {
         let mut it = self.socks.into_iter().map(|s| s.sock);
-        let sock = it
-            .next()
-            .ok_or_else(|| NetError::Internal("no control socket".into()))?;
-        crate::sock::set_congestion(&sock, opts.congestion.as_deref());
-        let ctrl = Ctrl::new(sock, opts.timeout)?;
+        let ctrl = Ctrl::new(
+            it.next()
+                .ok_or_else(|| NetError::Internal("no control socket".into()))?,
+            opts.timeout,
+        )?;
         let data: Vec<TcpStream> = it.collect();
         let lanes = start_lanes(data, opts, Dir::Send, watches)?;
         Ok(TcpSendComm::new(ctrl, lanes, opts.clone()))
@@ -118,6 +118,8 @@ fn start_lanes(
     if data.is_empty() {
         return Ok(None);
     }
+    // Bulk payloads only: the control socket's small frames keep the
+    // host's default (docs/benchmarks.md).
     for s in &data {
         crate::sock::set_congestion(s, opts.congestion.as_deref());
     }
@@ -243,9 +245,7 @@ impl TcpListenComm {
             return Ok(None);
         };
         let g = self.groups.remove(&id).expect("found above");
-        let sock = g.ctrl.expect("complete");
-        crate::sock::set_congestion(&sock, self.opts.congestion.as_deref());
-        let ctrl = Ctrl::new(sock, self.opts.timeout)?;
+        let ctrl = Ctrl::new(g.ctrl.expect("complete"), self.opts.timeout)?;
         let data = g.data.into_iter().map(|s| s.expect("complete")).collect();
         let lanes = start_lanes(data, &self.opts, Dir::Recv, watches)?;
         Ok(Some(TcpRecvComm::new(ctrl, lanes, self.opts.clone())))

@@ -56,8 +56,8 @@ pub struct TcpOptions {
     pub min_task_size: usize,
     /// How long a transfer may make no progress before it fails.
     pub timeout: Duration,
-    /// The sockets' TCP congestion control (`HETCCL_SOCKET_CC`); `None`
-    /// keeps the host's default.
+    /// The data sockets' TCP congestion control (`HETCCL_SOCKET_CC`);
+    /// `None` keeps the host's default, which control sockets always do.
     pub congestion: Option<String>,
 }
 
