@@ -23,6 +23,7 @@ pub mod pack;
 pub mod ring;
 pub mod shm;
 pub mod verbs;
+mod window;
 
 pub use crate::cost::TransportKind;
 use crate::error::Result;

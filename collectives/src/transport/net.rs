@@ -15,7 +15,6 @@
 //! point-to-point messages, `transport::coalesce`) go out eagerly, inline,
 //! without waiting for the receiver's CTS.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -25,6 +24,7 @@ use nccl_net_plugin::tcp::{
 use nccl_net_plugin::NetError;
 use parking_lot::Mutex;
 
+use super::window::Window;
 use super::{Conn, RecvLink, SendLink, WaitSource};
 use crate::error::{Error, Result};
 
@@ -84,16 +84,21 @@ struct NetSend {
     _net: Arc<TcpNet>,
     closed: Arc<AtomicBool>,
     tag: i32,
-    /// Posted sends, oldest first: (address, length, request), at most
-    /// [`WINDOW`]. No request: written whole at once (an eager send
-    /// posted ahead), complete when the executor comes to it.
-    inflight: Mutex<VecDeque<(usize, usize, Option<SendRequest>)>>,
+    /// Posted sends: the current one and one posted ahead, so that the
+    /// next message's MSG frame and CTS cross while the current one
+    /// streams.
+    inflight: Mutex<Window<Sent>>,
 }
 
-/// Messages a link has in flight per direction: the executor's current
-/// one and the next, posted ahead ([`SendLink::post_ahead`]), so that the
-/// next message's MSG frame and CTS cross while the current one streams.
-const WINDOW: usize = 2;
+/// A posted send.
+#[derive(Debug, Clone, Copy)]
+enum Sent {
+    /// Written whole into the socket at once (an eager send): complete
+    /// when the executor comes to it.
+    Whole,
+    /// In flight.
+    Req(SendRequest),
+}
 
 /// The receiving half of one channel.
 struct NetRecv {
@@ -107,33 +112,24 @@ struct NetRecv {
 
 #[derive(Default)]
 struct RecvState {
-    /// Posted receives, oldest first, at most [`WINDOW`]: each one's state,
-    /// its length, and the address it lands at (the staging buffer or the
-    /// caller's range).
-    reqs: VecDeque<(Got, usize, usize)>,
+    /// Posted receives, into the staging buffer or the caller's range.
+    reqs: Window<Got>,
     stage: Vec<u8>,
 }
 
 impl NetRecv {
-    /// The oldest posted receive, which must be into `ptr`/`len`; posts it
-    /// when none is. `None`: the transport cannot take one now. A receive
-    /// in flight into another range means an abandoned operation, which
-    /// poisons the communicator, so this cannot happen on a healthy one.
+    /// The oldest posted receive, which must be into `ptr`/`len`
+    /// ([`Window::head`]); posts it when none is. `None`: the transport
+    /// cannot take one now.
     fn post(&self, st: &mut RecvState, ptr: *mut u8, len: usize) -> Result<Option<Got>> {
-        if let Some(&(got, want, at)) = st.reqs.front() {
-            if at != ptr as usize || want != len {
-                return Err(Error::Internal(
-                    format!("tcp: a receive of {want} B is in flight elsewhere; asked for {len} B")
-                        .into(),
-                ));
-            }
-            return Ok(Some(got));
+        match st.reqs.head("tcp: a receive", ptr as usize, len)? {
+            Some(got) => Ok(Some(got)),
+            None => self.start(&mut st.reqs, ptr, len),
         }
-        self.start(st, ptr, len)
     }
 
     /// Posts a receive of `len` bytes into `ptr` behind those in flight.
-    fn start(&self, st: &mut RecvState, ptr: *mut u8, len: usize) -> Result<Option<Got>> {
+    fn start(&self, reqs: &mut Window<Got>, ptr: *mut u8, len: usize) -> Result<Option<Got>> {
         let buf = RecvBuf {
             ptr,
             cap: len,
@@ -149,7 +145,7 @@ impl NetRecv {
             Some(RecvPosted::Done(sizes)) => Got::Done(sizes.first().copied().unwrap_or(0)),
             None => return Ok(None),
         };
-        st.reqs.push_back((got, len, ptr as usize));
+        reqs.push(ptr as usize, len, got);
         Ok(Some(got))
     }
 
@@ -179,7 +175,7 @@ impl NetRecv {
                 None => return Ok(None),
             },
         };
-        st.reqs.pop_front();
+        st.reqs.pop();
         Ok(Some(n))
     }
 }
@@ -198,14 +194,9 @@ impl std::fmt::Debug for NetRecv {
 
 impl NetSend {
     /// Posts `src` behind the sends in flight, eagerly (inline up to the
-    /// transport's `MAX_EAGER`) or not; `false` when the transport cannot
+    /// transport's `MAX_EAGER`) or not; `None` when the transport cannot
     /// take it now.
-    fn start(
-        &self,
-        q: &mut VecDeque<(usize, usize, Option<SendRequest>)>,
-        src: &[u8],
-        eager: bool,
-    ) -> Result<bool> {
+    fn start(&self, q: &mut Window<Sent>, src: &[u8], eager: bool) -> Result<Option<Sent>> {
         // SAFETY: the executor passes the same unfinished range on every
         // call until the whole of it is reported sent (a range posted
         // ahead is ready and unchanged until then), and the user's buffer
@@ -219,14 +210,13 @@ impl NetSend {
                     .map(|q| q.map(EagerSend::Posted))
             }
         };
-        let req = match r.map_err(net_err)? {
-            // Written whole into the socket: nothing left to test.
-            Some(EagerSend::Sent) => None,
-            Some(EagerSend::Posted(req)) => Some(req),
-            None => return Ok(false),
+        let sent = match r.map_err(net_err)? {
+            Some(EagerSend::Sent) => Sent::Whole,
+            Some(EagerSend::Posted(req)) => Sent::Req(req),
+            None => return Ok(None),
         };
-        q.push_back((src.as_ptr() as usize, src.len(), req));
-        Ok(true)
+        q.push(src.as_ptr() as usize, src.len(), sent);
+        Ok(Some(sent))
     }
 
     /// `try_send`, eagerly or not (see [`NetSend::start`]).
@@ -238,32 +228,20 @@ impl NetSend {
             return Ok(0);
         }
         let mut q = self.inflight.lock();
-        let at = (src.as_ptr() as usize, src.len());
-        match q.front() {
-            Some(&(a, l, _)) if (a, l) == at => {}
-            Some(&(a, l, _)) => {
-                return Err(Error::Internal(
-                    format!(
-                        "tcp: a send of {l} B at {a:#x} is in flight; asked for {} B",
-                        at.1
-                    )
-                    .into(),
-                ))
-            }
-            None => {
-                if !self.start(&mut q, src, eager)? {
-                    return Ok(0);
-                }
-            }
-        }
-        let (_, len, req) = *q.front().expect("posted");
-        if let Some(req) = req {
+        let sent = match q.head("tcp: a send", src.as_ptr() as usize, src.len())? {
+            Some(sent) => sent,
+            None => match self.start(&mut q, src, eager)? {
+                Some(sent) => sent,
+                None => return Ok(0),
+            },
+        };
+        if let Sent::Req(req) = sent {
             if self.comm.test(req).map_err(net_err)?.is_none() {
                 return Ok(0);
             }
         }
-        q.pop_front();
-        Ok(len)
+        q.pop();
+        Ok(src.len())
     }
 }
 
@@ -286,10 +264,10 @@ impl SendLink for NetSend {
             return Err(closed());
         }
         let mut q = self.inflight.lock();
-        if src.is_empty() || q.is_empty() || q.len() >= WINDOW {
+        if src.is_empty() || !q.room_ahead() {
             return Ok(false);
         }
-        self.start(&mut q, src, src.len() <= EAGER_MAX)
+        Ok(self.start(&mut q, src, src.len() <= EAGER_MAX)?.is_some())
     }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Fds
@@ -367,10 +345,12 @@ impl RecvLink for NetRecv {
             return Err(closed());
         }
         let mut st = self.st.lock();
-        if dst.is_empty() || st.reqs.is_empty() || st.reqs.len() >= WINDOW {
+        if dst.is_empty() || !st.reqs.room_ahead() {
             return Ok(false);
         }
-        Ok(self.start(&mut st, dst.as_mut_ptr(), dst.len())?.is_some())
+        Ok(self
+            .start(&mut st.reqs, dst.as_mut_ptr(), dst.len())?
+            .is_some())
     }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Fds
@@ -416,7 +396,7 @@ pub fn connect(net: &Arc<TcpNet>, send: TcpSendComm, recv: TcpRecvComm, nchan: u
                 _net: net.clone(),
                 closed: closed.clone(),
                 tag: c as i32,
-                inflight: Mutex::new(VecDeque::new()),
+                inflight: Mutex::new(Window::default()),
             }),
             rx: Box::new(NetRecv {
                 comm: r.clone(),

@@ -10,7 +10,6 @@
 //! and every message is whole. The listeners' handles (address and nonce of
 //! the setup socket) travel through the authenticated bootstrap.
 
-use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,6 +21,7 @@ use nccl_net_plugin::tcp::{RecvBuf, RecvRequest, SendRequest};
 use nccl_net_plugin::NetError;
 use parking_lot::Mutex;
 
+use super::window::Window;
 use super::{Conn, RecvLink, SendLink, WaitSource};
 use crate::error::{Error, Result};
 
@@ -95,16 +95,12 @@ fn closed() -> Error {
     Error::Remote("verbs link closed (abort)".into())
 }
 
-/// Messages a link has in flight per direction: the executor's current
-/// one and the next, posted ahead ([`SendLink::post_ahead`]).
-const WINDOW: usize = 2;
-
 struct VSend {
     comm: Arc<IbSendComm>,
     closed: Arc<AtomicBool>,
     tag: i32,
-    /// Posted sends, oldest first: (address, length, request).
-    inflight: Mutex<VecDeque<(usize, usize, SendRequest)>>,
+    /// Posted sends: the current one and one posted ahead.
+    inflight: Mutex<Window<SendRequest>>,
 }
 
 struct VRecv {
@@ -116,8 +112,8 @@ struct VRecv {
 
 #[derive(Default)]
 struct RState {
-    /// Posted receives, oldest first: (request, length, address).
-    reqs: VecDeque<(RecvRequest, usize, usize)>,
+    /// Posted receives: the current one and one posted ahead.
+    reqs: Window<RecvRequest>,
     stage: Stage,
 }
 
@@ -185,9 +181,9 @@ impl std::fmt::Debug for VRecv {
 }
 
 impl VSend {
-    /// Posts `src` as the next message; `false` when the transport has no
+    /// Posts `src` as the next message; `None` when the transport has no
     /// room now.
-    fn start(&self, q: &mut VecDeque<(usize, usize, SendRequest)>, src: &[u8]) -> Result<bool> {
+    fn start(&self, q: &mut Window<SendRequest>, src: &[u8]) -> Result<Option<SendRequest>> {
         // Memory from ncclMemAlloc / ncclCommRegister goes in place.
         let mr = nccl_net_plugin::ib::find_registered(
             self.comm.port(),
@@ -197,15 +193,12 @@ impl VSend {
         // SAFETY: the executor keeps the range unchanged and alive until the
         // send is reported taken (a message posted ahead is its next step,
         // whose inputs are ready); the user's buffer outlives the operation.
-        match unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag, mr) }
-            .map_err(verbs_err)?
-        {
-            Some(r) => {
-                q.push_back((src.as_ptr() as usize, src.len(), r));
-                Ok(true)
-            }
-            None => Ok(false),
+        let r =
+            unsafe { self.comm.isend(src.as_ptr(), src.len(), self.tag, mr) }.map_err(verbs_err)?;
+        if let Some(r) = r {
+            q.push(src.as_ptr() as usize, src.len(), r);
         }
+        Ok(r)
     }
 }
 
@@ -218,42 +211,28 @@ impl SendLink for VSend {
             return Ok(0);
         }
         let mut q = self.inflight.lock();
-        let at = (src.as_ptr() as usize, src.len());
-        match q.front() {
-            Some(&(a, l, _)) if (a, l) == at => {}
-            Some(&(a, l, _)) => {
-                return Err(Error::Internal(
-                    format!(
-                        "verbs: a send of {l} B at {a:#x} is in flight; asked for {} B",
-                        at.1
-                    )
-                    .into(),
-                ))
-            }
-            None => {
-                if !self.start(&mut q, src)? {
-                    return Ok(0);
-                }
-            }
+        let r = match q.head("verbs: a send", src.as_ptr() as usize, src.len())? {
+            Some(r) => r,
+            None => match self.start(&mut q, src)? {
+                Some(r) => r,
+                None => return Ok(0),
+            },
+        };
+        if self.comm.test(r).map_err(verbs_err)?.is_none() {
+            return Ok(0);
         }
-        let (_, len, r) = *q.front().expect("posted");
-        match self.comm.test(r).map_err(verbs_err)? {
-            Some(_) => {
-                q.pop_front();
-                Ok(len)
-            }
-            None => Ok(0),
-        }
+        q.pop();
+        Ok(src.len())
     }
     fn post_ahead(&self, src: &[u8]) -> Result<bool> {
         if self.closed.load(Ordering::Acquire) {
             return Err(closed());
         }
         let mut q = self.inflight.lock();
-        if src.is_empty() || q.is_empty() || q.len() >= WINDOW {
+        if src.is_empty() || !q.room_ahead() {
             return Ok(false);
         }
-        self.start(&mut q, src)
+        Ok(self.start(&mut q, src)?.is_some())
     }
     fn wait_source(&self) -> WaitSource {
         WaitSource::Poll
@@ -281,24 +260,16 @@ impl VRecv {
         len: usize,
         mr: Option<Arc<nccl_net_plugin::ib::mr::Mr>>,
     ) -> Result<Option<RecvRequest>> {
-        if let Some(&(req, want, at)) = st.reqs.front() {
-            if at != ptr as usize || want != len {
-                return Err(Error::Internal(
-                    format!(
-                        "verbs: a receive of {want} B is in flight elsewhere; asked for {len} B"
-                    )
-                    .into(),
-                ));
-            }
-            return Ok(Some(req));
+        match st.reqs.head("verbs: a receive", ptr as usize, len)? {
+            Some(req) => Ok(Some(req)),
+            None => self.start(&mut st.reqs, ptr, len, mr),
         }
-        self.start(st, ptr, len, mr)
     }
 
     /// Posts a receive into `ptr..ptr+len` after those in flight.
     fn start(
         &self,
-        st: &mut RState,
+        reqs: &mut Window<RecvRequest>,
         ptr: *mut u8,
         len: usize,
         mr: Option<Arc<nccl_net_plugin::ib::mr::Mr>>,
@@ -315,7 +286,7 @@ impl VRecv {
         Ok(
             match unsafe { self.comm.irecv(&[buf], &[mr]) }.map_err(verbs_err)? {
                 Some(r) => {
-                    st.reqs.push_back((r, len, ptr as usize));
+                    reqs.push(ptr as usize, len, r);
                     Some(r)
                 }
                 None => None,
@@ -333,7 +304,7 @@ impl VRecv {
         let Some(sizes) = self.comm.test(req).map_err(verbs_err)? else {
             return Ok(None);
         };
-        st.reqs.pop_front();
+        st.reqs.pop();
         let n = sizes.first().copied().unwrap_or(0);
         if n != want || n % elem != 0 {
             return Err(Error::usage(format!(
@@ -399,7 +370,7 @@ impl RecvLink for VRecv {
         let Some(sizes) = self.comm.test(req).map_err(verbs_err)? else {
             return Ok((0, false));
         };
-        st.reqs.pop_front();
+        st.reqs.pop();
         Ok((sizes.first().copied().unwrap_or(0), true))
     }
     fn post_ahead(&self, dst: &mut [u8]) -> Result<bool> {
@@ -407,11 +378,11 @@ impl RecvLink for VRecv {
             return Err(closed());
         }
         let mut st = self.st.lock();
-        if dst.is_empty() || st.reqs.is_empty() || st.reqs.len() >= WINDOW {
+        if dst.is_empty() || !st.reqs.room_ahead() {
             return Ok(false);
         }
         Ok(self
-            .start(&mut st, dst.as_mut_ptr(), dst.len(), None)?
+            .start(&mut st.reqs, dst.as_mut_ptr(), dst.len(), None)?
             .is_some())
     }
     fn wait_source(&self) -> WaitSource {
@@ -440,7 +411,7 @@ pub fn connect(send: IbSendComm, recv: IbRecvComm, nchan: usize) -> Vec<Conn> {
                 comm: s.clone(),
                 closed: closed.clone(),
                 tag: c as i32,
-                inflight: Mutex::new(VecDeque::new()),
+                inflight: Mutex::new(Window::default()),
             }),
             rx: Box::new(VRecv {
                 comm: r.clone(),
