@@ -13,21 +13,17 @@
 
 use hetccl_core::config::Compression;
 
-use super::{compress, step, Batch, LinkKey};
+use super::{compress, step, Batch};
 use crate::algo::StepKind;
 use crate::error::Result;
 
 impl Batch<'_> {
-    /// Called while the head of link `key` is in flight: posts the step
-    /// behind it when it can go ahead.
-    pub(super) fn post_next(&mut self, key: LinkKey) -> Result<()> {
-        let Some(g) = self
-            .k
-            .queues
-            .iter()
-            .find(|(k, _)| *k == key)
-            .and_then(|(_, q)| q.get(1).copied())
-        else {
+    /// Called while the head of link queue `qi` is in flight: posts the
+    /// step behind it when it can go ahead.
+    pub(super) fn post_next(&mut self, qi: usize) -> Result<()> {
+        let (key, q) = &self.k.queues[qi];
+        let key = *key;
+        let Some(g) = q.get(1).copied() else {
             return Ok(());
         };
         let gi = g as usize;

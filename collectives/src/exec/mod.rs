@@ -360,7 +360,7 @@ impl<'a> Batch<'a> {
                 qi += 1;
                 continue;
             };
-            let (finished, moved) = self.run_head(g, key)?;
+            let (finished, moved) = self.run_head(g, key, qi)?;
             progressed |= moved;
             if finished {
                 progressed = true;
@@ -376,9 +376,9 @@ impl<'a> Batch<'a> {
         Ok(progressed)
     }
 
-    /// Moves message step `g`, the ready head of link `key`'s queue:
-    /// (whether it completed, whether bytes moved).
-    fn run_head(&mut self, g: u32, key: LinkKey) -> Result<(bool, bool)> {
+    /// Moves message step `g`, the ready head of link `key`'s queue (queue
+    /// number `qi`): (whether it completed, whether bytes moved).
+    fn run_head(&mut self, g: u32, key: LinkKey, qi: usize) -> Result<(bool, bool)> {
         let (ji, si) = self.k.index[g as usize];
         let kind = self.jobs[ji].plan.steps[si].kind;
         let (peer, lc, is_send) = key;
@@ -426,7 +426,7 @@ impl<'a> Batch<'a> {
                 crate::transport::TransportKind::Verbs | crate::transport::TransportKind::Tcp
             )
         {
-            self.post_next(key)?;
+            self.post_next(qi)?;
         }
         Ok((done, moved != 0))
     }
