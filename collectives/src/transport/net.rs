@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use nccl_net_plugin::tcp::{
-    EagerSend, RecvBuf, RecvPosted, RecvRequest, SendRequest, TcpNet, TcpRecvComm, TcpSendComm,
+    EagerSend, RecvBuf, RecvPosted, RecvRequest, TcpNet, TcpRecvComm, TcpSendComm,
 };
 use nccl_net_plugin::NetError;
 use parking_lot::Mutex;
@@ -86,18 +86,9 @@ struct NetSend {
     tag: i32,
     /// Posted sends: the current one and one posted ahead, so that the
     /// next message's MSG frame and CTS cross while the current one
-    /// streams.
-    inflight: Mutex<Window<Sent>>,
-}
-
-/// A posted send.
-#[derive(Debug, Clone, Copy)]
-enum Sent {
-    /// Written whole into the socket at once (an eager send): complete
-    /// when the executor comes to it.
-    Whole,
-    /// In flight.
-    Req(SendRequest),
+    /// streams. [`EagerSend::Sent`]: written whole at once, complete when
+    /// the executor comes to it.
+    inflight: Mutex<Window<EagerSend>>,
 }
 
 /// The receiving half of one channel.
@@ -196,7 +187,12 @@ impl NetSend {
     /// Posts `src` behind the sends in flight, eagerly (inline up to the
     /// transport's `MAX_EAGER`) or not; `None` when the transport cannot
     /// take it now.
-    fn start(&self, q: &mut Window<Sent>, src: &[u8], eager: bool) -> Result<Option<Sent>> {
+    fn start(
+        &self,
+        q: &mut Window<EagerSend>,
+        src: &[u8],
+        eager: bool,
+    ) -> Result<Option<EagerSend>> {
         // SAFETY: the executor passes the same unfinished range on every
         // call until the whole of it is reported sent (a range posted
         // ahead is ready and unchanged until then), and the user's buffer
@@ -210,13 +206,11 @@ impl NetSend {
                     .map(|q| q.map(EagerSend::Posted))
             }
         };
-        let sent = match r.map_err(net_err)? {
-            Some(EagerSend::Sent) => Sent::Whole,
-            Some(EagerSend::Posted(req)) => Sent::Req(req),
-            None => return Ok(None),
-        };
-        q.push(src.as_ptr() as usize, src.len(), sent);
-        Ok(Some(sent))
+        let sent = r.map_err(net_err)?;
+        if let Some(sent) = sent {
+            q.push(src.as_ptr() as usize, src.len(), sent);
+        }
+        Ok(sent)
     }
 
     /// `try_send`, eagerly or not (see [`NetSend::start`]).
@@ -235,7 +229,7 @@ impl NetSend {
                 None => return Ok(0),
             },
         };
-        if let Sent::Req(req) = sent {
+        if let EagerSend::Posted(req) = sent {
             if self.comm.test(req).map_err(net_err)?.is_none() {
                 return Ok(0);
             }
